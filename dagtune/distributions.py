@@ -1,0 +1,144 @@
+"""Distributions for random search spaces.
+
+A distribution stands where a value would: as a hyper-parameter of `dt.Random`, or as an
+argument of a sequence (``MultiStep(loguniform(1e-3, 1e-1), [30, 45], 0.1)``). Sampling
+replaces every distribution by a drawn value, recursively, so a sampled config is made of
+plain sequences only.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Distribution", "choice", "loguniform", "randint", "sample", "uniform"]
+
+
+def _finite_number(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{name} must be finite, got {value!r}")
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class Distribution(ABC):
+    """A source of random values; immutable and comparable by its parameters."""
+
+    @abstractmethod
+    def draw(self, rng: np.random.Generator) -> Any:
+        """One value drawn with `rng`."""
+
+    @abstractmethod
+    def _args(self) -> tuple:
+        """Constructor arguments, in order (for equality, hashing and repr)."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._args() == other._args()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._args()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(map(repr, self._args()))})"
+
+
+class uniform(Distribution):  # noqa: N801 - lower-case like numpy/scipy/Ray Tune
+    """A float drawn uniformly from [low, high)."""
+
+    def __init__(self, low: float, high: float):
+        self.low = _finite_number("uniform", "low", low)
+        self.high = _finite_number("uniform", "high", high)
+        if not self.low < self.high:
+            raise ValueError(f"uniform.high must be greater than low, got low={low!r}, high={high!r}")
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+    def _args(self) -> tuple:
+        return (self.low, self.high)
+
+
+class loguniform(Distribution):  # noqa: N801
+    """A float whose logarithm is uniform on [log(low), log(high)); for learning rates."""
+
+    def __init__(self, low: float, high: float):
+        self.low = _finite_number("loguniform", "low", low)
+        self.high = _finite_number("loguniform", "high", high)
+        if self.low <= 0:
+            raise ValueError(f"loguniform.low must be positive, got {low!r}")
+        if not self.low < self.high:
+            raise ValueError(f"loguniform.high must be greater than low, got low={low!r}, high={high!r}")
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+
+    def _args(self) -> tuple:
+        return (self.low, self.high)
+
+
+class randint(Distribution):  # noqa: N801
+    """An int drawn uniformly from [low, high) (high excluded, as numpy and Ray Tune do)."""
+
+    def __init__(self, low: int, high: int):
+        for name, value in (("low", low), ("high", high)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"randint.{name} must be an int, got {value!r}")
+        self.low, self.high = int(low), int(high)
+        if not self.low < self.high:
+            raise ValueError(f"randint.high must be greater than low, got low={low!r}, high={high!r}")
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.low, self.high))
+
+    def _args(self) -> tuple:
+        return (self.low, self.high)
+
+
+class choice(Distribution):  # noqa: N801
+    """One of `options`, each equally likely; options may be values, sequences or distributions."""
+
+    def __init__(self, options):
+        options = tuple(options)
+        if not options:
+            raise ValueError("choice.options must not be empty, got []")
+        self.options = options
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        return sample(self.options[int(rng.integers(len(self.options)))], rng)
+
+    def _args(self) -> tuple:
+        return (list(self.options),)
+
+
+def sample(obj: Any, rng: np.random.Generator) -> Any:
+    """`obj` with every distribution in it replaced by a drawn value.
+
+    Understands distributions, sequences (anything with ``_sample_params``), lists, tuples
+    and dicts; anything else is returned as it is.
+    """
+    if isinstance(obj, Distribution):
+        return obj.draw(rng)
+    if hasattr(obj, "_sample_params"):
+        return obj._sample_params(rng)
+    if isinstance(obj, dict):
+        return {key: sample(value, rng) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(sample(value, rng) for value in obj)
+    return obj
+
+
+def contains_distribution(obj: Any) -> bool:
+    """Whether `obj` still holds a distribution anywhere inside it."""
+    if isinstance(obj, Distribution):
+        return True
+    if hasattr(obj, "_is_template"):
+        return obj._is_template
+    if isinstance(obj, dict):
+        return any(contains_distribution(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(contains_distribution(value) for value in obj)
+    return False

@@ -1,0 +1,17 @@
+"""The search plan and the stage tree built from it."""
+
+from dagtune.plan._plan import CheckpointInfo, Node, SearchPlan, merge_rate, trial_steps, unique_steps
+from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
+
+__all__ = [
+    "CheckpointInfo",
+    "InFlight",
+    "Node",
+    "SearchPlan",
+    "Stage",
+    "StageTree",
+    "build_stage_tree",
+    "merge_rate",
+    "trial_steps",
+    "unique_steps",
+]

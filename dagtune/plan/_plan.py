@@ -1,0 +1,337 @@
+"""The search plan (Hippo §3.2): every config segment ever requested for one model identity.
+
+A *node* is a config followed from a branch step: the root nodes start at step 0 from a
+freshly built trainer; a child node starts at step ``start`` from its parent's state after
+``start`` steps. A trial is a path from a root to the node that holds its last step. Nodes
+are append-only and never rewritten; adding a trial walks down the plan as long as the
+trial's values agree with the nodes' and creates one node where it branches off (if it does).
+
+A *point* ``(node, step)`` is the training state after ``step`` steps along the node's path.
+It is owned by the deepest node of the path that started before it, so the state at a
+branch step belongs to the parent, and a checkpoint at a branch step serves every child
+branching there. Checkpoints and metrics are recorded at points.
+
+Node ids are content hashes of (parent, start, config), so two processes that create the
+same node agree on its id; that makes journals of concurrent writers mergeable and gives
+checkpoints an address that no user text enters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagtune.config import (
+    Config,
+    config_dumps,
+    config_first_difference,
+    config_from_json,
+    config_to_json,
+    value_key,
+)
+
+__all__ = ["CheckpointInfo", "Node", "SearchPlan"]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint: its size and content hash, for verification and GC."""
+
+    nbytes: int = 0
+    sha256: str = ""
+
+
+@dataclass(eq=False)
+class Node:
+    id: str
+    parent: str | None
+    start: int
+    config: Config
+    order: int
+    depth: int
+    children: dict[int, dict[tuple, list[str]]] = field(default_factory=dict)
+    requests: dict[int, set[Hashable]] = field(default_factory=dict)
+    checkpoints: dict[int, CheckpointInfo] = field(default_factory=dict)
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def child_ids(self) -> Iterator[str]:
+        for by_key in self.children.values():
+            for ids in by_key.values():
+                yield from ids
+
+
+def node_id(parent: str | None, start: int, config: Config, salt: str = "") -> str:
+    text = f"{parent or ''}|{start}|{config_dumps(config)}|{salt}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class SearchPlan:
+    """Nodes, requests, checkpoints and metrics of one model identity.
+
+    Every change is an event (a plain JSON-ready dict) applied by `apply`; `listeners` see each
+    new event, which is how the journal persists the plan. Requests are transient: they are
+    the trials waiting right now, re-made by a study when it resumes.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.order: list[str] = []
+        self._roots: dict[tuple, list[str]] = {}
+        self.active: dict[tuple[str, int], set[Hashable]] = {}
+        self.request_rank: dict[tuple[str, int], int] = {}
+        self._requests_made = 0
+        self.listeners: list[Callable[[dict], None]] = []
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, event: dict, *, emit: bool = True, live_config: Config | None = None) -> bool:
+        """Apply one event; returns False if it changed nothing (a duplicate).
+
+        `live_config` is the already-parsed config of a node event, to skip parsing its JSON.
+        """
+        kind = event["e"]
+        if kind == "node":
+            changed = self._apply_node(event, live_config)
+        elif kind == "checkpoint":
+            node = self.nodes[event["node"]]
+            info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
+            changed = node.checkpoints.get(event["step"]) != info
+            node.checkpoints[event["step"]] = info
+        elif kind == "drop_checkpoint":
+            changed = self.nodes[event["node"]].checkpoints.pop(event["step"], None) is not None
+        elif kind == "metrics":
+            node = self.nodes[event["node"]]
+            changed = node.metrics.get(event["step"]) != event["metrics"]
+            node.metrics[event["step"]] = dict(event["metrics"])
+        else:
+            raise ValueError(f"unknown search plan event {kind!r}")
+        if changed and emit:
+            for listener in self.listeners:
+                listener(event)
+        return changed
+
+    def _apply_node(self, event: dict, live_config: Config | None) -> bool:
+        if event["id"] in self.nodes:
+            return False
+        config = live_config if live_config is not None else config_from_json(event["config"])
+        parent = event["parent"]
+        if parent is not None and parent not in self.nodes:
+            raise ValueError(f"search plan node {event['id']} names unknown parent {parent}")
+        start = event["start"]
+        depth = 0 if parent is None else self.nodes[parent].depth + 1
+        node = Node(event["id"], parent, start, config, len(self.order), depth)
+        self.nodes[node.id] = node
+        self.order.append(node.id)
+        key = value_key(config, start)
+        if parent is None:
+            self._roots.setdefault(key, []).append(node.id)
+        else:
+            self.nodes[parent].children.setdefault(start, {}).setdefault(key, []).append(node.id)
+        return True
+
+    # ------------------------------------------------------------------ trials
+
+    def locate(self, config: Config, steps: int, *, create: bool = False, salt: str = "") -> str | None:
+        """The node holding step ``steps - 1`` of the trial `config`, or None if the plan has
+        no such path (and `create` is false). With `create`, the missing node is added.
+
+        A non-empty `salt` makes a private root that nothing else shares (trial-based runs).
+        """
+        if salt:
+            if not create:
+                return None
+            return self._create(None, 0, config, salt)
+        candidates = self._roots.get(value_key(config, 0), [])
+        node = self._best_match(candidates, config, steps)
+        if node is None:
+            return self._create(None, 0, config) if create else None
+        while True:
+            diverge = config_first_difference(node.config, config, node.start, steps)
+            if diverge >= steps:
+                return node.id
+            branches = node.children.get(diverge, {}).get(value_key(config, diverge), [])
+            child = self._best_match(branches, config, steps)
+            if child is None:
+                return self._create(node.id, diverge, config) if create else None
+            node = child
+
+    def _best_match(self, ids: list[str], config: Config, steps: int) -> Node | None:
+        """The candidate agreeing with `config` the longest (there is one unless journals of
+        concurrent writers brought in equal-valued siblings)."""
+        if not ids:
+            return None
+        if len(ids) == 1:
+            return self.nodes[ids[0]]
+        nodes = [self.nodes[i] for i in ids]
+        return max(nodes, key=lambda n: config_first_difference(n.config, config, n.start, steps))
+
+    def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
+        identifier = node_id(parent, start, config, salt)
+        event = {
+            "e": "node",
+            "id": identifier,
+            "parent": parent,
+            "start": start,
+            "config": config_to_json(config),
+        }
+        self.apply(event, live_config=config)
+        return identifier
+
+    def add_request(self, config: Config, steps: int, waiter: Hashable, *, salt: str = "") -> str:
+        """Record that `waiter` needs the metrics of `config` after `steps` steps; returns the
+        node holding that point (created if new)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        node = self.locate(config, steps, create=True, salt=salt)
+        self.nodes[node].requests.setdefault(steps, set()).add(waiter)
+        if (node, steps) not in self.active:
+            self.active[(node, steps)] = set()
+            self.request_rank[(node, steps)] = self._requests_made
+            self._requests_made += 1
+        self.active[(node, steps)].add(waiter)
+        return node
+
+    def remove_request(self, node: str, steps: int, waiter: Hashable) -> None:
+        """Forget that `waiter` waits for ``(node, steps)`` (cancelled, or served)."""
+        waiters = self.nodes[node].requests.get(steps)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self.nodes[node].requests[steps]
+        active = self.active.get((node, steps))
+        if active is not None:
+            active.discard(waiter)
+            if not active:
+                del self.active[(node, steps)]
+                del self.request_rank[(node, steps)]
+
+    # ------------------------------------------------------------------ points
+
+    def owner(self, node: str, step: int) -> str | None:
+        """The node owning point ``(node, step)``: the deepest on the path starting before
+        `step`. Step 0 (a fresh trainer) belongs to no node."""
+        if step <= 0:
+            return None
+        current = self.nodes[node]
+        while current.start >= step:
+            current = self.nodes[current.parent]
+        return current.id
+
+    def path(self, node: str) -> list[str]:
+        """Node ids from the root to `node`."""
+        ids = []
+        current: str | None = node
+        while current is not None:
+            ids.append(current)
+            current = self.nodes[current].parent
+        return ids[::-1]
+
+    def segments(self, node: str, steps: int) -> list[tuple[str, int, int]]:
+        """The trial path to ``(node, steps)`` as ``(node, start, end)`` pieces."""
+        ids = self.path(node)
+        bounds = [self.nodes[i].start for i in ids[1:]] + [steps]
+        return [(i, self.nodes[i].start, end) for i, end in zip(ids, bounds)]
+
+    def metrics_at(self, node: str, step: int) -> dict[str, float] | None:
+        owner = self.owner(node, step)
+        return None if owner is None else self.nodes[owner].metrics.get(step)
+
+    def checkpoint_at(self, node: str, step: int) -> CheckpointInfo | None:
+        owner = self.owner(node, step)
+        return None if owner is None else self.nodes[owner].checkpoints.get(step)
+
+    def latest_checkpoint(self, node: str, step: int) -> tuple[str, int] | None:
+        """The latest committed checkpoint on the path to ``(node, step)`` at or before `step`,
+        as an owned point, or None (start from scratch)."""
+        current: Node | None = self.nodes[node]
+        limit = step
+        while current is not None:
+            best = max((s for s in current.checkpoints if current.start < s <= limit), default=None)
+            if best is not None:
+                return current.id, best
+            limit = current.start
+            current = self.nodes[current.parent] if current.parent is not None else None
+        return None
+
+    def curve(self, node: str, steps: int) -> list[dict[str, float] | None]:
+        """Metrics after 1, 2, ..., `steps` steps along the path (None where unknown)."""
+        curve: list[dict[str, float] | None] = []
+        for owner, start, end in self.segments(node, steps):
+            metrics = self.nodes[owner].metrics
+            curve.extend(metrics.get(s) for s in range(start + 1, end + 1))
+        return curve
+
+    def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:
+        owner = self.owner(node, step)
+        if owner is None:
+            raise ValueError(f"metrics need at least one trained step, got step {step}")
+        return self.apply({"e": "metrics", "node": owner, "step": step, "metrics": metrics})
+
+    def record_checkpoint(self, node: str, step: int, info: CheckpointInfo) -> bool:
+        owner = self.owner(node, step)
+        if owner is None:
+            raise ValueError(f"a checkpoint needs at least one trained step, got step {step}")
+        event = {"e": "checkpoint", "node": owner, "step": step, "nbytes": info.nbytes, "sha256": info.sha256}
+        return self.apply(event)
+
+    def drop_checkpoint(self, node: str, step: int) -> bool:
+        return self.apply({"e": "drop_checkpoint", "node": node, "step": step})
+
+
+def unique_steps(trials) -> int:
+    """The least number of steps that trains every trial: distinct (prefix, step) pairs.
+
+    `trials` is an iterable of ``(config, steps)``; configs may hold plain values.
+    """
+    plan, requested = _plan_of(trials)
+    return _unique(plan, requested)
+
+
+def trial_steps(trials) -> int:
+    return sum(_check_steps(steps) for _, steps in trials)
+
+
+def merge_rate(trials) -> float:
+    """Trial steps / unique steps: how many times over a trial-based system trains the
+    average step (Hippo's p; over several studies' trials, q)."""
+    trials = list(trials)
+    unique = unique_steps(trials)
+    return trial_steps(trials) / unique if unique else 1.0
+
+
+def _check_steps(steps: Any) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    return steps
+
+
+def _plan_of(trials) -> tuple[SearchPlan, dict[str, set[int]]]:
+    from dagtune.config import normalize_config
+
+    plan = SearchPlan()
+    requested: dict[str, set[int]] = {}
+    names = None
+    for config, steps in trials:
+        config = normalize_config(config, owner="trial config")
+        if names is None:
+            names = config.keys()
+        elif config.keys() != names:
+            raise ValueError(
+                f"trial configs must name the same hyper-parameters, got {sorted(names)} and {sorted(config)}"
+            )
+        node = plan.locate(config, _check_steps(steps), create=True)
+        requested.setdefault(node, set()).add(steps)
+    return plan, requested
+
+
+def _unique(plan: SearchPlan, requested: dict[str, set[int]]) -> int:
+    """Steps of the union of the requested paths: a node is trained to its last request or
+    to its last child's branch step, whichever is later."""
+    total = 0
+    for node in plan.nodes.values():
+        end = max(requested.get(node.id, ()), default=node.start)
+        end = max(end, max(node.children, default=node.start))
+        total += end - node.start
+    return total

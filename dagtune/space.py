@@ -1,0 +1,144 @@
+"""Search spaces: iterating one yields configs (``dict`` name -> sequence).
+
+`Grid` is the cartesian product of lists of candidates; `Random` draws `n` configs from
+distributions with a seeded generator. Both are re-iterable and give the same configs every
+time, so algorithms and benchmarks are reproducible.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from dagtune.config import Config, normalize_config
+from dagtune.distributions import contains_distribution, sample
+
+__all__ = ["Grid", "Random", "SearchSpace"]
+
+
+class SearchSpace:
+    """Base of search spaces: an iterable of configs with a known hyper-parameter set."""
+
+    names: tuple[str, ...]
+
+    def __iter__(self) -> Iterator[Config]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class Grid(SearchSpace):
+    """Every combination of the candidates: ``Grid({"lr": [Constant(0.1), ...], "wd": [1e-4, 1e-3]})``.
+
+    `where` keeps only the configs for which it returns true (conditional spaces). Candidates
+    are sequences or plain values; a non-list value is a single candidate.
+    """
+
+    def __init__(self, candidates: Mapping[str, Any], where: Callable[[Config], bool] | None = None):
+        if not isinstance(candidates, Mapping) or not candidates:
+            raise ValueError(f"Grid needs a non-empty dict of name -> candidates, got {candidates!r}")
+        self.candidates: dict[str, list] = {}
+        for name, values in candidates.items():
+            values = list(values) if isinstance(values, (list, tuple)) else [values]
+            if not values:
+                raise ValueError(f"Grid[{name!r}] has no candidates, got []")
+            for value in values:
+                if contains_distribution(value):
+                    raise ValueError(
+                        f"Grid[{name!r}] holds a distribution ({value!r}); use dt.Random for those"
+                    )
+            self.candidates[name] = values
+        self.where = where
+        self.names = tuple(sorted(self.candidates))
+        self._configs = self._expand()
+        if not self._configs:
+            raise ValueError(
+                f"Grid: the where= filter {where!r} removed all "
+                f"{np.prod([len(v) for v in self.candidates.values()])} configs"
+            )
+
+    def _expand(self) -> list[Config]:
+        names = list(self.candidates)
+        configs = []
+        for combo in itertools.product(*(self.candidates[n] for n in names)):
+            config = normalize_config(dict(zip(names, combo)), owner="Grid")
+            if self.where is None or self.where(config):
+                configs.append(config)
+        return configs
+
+    def __iter__(self) -> Iterator[Config]:
+        return iter([dict(c) for c in self._configs])
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def __repr__(self) -> str:
+        return f"Grid({self.candidates!r}{'' if self.where is None else ', where=...'})"
+
+
+class Random(SearchSpace):
+    """`n` configs drawn from distributions with a seeded generator.
+
+    Values may be distributions (``loguniform(1e-3, 1e-1)``), sequences whose arguments are
+    distributions (``MultiStep(loguniform(1e-3, 1e-1), [30, 45], 0.1)``), `choice` among
+    sequences, or plain values. `n=None` makes the space endless (for algorithms that draw as
+    they go); `where` rejects draws, which are drawn again.
+    """
+
+    def __init__(
+        self,
+        space: Mapping[str, Any],
+        n: int | None = 10,
+        seed: int = 0,
+        where: Callable[[Config], bool] | None = None,
+        max_rejections: int = 10_000,
+    ):
+        if not isinstance(space, Mapping) or not space:
+            raise ValueError(f"Random needs a non-empty dict of name -> distribution, got {space!r}")
+        for name, value in space.items():
+            if isinstance(value, (list, tuple)):
+                raise ValueError(
+                    f"Random[{name!r}] is a list ({value!r}); write dt.choice({value!r}) to pick among them"
+                )
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+            raise ValueError(f"Random.n must be a positive int or None, got {n!r}")
+        self.space = dict(space)
+        self.n = n
+        self.seed = seed
+        self.where = where
+        self.max_rejections = max_rejections
+        self.names = tuple(sorted(self.space))
+        first = next(iter(self.sampler()))  # fail early on a space that can't be sampled
+        del first
+
+    def sampler(self, seed: int | None = None) -> Iterator[Config]:
+        """An endless stream of configs, reproducible for a given seed."""
+        rng = np.random.default_rng(self.seed if seed is None else seed)
+        rejected = 0
+        while True:
+            config = normalize_config(sample(self.space, rng), owner="Random")
+            if self.where is None or self.where(config):
+                rejected = 0
+                yield config
+                continue
+            rejected += 1
+            if rejected >= self.max_rejections:
+                raise ValueError(
+                    f"Random: the where= filter {self.where!r} rejected {rejected} draws in a row"
+                )
+
+    def __iter__(self) -> Iterator[Config]:
+        stream = self.sampler()
+        return stream if self.n is None else itertools.islice(stream, self.n)
+
+    def __len__(self) -> int:
+        if self.n is None:
+            raise TypeError("Random(n=None) is endless")
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"Random({self.space!r}, n={self.n!r}, seed={self.seed!r})"
