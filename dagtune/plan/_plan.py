@@ -185,13 +185,17 @@ class SearchPlan:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
         node = self.locate(config, steps, create=True, salt=salt)
+        self.request_at(node, steps, waiter)
+        return node
+
+    def request_at(self, node: str, steps: int, waiter: Hashable) -> None:
+        """Record that `waiter` needs the metrics at point ``(node, steps)`` of a located trial."""
         self.nodes[node].requests.setdefault(steps, set()).add(waiter)
         if (node, steps) not in self.active:
             self.active[(node, steps)] = set()
             self.request_rank[(node, steps)] = self._requests_made
             self._requests_made += 1
         self.active[(node, steps)].add(waiter)
-        return node
 
     def remove_request(self, node: str, steps: int, waiter: Hashable) -> None:
         """Forget that `waiter` waits for ``(node, steps)`` (cancelled, or served)."""
