@@ -1,0 +1,436 @@
+"""The user's side of dagtune: the `Trainer` contract, RNG capture and resumable data order.
+
+dagtune trains a shared prefix once and lets every trial branch from its checkpoint, so a
+trial that resumes from a checkpoint must compute exactly what an uninterrupted run would
+have computed. That holds when three things survive a checkpoint bit for bit: the trainer's
+own state (model, optimizer, data position: `Trainer.state_dict`), the global random number
+generators of python, numpy and torch (`capture_rng` / `restore_rng`, saved with every
+checkpoint), and the order in which data is drawn (`ResumableBatches`, whose permutation of
+every epoch is a pure function of ``(seed, epoch)`` and whose position is part of the state,
+so it also survives a change of batch size, Hippo §5.1).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+__all__ = [
+    "ResumableBatchSampler",
+    "ResumableBatches",
+    "Trainer",
+    "build_trainer",
+    "capture_rng",
+    "isolated_rng",
+    "restore_rng",
+    "seed_everything",
+]
+
+_MAX_SEED = 2**64
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+class Trainer(ABC):
+    """What a user implements to tune a model with dagtune.
+
+    The subclass's ``__init__(**trainer_kwargs)`` runs on the Dask worker that trains a stage:
+    it loads the data and builds the model and the optimizer. Before it runs, dagtune seeds
+    python, numpy and torch from the study seed (`seed_everything`), and passes ``seed=`` when
+    ``__init__`` has a parameter named ``seed``; everything random in ``__init__`` must come
+    from those sources so that every worker builds the same initial trainer.
+
+    A stage then calls ``setup``/``train`` once per step, ``evaluate`` where metrics are
+    needed, and ``state_dict`` at its end; a stage that resumes from a checkpoint builds a
+    fresh trainer, calls ``load_state_dict`` and restores the RNG state saved with it. For a
+    resumed run to be bit-for-bit the run it shares a prefix with, the rules below must hold.
+    """
+
+    @abstractmethod
+    def setup(self, hp: dict[str, Any]) -> None:
+        """Apply hyper-parameter values before a step.
+
+        dagtune calls it with the full values (every hyper-parameter of the config) when a
+        stage starts or resumes, and with only the values that changed before any later step
+        where something changed. So applying a value must be idempotent: setting an unchanged
+        value again (e.g. the batch size of a resumed data order) must not change anything,
+        and applying a value must not depend on how many times it was applied before. Values
+        are JSON scalars exactly as the sequences give them (``128`` is an int).
+        """
+
+    @abstractmethod
+    def train(self) -> dict[str, float] | None:
+        """Train one step (what a step is, an epoch or k batches, is the user's choice).
+
+        May return training metrics (plain Python floats, e.g. ``{"loss": 0.31}``); they are
+        reported with the step's validation metrics.
+        """
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics of the current model, as plain Python floats (``{"val_acc": 0.93}``).
+
+        Must not change the training state: put modules back in training mode and leave the
+        optimizer and the data position alone. dagtune calls it inside `isolated_rng`, so
+        random draws made while evaluating do not shift the training run's random numbers.
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume training bit for bit: model, optimizer, schedulers,
+        data position (`ResumableBatches.state_dict`), any counters.
+
+        It may contain only tensors, numbers, strings, bools, None and lists, tuples and dicts
+        of those: dagtune saves it with ``torch.save`` and loads it with
+        ``torch.load(weights_only=True)``, which refuses any other Python object. The global
+        RNG states are saved by dagtune; a private ``torch.Generator`` must be saved here.
+        """
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, into a freshly built trainer."""
+
+
+def build_trainer(cls: type[Trainer], kwargs: Mapping[str, Any] | None, seed: int) -> Trainer:
+    """Seed python, numpy and torch with `seed`, then construct ``cls(**kwargs)``.
+
+    ``seed=seed`` is passed too when ``cls.__init__`` has a parameter named ``seed`` and
+    `kwargs` does not set it already.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        name = getattr(cls, "__qualname__", None) or repr(cls)
+        raise TypeError(f"{name} is not a dagtune.Trainer subclass; derive it from dagtune.Trainer")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"trainer_kwargs for {cls.__qualname__} must be a dict, got {kwargs!r}")
+    kwargs = dict(kwargs)
+    if "seed" not in kwargs and _accepts_seed(cls):
+        kwargs["seed"] = seed
+    seed_everything(seed)
+    return cls(**kwargs)
+
+
+def _accepts_seed(cls: type) -> bool:
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no introspectable signature
+        return False
+    parameter = parameters.get("seed")
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+# --------------------------------------------------------------------------- global RNGs
+
+
+def _check_seed(seed: Any, owner: str = "seed") -> int:
+    if isinstance(seed, np.integer):
+        seed = int(seed)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
+        raise ValueError(f"{owner} must be an int in [0, 2**64), got {seed!r}")
+    return seed
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's `random`, numpy's global RNG and torch (CPU and every CUDA device)."""
+    seed = _check_seed(seed)
+    random.seed(seed)
+    # numpy's legacy seeding takes 32-bit words; a larger seed is given as two of them
+    np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+    torch.manual_seed(seed)  # also seeds every CUDA device (lazily if CUDA is not initialized)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The states of python's, numpy's global and torch's (CPU and CUDA) random generators.
+
+    The result holds only tensors, ints, floats, None, lists and dicts, so it round-trips
+    through ``torch.save`` and ``torch.load(weights_only=True)``; `restore_rng` takes it back.
+    """
+    version, internal, gauss_next = random.getstate()
+    kind, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+        "numpy": {
+            "kind": str(kind),
+            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Put back the generator states `capture_rng` returned (possibly after a save and load).
+
+    Each part present is restored. CUDA states are restored to as many devices as both the
+    state and this process have, and ignored where CUDA is not available.
+    """
+    if "python" in state:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]))
+    if "numpy" in state:
+        npy = state["numpy"]
+        key = np.asarray(npy["key"], dtype=np.int64).astype(np.uint32)
+        np.random.set_state(
+            (npy["kind"], key, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+        )
+    if "torch" in state:
+        torch.set_rng_state(_byte_tensor(state["torch"]))
+    if state.get("cuda") and torch.cuda.is_available():
+        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_byte_tensor(cuda_state), device)
+
+
+def _byte_tensor(value: Any) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=torch.uint8, device="cpu")
+
+
+@contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run a block without it affecting the global random generators: the states captured on
+    entry are restored on exit, also when the block raises. dagtune wraps `Trainer.evaluate`
+    in it, so evaluating or not evaluating at a step gives the same training run."""
+    state = capture_rng()
+    try:
+        yield
+    finally:
+        restore_rng(state)
+
+
+# --------------------------------------------------------------------------- data order
+
+
+def _positive_int(owner: str, value: Any) -> int:
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner} must be a positive int, got {value!r}")
+    return value
+
+
+class ResumableBatches:
+    """The order in which a training loop draws batches of sample indices: resumable from its
+    state at any point and able to change batch size in the middle of an epoch (Hippo §5.1).
+
+    Epoch ``e`` visits the ``n`` samples in the permutation drawn by its own generator,
+    ``np.random.default_rng([seed, e])`` (``0, 1, ..., n - 1`` without `shuffle`); no global
+    RNG is read or advanced. The state is the epoch, the position (samples of the epoch drawn
+    so far) and the batch size, so a trainer rebuilt from `state_dict` draws exactly the
+    batches the uninterrupted one would have, and after `set_batch_size` the next batch
+    starts at the very next sample of the permutation.
+
+    Batches are numpy int64 arrays of indices into the dataset (index a tensor with
+    ``data[torch.from_numpy(batch)]``); `sampler` gives lists of ints for a ``DataLoader``.
+    The last batch of an epoch holds the remaining samples, or is skipped with `drop_last`.
+    The state advances as batches are drawn, and the epoch rolls over as soon as its last
+    batch is drawn, so a trainer whose step is one epoch ends every step at ``position 0``.
+
+    Usage, one step = one epoch::
+
+        for idx in self.batches.epoch(): ...
+
+    or one step = k batches (crossing epoch boundaries)::
+
+        for idx in self.batches.take(k): ...
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, *, shuffle: bool = True, drop_last: bool = False):
+        self._n = _positive_int("ResumableBatches.n", n)
+        self._seed = _check_seed(seed, "ResumableBatches.seed")
+        self._shuffle = bool(shuffle)
+        self._drop_last = bool(drop_last)
+        self._batch_size = self._checked_batch_size(batch_size)
+        self._epoch = 0
+        self._position = 0
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    # ---- what it is
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def shuffle(self) -> bool:
+        return self._shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch the next batch comes from (counting from 0)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Samples of the current epoch drawn so far."""
+        return self._position
+
+    def __repr__(self) -> str:
+        return (
+            f"ResumableBatches(n={self._n}, batch_size={self._batch_size}, seed={self._seed}, "
+            f"shuffle={self._shuffle}, drop_last={self._drop_last}, "
+            f"epoch={self._epoch}, position={self._position})"
+        )
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The order of the samples in `epoch` (a read-only int64 array)."""
+        if self._cache is None or self._cache[0] != epoch:
+            if self._shuffle:
+                order = np.random.default_rng([self._seed, epoch]).permutation(self._n)
+            else:
+                order = np.arange(self._n)
+            order = order.astype(np.int64, copy=False)
+            order.flags.writeable = False
+            self._cache = (epoch, order)
+        return self._cache[1]
+
+    # ---- drawing
+
+    def _has_batch(self) -> bool:
+        """Whether the current epoch still holds a batch to draw."""
+        remaining = self._n - self._position
+        return remaining >= self._batch_size if self._drop_last else remaining > 0
+
+    def _roll(self) -> None:
+        if not self._has_batch():
+            self._epoch += 1
+            self._position = 0
+
+    def next_batch(self) -> np.ndarray:
+        """Draw the next batch (rolling over to the next epoch where this one ends)."""
+        self._roll()
+        start = self._position
+        batch = self.permutation(self._epoch)[start : start + self._batch_size].copy()
+        self._position = start + len(batch)
+        self._roll()
+        return batch
+
+    def epoch(self) -> Iterator[np.ndarray]:
+        """The remaining batches of the current epoch (all of them at ``position 0``); the
+        state advances as they are drawn and rolls over to the next epoch after the last one."""
+        return self._epoch_batches()
+
+    def _epoch_batches(self) -> Iterator[np.ndarray]:
+        self._roll()
+        current = self._epoch
+        while self._epoch == current:
+            yield self.next_batch()
+
+    def take(self, k: int) -> Iterator[np.ndarray]:
+        """The next `k` batches, crossing epoch boundaries; the state advances as they are drawn."""
+        if isinstance(k, np.integer):
+            k = int(k)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"take() needs an int >= 0, got {k!r}")
+        return (self.next_batch() for _ in range(k))
+
+    def batches_left(self) -> int:
+        """How many batches `epoch` would yield now."""
+        remaining = self._n - self._position if self._has_batch() else self._n
+        if self._drop_last:
+            return remaining // self._batch_size
+        return -(-remaining // self._batch_size)
+
+    def sampler(self, batches: int | None = None) -> ResumableBatchSampler:
+        """A ``batch_sampler`` for ``torch.utils.data.DataLoader`` drawing from this order: each
+        pass over the loader yields the rest of the current epoch, or the next `batches`."""
+        return ResumableBatchSampler(self, batches)
+
+    # ---- changing and saving
+
+    def _checked_batch_size(self, batch_size: Any) -> int:
+        batch_size = _positive_int("batch_size", batch_size)
+        if self._drop_last and batch_size > self._n:
+            raise ValueError(
+                f"batch_size {batch_size} is larger than the {self._n} samples: "
+                "with drop_last no batch could ever be drawn"
+            )
+        return batch_size
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Draw batches of `batch_size` from now on, continuing at the same sample of the same
+        epoch; setting the current size again changes nothing."""
+        self._batch_size = self._checked_batch_size(batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position, batch size and identity (n, seed, shuffle, drop_last), as plain values."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "batch_size": self._batch_size,
+            "n": self._n,
+            "seed": self._seed,
+            "shuffle": self._shuffle,
+            "drop_last": self._drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict`. The order must be the same one (n, seed, shuffle and
+        drop_last equal), since a different one would silently change the training run."""
+        mine = self.state_dict()
+        differ = [
+            f"{name} {state[name]!r} != {mine[name]!r}"
+            for name in ("n", "seed", "shuffle", "drop_last")
+            if name in state and state[name] != mine[name]
+        ]
+        if differ:
+            raise ValueError(f"the saved data order is a different one: {', '.join(differ)}")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self._n:
+            raise ValueError(f"bad data order state: epoch {epoch}, position {position} of {self._n}")
+        batch_size = self._checked_batch_size(int(state["batch_size"]))
+        self._epoch, self._position, self._batch_size = epoch, position, batch_size
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    """A ``DataLoader`` batch sampler over a `ResumableBatches`, sharing its state.
+
+    ``DataLoader(dataset, batch_sampler=batches.sampler())``: every pass over the loader
+    yields the rest of the current epoch, as lists of ints; with ``batches.sampler(k)`` every
+    pass yields the next `k` batches. The shared `ResumableBatches` advances as the loader
+    draws indices, which it does ahead of the training loop when it prefetches with worker
+    processes, so save the state at the end of a pass (a step), not in the middle of one.
+    """
+
+    def __init__(self, batches: ResumableBatches, num_batches: int | None = None):
+        super().__init__()
+        if num_batches is not None:
+            num_batches = _positive_int("num_batches", num_batches)
+        self.batches = batches
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        source = self.batches.epoch() if self.num_batches is None else self.batches.take(self.num_batches)
+        for batch in source:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return self.batches.batches_left() if self.num_batches is None else self.num_batches
