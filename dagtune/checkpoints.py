@@ -1,0 +1,381 @@
+"""The checkpoint store: write-once training states on any fsspec filesystem.
+
+A checkpoint is the state after ``step`` steps at point ``(node, step)`` of the search plan of
+one model identity, so its address is made of ids and a step number only; no user text ever
+enters a path::
+
+    {root}/{identity}/checkpoints/{node}/{step:09d}/state-<sha256[:16]>.pt
+    {root}/{identity}/checkpoints/{node}/{step:09d}/COMMIT
+
+The state is serialized with ``torch.save`` and read back with
+``torch.load(weights_only=True)``, which never unpickles arbitrary Python objects. A
+checkpoint exists once its ``COMMIT`` marker does: the data file (named by its content hash)
+is written completely first, the marker (JSON: format, data file, size, sha256) last and
+exclusively, so a reader never sees a committed marker pointing to a missing or partial file,
+and when two workers save the same point the first marker wins and the second writer yields
+to it. Every load checks size and checksum. Deleting removes the marker first.
+
+Atomicity comes from the filesystem: on a local disk files are written under a temporary
+name and renamed (the marker is hard-linked into place, which fails if it exists); object
+stores (S3, GCS, memory) make a whole object visible at once, and the marker is written with
+fsspec's exclusive ``mode="create"`` (``If-None-Match`` on S3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from dagtune.plan import CheckpointInfo
+
+__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore"]
+
+FORMAT_VERSION = 1
+MARKER = "COMMIT"
+
+_ID = re.compile(r"^[0-9a-f]{8,64}$")
+_DATA_FILE = re.compile(r"^state-[0-9a-f]{16}\.pt$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_STEP_DIR = re.compile(r"^[0-9]{9,}$")
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be trusted: missing commit marker or data file, wrong size or
+    checksum, unreadable contents. The message names the path and what is wrong."""
+
+
+def _check_id(owner: str, value: Any) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValueError(f"checkpoint {owner} must be 8 to 64 lowercase hex digits, got {value!r}")
+    return value
+
+
+def _check_step(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"checkpoint step must be a positive int, got {value!r}")
+    return value
+
+
+class CheckpointStore:
+    """Checkpoints of every model identity under one fsspec URL.
+
+    `url` is a local directory (a plain path, made absolute here so that a copy shipped to a
+    Dask worker means the same place) or any fsspec URL (``memory://runs``,
+    ``s3://bucket/runs``); `storage_options` go to the filesystem (credentials, endpoint).
+    The store pickles as its URL and options and opens the filesystem lazily, in the process
+    that uses it.
+    """
+
+    def __init__(self, url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None):
+        url = os.fspath(url)
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"CheckpointStore needs a directory or fsspec URL, got {url!r}")
+        if fsspec.utils.get_protocol(url) in _LOCAL_PROTOCOLS:
+            url = LocalFileSystem._strip_protocol(url)  # absolute, posix
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self._fs: fsspec.AbstractFileSystem | None = None
+        self._root = ""
+
+    def __repr__(self) -> str:  # storage options may hold credentials: never show them
+        return f"CheckpointStore({self.url!r})"
+
+    def __getstate__(self) -> dict:
+        return {"url": self.url, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.url = state["url"]
+        self.storage_options = state["storage_options"]
+        self._fs, self._root = None, ""
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The filesystem, opened on first use."""
+        if self._fs is None:
+            fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self._fs, self._root = fs, root.rstrip("/")
+        return self._fs
+
+    @property
+    def _local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def directory(self, identity: str, node: str, step: int) -> str:
+        """Where the checkpoint at ``(node, step)`` of `identity` lives (ids are checked)."""
+        _check_id("identity", identity)
+        _check_id("node", node)
+        _check_step(step)
+        self.fs  # noqa: B018 - opens the filesystem, which sets the root
+        return f"{self._root}/{identity}/checkpoints/{node}/{step:09d}"
+
+    # ------------------------------------------------------------------ reading
+
+    def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None:
+        """Size and sha256 of the committed checkpoint, or None if there is none."""
+        marker = self._read_marker(self.directory(identity, node, step))
+        return None if marker is None else CheckpointInfo(marker["nbytes"], marker["sha256"])
+
+    def load(self, identity: str, node: str, step: int, map_location: Any = None) -> dict:
+        """The state saved at ``(node, step)``, verified against its commit marker.
+
+        `map_location` goes to ``torch.load`` (e.g. ``"cpu"`` to load a GPU-saved state on a
+        machine without that GPU). Raises `CheckpointError` if the checkpoint is missing,
+        truncated, corrupted or holds anything ``torch.load(weights_only=True)`` refuses.
+        """
+        directory = self.directory(identity, node, step)
+        marker = self._read_marker(directory)
+        if marker is None:
+            raise CheckpointError(f"no committed checkpoint at {directory}: the {MARKER} marker is missing")
+        path = f"{directory}/{marker['file']}"
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
+        if len(data) != marker["nbytes"]:
+            raise CheckpointError(
+                f"{path}: has {len(data)} bytes, the {MARKER} marker says {marker['nbytes']} "
+                "(truncated or overwritten)"
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != marker["sha256"]:
+            raise CheckpointError(
+                f"{path}: sha256 is {digest}, the {MARKER} marker says {marker['sha256']} (corrupted)"
+            )
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
+        except Exception as error:
+            reason = _short(error)
+            raise CheckpointError(f"{path}: cannot be loaded with weights_only=True: {reason}") from error
+
+    def points(self, identity: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
+        """Every committed checkpoint of `identity` as ``(node, step, info)``, in node and step
+        order (e.g. to rebuild a search plan's checkpoints, or to collect garbage)."""
+        _check_id("identity", identity)
+        self.fs  # noqa: B018 - opens the filesystem, which sets the root
+        return self._points(f"{self._root}/{identity}/checkpoints")
+
+    def _points(self, base: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
+        self.fs.invalidate_cache(base)
+        try:
+            paths = self.fs.find(base)
+        except FileNotFoundError:
+            return
+        found = []
+        for path in paths:
+            parts = path.rstrip("/").split("/")
+            if len(parts) < 4 or parts[-4] != "checkpoints" or parts[-1] != MARKER:
+                continue
+            node, step = parts[-3], parts[-2]
+            if _ID.match(node) and _STEP_DIR.match(step) and int(step) > 0:
+                found.append((node, int(step)))
+        for node, step in sorted(found):
+            marker = self._read_marker(f"{base}/{node}/{step:09d}")
+            if marker is not None:  # deleted meanwhile
+                yield node, step, CheckpointInfo(marker["nbytes"], marker["sha256"])
+
+    def _read_marker(self, directory: str) -> dict | None:
+        path = f"{directory}/{MARKER}"
+        try:
+            raw = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        try:
+            marker = json.loads(raw)
+        except ValueError as error:
+            raise CheckpointError(f"{path}: commit marker is not valid JSON ({error})") from None
+        if not isinstance(marker, dict) or marker.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"{path}: not a format-{FORMAT_VERSION} commit marker: {marker!r}")
+        name, nbytes, sha = marker.get("file"), marker.get("nbytes"), marker.get("sha256")
+        if (
+            not isinstance(name, str)
+            or not _DATA_FILE.match(name)
+            or isinstance(nbytes, bool)
+            or not isinstance(nbytes, int)
+            or nbytes < 0
+            or not isinstance(sha, str)
+            or not _SHA256.match(sha)
+        ):
+            raise CheckpointError(f"{path}: malformed commit marker: {marker!r}")
+        return marker
+
+    # ------------------------------------------------------------------ writing
+
+    def save(self, identity: str, node: str, step: int, state: dict) -> CheckpointInfo:
+        """Save `state` at ``(node, step)`` unless a checkpoint is committed there already, in
+        which case nothing is written and the existing checkpoint's info is returned.
+
+        Raises TypeError if `state` is not a dict or holds an object that
+        ``torch.load(weights_only=True)`` would refuse (the message names where).
+        """
+        directory = self.directory(identity, node, step)
+        existing = self._read_marker(directory)
+        if existing is not None:
+            return CheckpointInfo(existing["nbytes"], existing["sha256"])
+        data = serialize_state(state)
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"state-{sha[:16]}.pt"
+        marker = json.dumps(
+            {"format": FORMAT_VERSION, "file": name, "nbytes": len(data), "sha256": sha}, sort_keys=True
+        ).encode()
+        self._write_data(directory, name, data)
+        for _ in range(3):
+            if self._create_marker(f"{directory}/{MARKER}", marker):
+                return CheckpointInfo(len(data), sha)
+            winner = self._read_marker(directory)
+            if winner is not None:  # another writer committed first: yield to it
+                if winner["file"] != name:
+                    self._remove(f"{directory}/{name}")
+                return CheckpointInfo(winner["nbytes"], winner["sha256"])
+        raise CheckpointError(
+            f"{directory}: could not commit; the checkpoint is being saved and deleted concurrently"
+        )
+
+    def _write_data(self, directory: str, name: str, data: bytes) -> None:
+        path = f"{directory}/{name}"
+        if self._local:
+            os.makedirs(directory, exist_ok=True)
+            if os.path.exists(path) and os.path.getsize(path) == len(data):
+                return  # the same content (the name is its hash), written completely by another writer
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            try:
+                _write_synced(tmp, data)
+                os.replace(tmp, path)  # atomic: readers see no file or the whole file
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        else:
+            self.fs.makedirs(directory, exist_ok=True)
+            self.fs.pipe_file(path, data)  # an object store shows a whole object at once
+
+    def _create_marker(self, path: str, payload: bytes) -> bool:
+        """Write the marker if there is none; False if one exists already."""
+        if self._local:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            try:
+                _write_synced(tmp, payload)
+                try:
+                    os.link(tmp, path)  # atomic and exclusive: fails if the marker exists
+                except FileExistsError:
+                    return False
+                except OSError as error:
+                    if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                        raise
+                    if os.path.exists(path):  # no hard links here: atomic, but only nearly exclusive
+                        return False
+                    os.replace(tmp, path)
+                return True
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        try:
+            self.fs.pipe_file(path, payload, mode="create")
+        except FileExistsError:
+            return False
+        except (TypeError, NotImplementedError):  # a filesystem without exclusive writes
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.cat_file(path)
+                return False
+            self.fs.pipe_file(path, payload)
+        finally:
+            self.fs.invalidate_cache(path)
+        return True
+
+    def delete(self, identity: str, node: str, step: int) -> None:
+        """Remove the checkpoint: the marker first (it stops being visible), then its files."""
+        directory = self.directory(identity, node, step)
+        self._remove(f"{directory}/{MARKER}")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(directory, recursive=True)
+        self.fs.invalidate_cache(directory)
+
+    def _remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+        self.fs.invalidate_cache(path)
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+# --------------------------------------------------------------------------- serialization
+
+# types torch.load(weights_only=True) always accepts; anything else is checked by loading
+_PLAIN_LEAVES = frozenset({bool, int, float, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+_CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
+
+
+def serialize_state(state: dict) -> bytes:
+    """``torch.save`` of `state` into bytes, refused (TypeError) unless
+    ``torch.load(weights_only=True)`` can read it back."""
+    if not isinstance(state, dict):
+        raise TypeError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
+    unusual = _first_unusual(state, "state")
+    refusal = (
+        "which torch.load(weights_only=True) refuses; a checkpoint state may hold only tensors, "
+        "numbers, strings, bools, None and lists, tuples and dicts of those"
+    )
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+    except Exception as error:
+        if unusual is None:
+            raise
+        where, kind = unusual
+        raise TypeError(f"{where} is of type {kind}, {refusal} (torch.save: {_short(error)})") from error
+    data = buffer.getvalue()
+    if unusual is not None:  # not obviously safe: let torch decide
+        try:
+            torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as error:
+            where, kind = unusual
+            raise TypeError(f"{where} is of type {kind}, {refusal} ({_short(error)})") from None
+    return data
+
+
+def _short(error: Exception) -> str:
+    """The telling line of an error (torch's weights_only refusal is a page of advice)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "WeightsUnpickler error" in line:
+            return line
+    return lines[0] if lines else type(error).__name__
+
+
+def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
+    """The first part of `value` that is not a plain leaf or container, as (where, type)."""
+    kind = type(value)
+    if kind in _PLAIN_LEAVES:
+        return None
+    if kind not in _CONTAINERS:
+        return where, kind.__qualname__
+    if kind in (list, tuple):
+        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+    else:
+        items = (
+            pair
+            for key, item in value.items()
+            for pair in ((f"{where} key {key!r}", key), (f"{where}[{key!r}]", item))
+        )
+    for place, item in items:
+        found = _first_unusual(item, place)
+        if found is not None:
+            return found
+    return None

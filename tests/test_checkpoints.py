@@ -1,0 +1,304 @@
+"""The checkpoint store, on a local directory and on fsspec's memory filesystem."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import threading
+import uuid
+from collections import OrderedDict
+
+import fsspec
+import pytest
+import torch
+
+from dagtune.checkpoints import CheckpointError, CheckpointStore
+from dagtune.plan import CheckpointInfo
+from dagtune.trainer import capture_rng
+
+IDENTITY = "0123abcd0123abcd"
+NODE = "fedcba9876543210"
+OTHER_NODE = "00000000aaaaaaaa"
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield CheckpointStore(str(tmp_path / "runs"))
+    else:
+        url = f"memory://dagtune-test-{uuid.uuid4().hex}"
+        yield CheckpointStore(url)
+        fs, root = fsspec.core.url_to_fs(url)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def a_state(value: float = 1.0) -> dict:
+    return {
+        "model": OrderedDict(weight=torch.full((3, 2), value), bias=torch.zeros(2, dtype=torch.float64)),
+        "optimizer": {"state": {0: {"momentum_buffer": torch.ones(4)}}, "param_groups": [{"lr": 0.1}]},
+        "batches": {"epoch": 2, "position": 0, "shuffle": True, "name": "order", "none": None},
+        "pair": (1, 2.5),
+        "rng": capture_rng(),
+    }
+
+
+def assert_same(a, b) -> None:
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def data_files(store: CheckpointStore, step: int = 3, node: str = NODE) -> list[str]:
+    directory = store.directory(IDENTITY, node, step)
+    return sorted(path.rsplit("/", 1)[-1] for path in store.fs.find(directory))
+
+
+def data_path_for(store: CheckpointStore, step: int) -> str:
+    directory = store.directory(IDENTITY, NODE, step)
+    marker = json.loads(store.fs.cat_file(f"{directory}/COMMIT"))
+    return f"{directory}/{marker['file']}"
+
+
+def data_path(store: CheckpointStore, step: int = 3) -> str:
+    directory = store.directory(IDENTITY, NODE, step)
+    (name,) = [f for f in data_files(store, step) if f.startswith("state-")]
+    return f"{directory}/{name}"
+
+
+def test_round_trip(store):
+    state = a_state()
+    info = store.save(IDENTITY, NODE, 3, state)
+    raw = store.fs.cat_file(data_path(store))
+    assert info == CheckpointInfo(len(raw), hashlib.sha256(raw).hexdigest())
+    assert store.info(IDENTITY, NODE, 3) == info
+    assert_same(store.load(IDENTITY, NODE, 3), state)
+    assert data_files(store) == ["COMMIT", f"state-{info.sha256[:16]}.pt"]
+    marker = json.loads(store.fs.cat_file(f"{store.directory(IDENTITY, NODE, 3)}/COMMIT"))
+    assert marker == {
+        "format": 1,
+        "file": f"state-{info.sha256[:16]}.pt",
+        "nbytes": info.nbytes,
+        "sha256": info.sha256,
+    }
+
+
+def test_absent_checkpoint(store):
+    assert store.info(IDENTITY, NODE, 3) is None
+    assert list(store.points(IDENTITY)) == []
+    with pytest.raises(CheckpointError, match="COMMIT marker is missing"):
+        store.load(IDENTITY, NODE, 3)
+
+
+def test_write_once_keeps_the_first(store):
+    first = store.save(IDENTITY, NODE, 3, a_state(1.0))
+    second = store.save(IDENTITY, NODE, 3, a_state(2.0))
+    assert second == first
+    assert torch.equal(store.load(IDENTITY, NODE, 3)["model"]["weight"], torch.full((3, 2), 1.0))
+    assert len(data_files(store)) == 2  # COMMIT and the first writer's data
+
+
+def test_a_writer_that_loses_the_race_yields_and_cleans_up(store, monkeypatch):
+    first = store.save(IDENTITY, NODE, 3, a_state(1.0))
+    late = pickle.loads(pickle.dumps(store))  # another worker, which checked before `first` committed
+    real = late._read_marker
+    calls = []
+
+    def stale_then_real(directory):
+        calls.append(directory)
+        return None if len(calls) == 1 else real(directory)
+
+    monkeypatch.setattr(late, "_read_marker", stale_then_real)
+    assert late.save(IDENTITY, NODE, 3, a_state(2.0)) == first
+    assert len(calls) == 2
+    assert data_files(store) == ["COMMIT", f"state-{first.sha256[:16]}.pt"]
+    assert torch.equal(store.load(IDENTITY, NODE, 3)["model"]["weight"], torch.full((3, 2), 1.0))
+
+
+def test_concurrent_writers_agree_on_one_committed_checkpoint(tmp_path):
+    stores = [CheckpointStore(str(tmp_path)) for _ in range(8)]
+    results: list[CheckpointInfo] = []
+    barrier = threading.Barrier(len(stores))
+
+    def write(i):
+        barrier.wait()
+        results.append(
+            stores[i].save(IDENTITY, NODE, 5, {"who": torch.tensor([i]), "pad": torch.zeros(50_000)})
+        )
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    committed = stores[0].info(IDENTITY, NODE, 5)
+    assert results == [committed] * len(stores)
+    winner = stores[0].load(IDENTITY, NODE, 5)["who"].item()
+    assert 0 <= winner < len(stores)
+    # the losers removed their data files and no temporary file is left
+    assert data_files(stores[0], 5) == ["COMMIT", f"state-{committed.sha256[:16]}.pt"]
+
+
+def test_missing_marker_means_not_there(store):
+    store.save(IDENTITY, NODE, 3, a_state())
+    directory = store.directory(IDENTITY, NODE, 3)
+    store.fs.rm_file(f"{directory}/COMMIT")  # as if the writer died before committing
+    assert store.info(IDENTITY, NODE, 3) is None
+    assert list(store.points(IDENTITY)) == []
+    with pytest.raises(CheckpointError, match=f"{directory}.*COMMIT marker is missing"):
+        store.load(IDENTITY, NODE, 3)
+    info = store.save(IDENTITY, NODE, 3, a_state(5.0))  # a later writer commits over the orphan
+    assert store.info(IDENTITY, NODE, 3) == info
+
+
+def test_corrupted_byte_is_detected(store):
+    store.save(IDENTITY, NODE, 3, a_state())
+    path = data_path(store)
+    data = bytearray(store.fs.cat_file(path))
+    data[len(data) // 2] ^= 0x01
+    store.fs.pipe_file(path, bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{path}: sha256 .*corrupted"):
+        store.load(IDENTITY, NODE, 3)
+
+
+def test_truncated_file_is_detected(store):
+    info = store.save(IDENTITY, NODE, 3, a_state())
+    path = data_path(store)
+    store.fs.pipe_file(path, store.fs.cat_file(path)[:-10])
+    with pytest.raises(CheckpointError, match=rf"{path}: has {info.nbytes - 10} bytes.*says {info.nbytes}"):
+        store.load(IDENTITY, NODE, 3)
+
+
+def test_missing_data_file_is_detected(store):
+    store.save(IDENTITY, NODE, 3, a_state())
+    path = data_path(store)
+    store.fs.rm_file(path)
+    with pytest.raises(CheckpointError, match=rf"{path}: data file missing"):
+        store.load(IDENTITY, NODE, 3)
+
+
+def test_malformed_marker_is_detected(store):
+    store.save(IDENTITY, NODE, 3, a_state())
+    directory = store.directory(IDENTITY, NODE, 3)
+    for bad in (b"{not json", b'{"format": 1, "file": "../../etc/passwd", "nbytes": 1, "sha256": "00"}'):
+        store.fs.pipe_file(f"{directory}/COMMIT", bad)
+        with pytest.raises(CheckpointError, match=f"{directory}/COMMIT"):
+            store.load(IDENTITY, NODE, 3)
+        with pytest.raises(CheckpointError):
+            store.info(IDENTITY, NODE, 3)
+
+
+class Arbitrary:
+    def __init__(self):
+        self.payload = [1, 2, 3]
+
+
+def test_arbitrary_objects_are_refused_at_save(store):
+    with pytest.raises(TypeError, match=r"state\['extra'\]\['thing'\] is of type Arbitrary.*weights_only"):
+        store.save(IDENTITY, NODE, 3, {"model": torch.ones(2), "extra": {"thing": Arbitrary()}})
+    with pytest.raises(TypeError, match="must be a dict"):
+        store.save(IDENTITY, NODE, 3, [torch.ones(2)])
+    assert store.info(IDENTITY, NODE, 3) is None
+
+
+def test_arbitrary_objects_are_refused_at_load(store):
+    # a checkpoint written by someone else, with a valid marker, holding a pickled object
+    buffer = io.BytesIO()
+    torch.save({"thing": Arbitrary()}, buffer)
+    data = buffer.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    directory = store.directory(IDENTITY, NODE, 3)
+    store.fs.makedirs(directory, exist_ok=True)
+    store.fs.pipe_file(f"{directory}/state-{sha[:16]}.pt", data)
+    marker = {"format": 1, "file": f"state-{sha[:16]}.pt", "nbytes": len(data), "sha256": sha}
+    store.fs.pipe_file(f"{directory}/COMMIT", json.dumps(marker).encode())
+    assert store.info(IDENTITY, NODE, 3) == CheckpointInfo(len(data), sha)
+    with pytest.raises(CheckpointError, match="weights_only"):
+        store.load(IDENTITY, NODE, 3)
+
+
+@pytest.mark.parametrize(
+    ("identity", "node", "step", "message"),
+    [
+        ("0123ABCD", NODE, 1, "identity"),
+        ("../../etc", NODE, 1, "identity"),
+        ("abc", NODE, 1, "identity"),
+        ("0" * 65, NODE, 1, "identity"),
+        (IDENTITY, "my-node", 1, "node"),
+        (IDENTITY, f"{NODE}/x", 1, "node"),
+        (IDENTITY, NODE, 0, "step"),
+        (IDENTITY, NODE, -3, "step"),
+        (IDENTITY, NODE, True, "step"),
+        (IDENTITY, NODE, 2.0, "step"),
+    ],
+)
+def test_bad_addresses_are_rejected(store, identity, node, step, message):
+    for call in (
+        lambda: store.save(identity, node, step, {"x": 1}),
+        lambda: store.load(identity, node, step),
+        lambda: store.info(identity, node, step),
+        lambda: store.delete(identity, node, step),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_points_lists_committed_checkpoints_of_one_identity(store):
+    other_identity = "99999999"
+    store.save(IDENTITY, NODE, 10, {"a": 1})
+    store.save(IDENTITY, NODE, 2, {"a": 2})
+    store.save(IDENTITY, OTHER_NODE, 1_000_000_000, {"a": 3})  # more than nine digits
+    store.save(other_identity, NODE, 1, {"a": 4})
+    store.fs.rm_file(f"{store.directory(IDENTITY, NODE, 2)}/COMMIT")
+    points = list(store.points(IDENTITY))
+    assert [(node, step) for node, step, _ in points] == [(OTHER_NODE, 1_000_000_000), (NODE, 10)]
+    assert points[1][2] == store.info(IDENTITY, NODE, 10)
+    assert store.load(IDENTITY, OTHER_NODE, 1_000_000_000) == {"a": 3}
+    assert [(n, s) for n, s, _ in store.points(other_identity)] == [(NODE, 1)]
+    with pytest.raises(ValueError, match="identity"):
+        store.points("nope")
+
+
+def test_delete(store):
+    store.save(IDENTITY, NODE, 3, a_state())
+    store.save(IDENTITY, NODE, 4, a_state())
+    store.delete(IDENTITY, NODE, 3)
+    assert store.info(IDENTITY, NODE, 3) is None
+    assert [(n, s) for n, s, _ in store.points(IDENTITY)] == [(NODE, 4)]
+    assert not store.fs.exists(store.directory(IDENTITY, NODE, 3))
+    with pytest.raises(CheckpointError):
+        store.load(IDENTITY, NODE, 3)
+    store.delete(IDENTITY, NODE, 3)  # deleting what is not there is fine
+    store.save(IDENTITY, NODE, 3, {"again": 1})  # and the point can be saved anew
+    assert store.load(IDENTITY, NODE, 3) == {"again": 1}
+
+
+def test_picklable(store):
+    info = store.save(IDENTITY, NODE, 3, a_state())
+    store.fs  # noqa: B018 - opened: the filesystem object must not travel
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._fs is None
+    assert copy.url == store.url and copy.storage_options == store.storage_options
+    assert copy.info(IDENTITY, NODE, 3) == info
+    assert_same(copy.load(IDENTITY, NODE, 3), store.load(IDENTITY, NODE, 3))
+
+
+def test_local_paths_are_made_absolute_and_options_hidden(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = CheckpointStore("runs")
+    assert store.url == f"{tmp_path.as_posix()}/runs"
+    assert CheckpointStore(f"file://{tmp_path}/runs").url == store.url
+    secret = CheckpointStore("memory://x", storage_options={"key": "secret-value"})
+    assert "secret-value" not in repr(secret)
