@@ -1,0 +1,405 @@
+"""The coordinator: one loop from trials to stages to events and back.
+
+Data flows one way. Trials become requests in the search plan; the stage tree is rebuilt
+from the plan whenever something changed; the scheduling policy picks paths of ready stages
+for the free slots and the executor runs them; the events they report (metrics,
+checkpoints, progress, ends, errors) update the plan, which resolves requests and reports
+results to the trials' listener. Running tasks are never re-issued: the tree builder asks
+them (`InFlight`) for the points they will still pass, which also tells each task which
+extra checkpoints it should save on its way and where it may stop.
+
+The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dagtune.config import Config
+from dagtune.executor import Executor
+from dagtune.plan import CheckpointInfo, SearchPlan, Stage, build_stage_tree, unique_steps
+from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
+from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
+
+__all__ = ["Coordinator", "Trial", "TrialListener"]
+
+PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
+
+
+@dataclass(eq=False)
+class Trial:
+    """One trial: a config trained for `steps` steps, and what came back.
+
+    `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
+    algorithm may extend it), ``stopped``, ``failed`` (its trainer raised; see `error`) or
+    ``diverged`` (a metric became NaN or infinite).
+    """
+
+    id: int
+    config: Config
+    steps: int
+    tag: Any = None
+    status: str = PENDING
+    node: str = ""
+    metrics: dict[str, float] | None = None
+    reported: int = 0
+    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    error: str | None = None
+    submitted_at: float = 0.0
+    finished_at: float | None = None
+    salt: str = ""
+    segments: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.status != PENDING
+
+
+class TrialListener(Protocol):
+    def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_complete(self, trial: Trial) -> None: ...
+
+    def on_end(self, trial: Trial) -> None:
+        """The trial stopped, failed or diverged."""
+
+
+@dataclass
+class _Running:
+    task: PathTask
+    priority: float
+    worker: str | None = None
+    started: float | None = None
+    progress: int = 0
+    claimed: set[int] = field(default_factory=set)
+    directive: Directive = field(default_factory=Directive)
+
+
+class Coordinator:
+    """Trials in, stages out, results back (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: SearchPlan,
+        executor: Executor,
+        trainer: TrainerSpec,
+        policy: SchedulingPolicy,
+        *,
+        share: bool = True,
+        eval_every: int = 1,
+        checkpoint_every: int | None = None,
+        max_retries: int = 1,
+        gpus_per_task: float = 1.0,
+        cost: CostModel | None = None,
+        topic: str = "",
+        name: str = "dagtune",
+    ):
+        self.plan = plan
+        self.executor = executor
+        self.trainer = trainer
+        self.policy = policy
+        self.share = share
+        self.eval_every = eval_every
+        self.checkpoint_every = checkpoint_every
+        self.max_retries = max_retries
+        self.gpus_per_task = gpus_per_task
+        self.cost = cost or CostModel()
+        self.topic = topic
+        self.name = name
+        self.listeners: list[TrialListener] = []
+        self.trials: dict[int, Trial] = {}
+        self.running: dict[str, _Running] = {}
+        self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
+        self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
+        self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
+        self._failures: dict[tuple[str, int], int] = {}
+        self._seen_steps: set[tuple[str, str, int]] = set()
+        self._launched = 0
+        self._dirty = True
+        self.executed_steps = 0
+        self.gpu_seconds = 0.0
+        self.loads = {"memory": 0, "storage": 0}
+        self.events_seen = 0
+
+    # ------------------------------------------------------------------ trials
+
+    def submit(self, config: Config, steps: int, tag: Any = None) -> Trial:
+        """Add a trial; known results are delivered at once (no training for those)."""
+        trial = Trial(len(self.trials), config, steps, tag, submitted_at=self.executor.now())
+        if not self.share:
+            trial.salt = f"{self.name}/{trial.id}"
+        self.trials[trial.id] = trial
+        self._request(trial)
+        return trial
+
+    def extend(self, trial_id: int, steps: int) -> Trial:
+        """Train a trial further (ASHA promotion, PBT continuation): it resumes from its
+        checkpoint, never restarts."""
+        trial = self.trials[trial_id]
+        if steps <= trial.steps:
+            raise ValueError(
+                f"extend needs more steps than trial {trial_id} has ({trial.steps}), got {steps}"
+            )
+        if trial.status == PENDING:
+            self._forget_request(trial)
+        elif trial.status != COMPLETED:
+            raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
+        trial.steps, trial.status, trial.finished_at = steps, PENDING, None
+        self._request(trial)
+        return trial
+
+    def stop(self, trial_id: int) -> None:
+        """Cancel a trial's pending work (stages other trials need keep running)."""
+        trial = self.trials[trial_id]
+        if trial.status == PENDING:
+            self._forget_request(trial)
+            self._finish(trial, STOPPED)
+
+    def _request(self, trial: Trial) -> None:
+        plan = self.plan
+        trial.node = plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
+        trial.segments = plan.segments(trial.node, trial.steps)
+        for node, start, end in trial.segments:
+            metrics = plan.nodes[node].metrics
+            for step in sorted(s for s in metrics if start < s <= end and s > trial.reported):
+                if self._deliver(trial, step, metrics[step]) is False:
+                    return
+        if trial.steps in plan.nodes[trial.node].metrics:
+            self._finish(trial, COMPLETED)
+            return
+        plan.request_at(trial.node, trial.steps, trial.id)
+        for node, _, _ in trial.segments:
+            self._watchers.setdefault(node, set()).add(trial.id)
+        self._dirty = True
+
+    def _forget_request(self, trial: Trial) -> None:
+        self.plan.remove_request(trial.node, trial.steps, trial.id)
+        for node, _, _ in trial.segments:
+            watchers = self._watchers.get(node)
+            if watchers is not None:
+                watchers.discard(trial.id)
+        self._dirty = True
+
+    def _deliver(self, trial: Trial, step: int, metrics: dict[str, float]) -> bool:
+        """Report one result to the trial's listeners; False if it ended the trial."""
+        trial.reported, trial.metrics = step, metrics
+        trial.curve.append((step, metrics))
+        if not all(math.isfinite(v) for v in metrics.values()):
+            if trial.status == PENDING and (trial.node, trial.steps) in self.plan.active:
+                self._forget_request(trial)
+            self._finish(trial, DIVERGED)
+            return False
+        for listener in list(self.listeners):
+            listener.on_result(trial, step, metrics)
+        return trial.status == PENDING
+
+    def _finish(self, trial: Trial, status: str, error: str | None = None) -> None:
+        trial.status, trial.error = status, error
+        trial.finished_at = self.executor.now()
+        for listener in list(self.listeners):
+            if status == COMPLETED:
+                listener.on_complete(trial)
+            else:
+                listener.on_end(trial)
+
+    # ------------------------------------------------------------------ events
+
+    def pump(self, timeout: float | None = 0.0) -> int:
+        """Handle the executor's next events and launch what became ready; returns how many
+        events were handled."""
+        events = self.executor.poll(timeout)
+        for event in events:
+            self.handle(event)
+        self.schedule()
+        return len(events)
+
+    def handle(self, event: dict) -> None:
+        running = self.running.get(event["task"])
+        kind = event["kind"]
+        self.events_seen += 1
+        if kind == "step":
+            key = (event["task"], event.get("attempt", ""), event["step"])
+            if key not in self._seen_steps:
+                self._seen_steps.add(key)
+                self.executed_steps += 1
+                self.cost.observe(event["node"], event["seconds"])
+            if running is not None:
+                running.progress = max(running.progress, event["step"])
+        elif kind == "metrics":
+            self._on_metrics(event["node"], event["step"], event["metrics"])
+        elif kind == "checkpoint":
+            info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
+            if self.plan.record_checkpoint(event["node"], event["step"], info):
+                self._dirty = True
+        elif kind == "start" and running is not None:
+            running.worker, running.started = event.get("worker"), event.get("time")
+            running.progress = event["step"]
+            self._live[running.worker] = None
+        elif kind == "load":
+            self.loads[event["origin"]] += 1
+        elif kind == "declined":
+            self._dirty = True
+        elif kind in ("end", "error") and running is not None:
+            self._retire(event["task"], running, event)
+
+    def _on_metrics(self, node: str, step: int, metrics: dict[str, float]) -> None:
+        if not self.plan.record_metrics(node, step, metrics):
+            return
+        for trial_id in sorted(self._watchers.get(node, ())):
+            trial = self.trials[trial_id]
+            if trial.status == PENDING and step > trial.reported and _covers(trial, node, step):
+                self._deliver(trial, step, metrics)
+        waiting = self.plan.active.get((node, step))
+        for trial_id in sorted(waiting or ()):
+            trial = self.trials[trial_id]
+            self._forget_request(trial)
+            if trial.status == PENDING:
+                self._finish(trial, COMPLETED)
+
+    def _retire(self, key: str, running: _Running, event: dict) -> None:
+        del self.running[key]
+        for segment in running.task.segments:
+            keys = self._on_node.get(segment.node)
+            if keys is not None and key in keys:
+                keys.remove(key)
+        if running.started is not None and event.get("time") is not None:
+            self.gpu_seconds += max(0.0, event["time"] - running.started) * self.gpus_per_task
+        self._dirty = True
+        if event["kind"] == "end":
+            if running.worker is not None:
+                self._live[running.worker] = (event["node"], event["step"]) if event["node"] else None
+            return
+        if running.worker is not None:
+            self._live[running.worker] = None
+        if event.get("lost"):
+            return  # the worker died: the stage is simply planned again
+        point = (event["node"], event["step"])
+        self._failures[point] = failures = self._failures.get(point, 0) + 1
+        if failures > self.max_retries:
+            for trial_id in sorted(self._watchers.get(event["node"], ())):
+                trial = self.trials[trial_id]
+                if trial.status == PENDING and _covers(trial, *point):
+                    self._forget_request(trial)
+                    self._finish(trial, FAILED, event.get("traceback") or event.get("error"))
+
+    # ------------------------------------------------------------------ scheduling
+
+    def claim(self, node: str, step: int) -> str | None:
+        """`InFlight`: a running task that still passes point ``(node, step)``."""
+        for key in self._on_node.get(node, ()):
+            running = self.running[key]
+            if running.progress < step and any(
+                s.node == node and s.start < step <= s.end for s in running.task.segments
+            ):
+                running.claimed.add(step)
+                return key
+        return None
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        """`InFlight`: the latest point on `node` before `step` a running task will reach."""
+        best: tuple[int, str] | None = None
+        for key in self._on_node.get(node, ()):
+            running = self.running[key]
+            for segment in running.task.segments:
+                later = best is None or segment.end > best[0]
+                if segment.node == node and running.progress < segment.end < step and later:
+                    best = (segment.end, key)
+        if best is not None:
+            self.running[best[1]].claimed.add(best[0])
+        return best
+
+    def schedule(self) -> None:
+        """Rebuild the stage tree if anything changed, redirect running tasks, fill free slots."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        for running in self.running.values():
+            running.claimed = set()
+        tree = build_stage_tree(self.plan, self)
+        for key, running in self.running.items():
+            self._redirect(key, running)
+        free = self.executor.slots() - len(self.running)
+        if free <= 0 or not tree.stages:
+            return
+        priority = critical_path_priorities(tree, self.cost, self.plan)
+        for path in self.policy.pick(tree, free, self.cost, self.plan):
+            self._launch(path, priority[path[0].index])
+
+    def _redirect(self, key: str, running: _Running) -> None:
+        task = running.task
+        stop_at = max(running.claimed) if running.claimed else running.progress
+        directive = Directive(
+            frozenset(running.claimed - task.checkpoints),
+            None if stop_at >= task.end else stop_at,
+        )
+        if directive != running.directive:
+            running.directive = directive
+            self.executor.direct(key, directive)
+
+    def _launch(self, path: list[Stage], priority: float) -> None:
+        first = path[0]
+        segments = tuple(Segment(s.node, self.plan.nodes[s.node].config, s.start, s.end) for s in path)
+        checkpoints = {s.end for s in path}
+        if self.checkpoint_every:
+            every = self.checkpoint_every
+            checkpoints.update(range((first.start // every + 1) * every, path[-1].end, every))
+        source = first.source_point if first.source == "checkpoint" else None
+        self._launched += 1
+        key = f"dagtune-{self.name}-{first.node[:8]}-{first.start}-{path[-1].end}-{self._launched}"
+        task = PathTask(
+            key=key,
+            trainer=self.trainer,
+            segments=segments,
+            source=source,
+            checkpoints=frozenset(checkpoints),
+            eval_every=self.eval_every,
+            topic=self.topic,
+        )
+        prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
+        self.running[key] = _Running(task, priority, progress=first.start)
+        for segment in segments:
+            self._on_node.setdefault(segment.node, []).append(key)
+        self.executor.launch(task, priority, prefer)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is waiting and nothing runs."""
+        return not self.plan.active and not self.running
+
+    def report(self, trials: list[Trial] | None = None, since: dict | None = None) -> dict:
+        """Trial, unique and executed steps, merge rate, reuse, GPU-seconds and makespan of
+        `trials` (default: all); `since` is an earlier report to count executed work from."""
+        trials = list(self.trials.values()) if trials is None else trials
+        reached = [(t.config, t.steps if t.status == COMPLETED else t.reported) for t in trials]
+        reached = [(c, s) for c, s in reached if s > 0]
+        trial_steps = sum(s for _, s in reached)
+        unique = unique_steps(reached) if reached else 0
+        executed = self.executed_steps - (since or {}).get("executed_steps", 0)
+        now = self.executor.now()
+        in_flight = sum(
+            max(0.0, now - r.started) * self.gpus_per_task
+            for r in self.running.values()
+            if r.started is not None
+        )
+        gpu = self.gpu_seconds + in_flight - (since or {}).get("gpu_seconds", 0.0)
+        start = min((t.submitted_at for t in trials), default=self.executor.now())
+        ends = [t.finished_at for t in trials if t.finished_at is not None]
+        end = max(ends) if ends and all(t.done for t in trials) else self.executor.now()
+        return {
+            "trials": len(trials),
+            "trial_steps": trial_steps,
+            "unique_steps": unique,
+            "executed_steps": executed,
+            "merge_rate": trial_steps / unique if unique else 1.0,
+            "reuse": trial_steps / executed if executed else (math.inf if trial_steps else 1.0),
+            "gpu_seconds": gpu,
+            "makespan_seconds": max(0.0, end - start),
+        }
+
+
+def _covers(trial: Trial, node: str, step: int) -> bool:
+    return any(n == node and start < step <= end for n, start, end in trial.segments)

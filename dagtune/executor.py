@@ -1,0 +1,45 @@
+"""The executor interface: what the coordinator needs from a place that runs path tasks.
+
+`dagtune.graph.DaskExecutor` runs tasks as Dask futures on a real cluster;
+`dagtune.sim.SimulatedExecutor` runs the same tasks in virtual time. The coordinator cannot
+tell them apart, so the planning code tested in simulation is the code that runs on GPUs.
+
+Executors report what happens as plain event dicts (``kind`` is one of ``start``, ``load``,
+``step``, ``metrics``, ``checkpoint``, ``declined``, ``end``, ``error``; see
+`dagtune.runner`). An event may be delivered twice (streamed, then again with the task's
+result); the coordinator ignores repeats.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from dagtune.tasks import Directive, PathTask
+
+__all__ = ["Executor"]
+
+
+class Executor(ABC):
+    @abstractmethod
+    def slots(self) -> int:
+        """How many tasks can run at once right now."""
+
+    @abstractmethod
+    def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
+        """Start `task`; `prefer` names a worker holding its source point in memory."""
+
+    @abstractmethod
+    def direct(self, key: str, directive: Directive) -> None:
+        """Send a running task new wanted checkpoints or a step to stop at."""
+
+    @abstractmethod
+    def poll(self, timeout: float | None = None) -> list[dict]:
+        """Events that happened since the last poll, waiting up to `timeout` seconds for one
+        (a simulated executor advances virtual time to the next event instead)."""
+
+    @abstractmethod
+    def now(self) -> float:
+        """Seconds on the executor's clock (wall clock, or virtual time)."""
+
+    def close(self) -> None:  # noqa: B027 - an optional hook
+        """Release what the executor started."""

@@ -1,0 +1,193 @@
+"""Path tasks as Dask futures: keys, resources, priorities, directives and events.
+
+Dask pushes a resource-restricted task to a worker as soon as it is submitted and can't
+change its priority afterwards, so the coordinator keeps the ready queue itself and this
+executor submits just in time: one task per free slot. A running task can't be cancelled,
+so directives (extra checkpoints, where to stop) travel through a `distributed.Variable`
+that the task reads between steps, and events travel back through ``log_event`` →
+``Client.subscribe_topic``. The task's result repeats every event, so nothing is lost if
+the stream lags.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from distributed import Client, Future, Variable, get_worker
+from distributed.client import FutureCancelledError
+
+from dagtune.executor import Executor
+from dagtune.runner import LiveTrainers, PathRunner
+from dagtune.tasks import Directive, PathTask
+
+__all__ = ["DaskExecutor", "check_resources"]
+
+log = logging.getLogger(__name__)
+
+_LIVE: dict[str, LiveTrainers] = {}  # worker address -> the trainer it ran last (per process)
+_LIVE_LOCK = threading.Lock()
+
+
+def run_path(task: PathTask, store: Any, directives: str) -> list[dict]:
+    """The Dask task: train `task` on this worker, streaming events and obeying directives."""
+    worker = get_worker()
+    with _LIVE_LOCK:
+        live = _LIVE.setdefault(worker.address, LiveTrainers())
+    runner = PathRunner(task, store, live, worker=worker.address)
+    variable = Variable(directives)
+
+    def relay(events: list[dict]) -> None:
+        for event in events:
+            worker.log_event(task.topic, event)
+        try:
+            current = variable.get(timeout=5) or {}
+        except Exception:  # a slow scheduler only delays a directive
+            return
+        for event in runner.update(Directive.from_dict(current.get(task.key))):
+            worker.log_event(task.topic, event)
+
+    return runner.run(relay)
+
+
+def check_resources(client: Client, resources: dict[str, float] | None, wait: float = 30.0) -> None:
+    """Raise a clear error if no worker offers `resources` (such a task would wait forever).
+
+    With no workers at all yet (an adaptive cluster still starting), waits up to `wait`
+    seconds for one.
+    """
+    deadline = time.monotonic() + wait
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    while not workers and time.monotonic() < deadline:
+        time.sleep(0.5)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    if not workers:
+        raise RuntimeError(
+            f"no Dask worker joined the scheduler at {client.scheduler.address} within {wait:.0f} s"
+        )
+    if not resources:
+        return
+    offers = [w.get("resources", {}) for w in workers.values()]
+    if any(all(offer.get(name, 0) >= need for name, need in resources.items()) for offer in offers):
+        return
+    seen = sorted({", ".join(f"{k}={v:g}" for k, v in sorted(o.items())) or "no resources" for o in offers})
+    hint = " ".join(f"--resources {k}={v:g}" for k, v in resources.items())
+    raise ValueError(
+        f"resources={resources!r}: no worker offers that much (workers offer: {'; '.join(seen)}). "
+        f"Start workers with `dask worker ADDRESS {hint}` or ask for less."
+    )
+
+
+class DaskExecutor(Executor):
+    """Runs path tasks as futures of `client`, `resources` per task (e.g. ``{"GPU": 1}``)."""
+
+    virtual = False
+
+    def __init__(self, client: Client, store: Any, topic: str, resources: dict[str, float] | None = None):
+        self.client = client
+        self.store = store
+        self.topic = topic
+        self.resources = dict(resources) if resources else None
+        self._events: queue.Queue[dict] = queue.Queue()
+        self._futures: dict[str, Future] = {}
+        self._directives: dict[str, dict] = {}
+        self._directives_lock = threading.Lock()
+        self._variable = Variable(f"{topic}-directives", client=client)
+        self._variable.set({})
+        self._slots_cache: tuple[float, int] | None = None
+        client.subscribe_topic(topic, self._on_event)
+
+    def _on_event(self, event: tuple[float, dict]) -> None:
+        self._events.put(event[1])
+
+    def slots(self) -> int:
+        now = time.monotonic()
+        if self._slots_cache is None or now - self._slots_cache[0] > 1.0:
+            workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+            if self.resources:
+                count = sum(
+                    int(min(w.get("resources", {}).get(k, 0) // v for k, v in self.resources.items()))
+                    for w in workers
+                )
+            else:
+                count = sum(w.get("nthreads", 1) for w in workers)
+            self._slots_cache = (now, count)
+        return self._slots_cache[1]
+
+    def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
+        future = self.client.submit(
+            run_path,
+            task,
+            self.store,
+            f"{self.topic}-directives",
+            key=task.key,
+            resources=self.resources,
+            priority=round(priority),
+            pure=False,
+            workers=[prefer] if prefer else None,
+            allow_other_workers=bool(prefer),
+        )
+        self._futures[task.key] = future
+        future.add_done_callback(self._on_done)
+
+    def _on_done(self, future: Future) -> None:
+        key = future.key
+        self._futures.pop(key, None)
+        try:
+            for event in future.result():
+                self._events.put(event)
+        except FutureCancelledError:
+            self._events.put(
+                {"kind": "error", "task": key, "node": "", "step": 0, "lost": True, "error": "cancelled"}
+            )
+        except Exception as error:  # e.g. KilledWorker: the stage is planned again
+            self._events.put(
+                {
+                    "kind": "error",
+                    "task": key,
+                    "node": "",
+                    "step": 0,
+                    "lost": True,
+                    "error": repr(error),
+                    "time": time.time(),
+                }
+            )
+        finally:
+            with self._directives_lock:
+                if self._directives.pop(key, None) is not None:
+                    self._variable.set(dict(self._directives))
+
+    def direct(self, key: str, directive: Directive) -> None:
+        with self._directives_lock:
+            self._directives[key] = directive.to_dict()
+            self._variable.set(dict(self._directives))
+
+    def poll(self, timeout: float | None = None) -> list[dict]:
+        events = []
+        try:
+            events.append(self._events.get(timeout=timeout) if timeout else self._events.get_nowait())
+        except queue.Empty:
+            return events
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def now(self) -> float:
+        return time.time()
+
+    def close(self) -> None:
+        try:
+            self.client.unsubscribe_topic(self.topic)
+        except Exception:  # the client may already be closing
+            log.debug("unsubscribe_topic failed", exc_info=True)
+        for future in list(self._futures.values()):
+            future.cancel()
+        try:
+            self._variable.delete()
+        except Exception:
+            log.debug("deleting the directives variable failed", exc_info=True)

@@ -1,0 +1,274 @@
+"""Running a path of stages with a trainer: the step protocol every execution shares.
+
+The Dask executor, the simulated executor and `run_alone` all train through `PathRunner`,
+so a trial trained alone and the same trial trained in shared stages see exactly the same
+calls: ``setup`` with every value when training starts or resumes and with the changed
+values before a later step where something changed, one ``train`` per step, ``evaluate``
+inside an isolated RNG so evaluating more often never changes training, and RNG states saved
+and restored with every checkpoint.
+
+A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that resumes
+from exactly that point continues in memory without reading storage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dagtune.config import config_values
+from dagtune.plan import CheckpointInfo
+from dagtune.sequences import same_value
+from dagtune.tasks import Directive, PathTask, Segment
+from dagtune.trainer import Trainer, build_trainer, capture_rng, isolated_rng, restore_rng
+
+__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "to_metrics"]
+
+
+class CheckpointBackend(Protocol):
+    """The part of a checkpoint store the runner uses."""
+
+    def save(self, identity: str, node: str, step: int, state: dict) -> CheckpointInfo: ...
+
+    def load(self, identity: str, node: str, step: int) -> dict: ...
+
+    def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None: ...
+
+
+@dataclass
+class _Live:
+    identity: str
+    node: str
+    step: int
+    trainer: Trainer
+    rng: dict
+
+
+class LiveTrainers:
+    """The trainer a worker ran last, kept in memory at the point where it stopped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: _Live | None = None
+
+    def take(self, identity: str, node: str, step: int) -> _Live | None:
+        """The live trainer if it is exactly at ``(node, step)`` of `identity` (it is removed:
+        the taker now owns it)."""
+        with self._lock:
+            live = self._live
+            if live is not None and (live.identity, live.node, live.step) == (identity, node, step):
+                self._live = None
+                return live
+            return None
+
+    def holds(self, identity: str, node: str, step: int) -> bool:
+        live = self._live
+        return live is not None and (live.identity, live.node, live.step) == (identity, node, step)
+
+    def put(self, live: _Live) -> None:
+        with self._lock:
+            self._live = live
+
+    def clear(self) -> None:
+        with self._lock:
+            self._live = None
+
+
+def to_metrics(raw: Any, where: str) -> dict[str, float]:
+    """Metrics as plain floats (msgpack-able), from a dict of numbers or 0-d tensors."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise TypeError(f"{where} must return a dict of metric name -> number, got {raw!r}")
+    metrics = {}
+    for name, value in raw.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where} returned a non-numeric metric {name!r}: {value!r}")
+        metrics[str(name)] = float(value)
+    return metrics
+
+
+class PathRunner:
+    """Trains one `PathTask`, one step at a time, producing events.
+
+    Iterate `steps()`: each item is the list of events of one step (``step``, ``metrics``,
+    ``checkpoint``) after the first, which also carries ``start`` and ``load``; the last item
+    carries ``end``. `update` applies a directive between steps.
+    """
+
+    def __init__(
+        self,
+        task: PathTask,
+        store: CheckpointBackend | None,
+        live: LiveTrainers | None = None,
+        worker: str = "local",
+        clock: Callable[[], float] = time.perf_counter,
+        wallclock: Callable[[], float] = time.time,
+    ):
+        self.task = task
+        self.store = store
+        self.live = live
+        self.worker = worker
+        self.clock = clock
+        self.wallclock = wallclock
+        self.attempt = uuid.uuid4().hex[:12]
+        self.directive = Directive()
+        self.position = task.start  # steps trained so far along the path
+        self.executed = 0
+
+    def update(self, directive: Directive) -> list[dict]:
+        """Take a new directive; returns ``declined`` events for wanted checkpoints already
+        passed (the coordinator then plans to recompute them)."""
+        passed = sorted(s for s in directive.checkpoints - self.directive.checkpoints if s <= self.position)
+        self.directive = directive
+        return [self._event("declined", self.task.node_at(s), s) for s in passed if s > self.task.start]
+
+    def _event(self, kind: str, node: str, step: int, **fields: Any) -> dict:
+        return {
+            "kind": kind,
+            "task": self.task.key,
+            "attempt": self.attempt,
+            "node": node,
+            "step": step,
+            **fields,
+        }
+
+    # ------------------------------------------------------------------ acquiring the trainer
+
+    def _resume_point(self) -> tuple[str, int] | None:
+        """The latest committed checkpoint of this path (a rerun after a lost worker resumes
+        from it), else the task's own source."""
+        if self.store is not None:
+            identity = self.task.trainer.identity
+            for step in sorted(self.task.checkpoints, reverse=True):
+                if self.task.start < step < self.task.end:
+                    node = self.task.node_at(step)
+                    if self.store.info(identity, node, step) is not None:
+                        return node, step
+        return self.task.source
+
+    def _acquire(self) -> tuple[Trainer, list[dict]]:
+        spec = self.task.trainer
+        point = self._resume_point()
+        if point is None:
+            self.position = 0
+            return build_trainer(spec.cls, spec.kwargs, spec.seed), []
+        node, step = point
+        self.position = step
+        if self.live is not None:
+            live = self.live.take(spec.identity, node, step)
+            if live is not None:
+                restore_rng(live.rng)
+                return live.trainer, [self._event("load", node, step, origin="memory")]
+        if self.store is None:
+            raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
+        state = self.store.load(spec.identity, node, step)
+        trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
+        trainer.load_state_dict(state["trainer"])
+        restore_rng(state["rng"])
+        return trainer, [self._event("load", node, step, origin="storage")]
+
+    # ------------------------------------------------------------------ the loop
+
+    def steps(self) -> Iterator[list[dict]]:
+        task = self.task
+        trainer, events = self._acquire()
+        events.insert(
+            0,
+            self._event(
+                "start", task.segments[0].node, self.position, worker=self.worker, time=self.wallclock()
+            ),
+        )
+        values: dict | None = None
+        for segment, t in self._schedule():
+            if values is None:
+                values = config_values(segment.config, t)
+                trainer.setup(dict(values))
+            else:
+                now = config_values(segment.config, t)
+                changes = {k: v for k, v in now.items() if not same_value(v, values.get(k, _MISSING))}
+                if changes:
+                    trainer.setup(changes)
+                values = now
+            began = self.clock()
+            train_metrics = to_metrics(trainer.train(), "Trainer.train()")
+            seconds = self.clock() - began
+            self.position = n = t + 1
+            self.executed += 1
+            events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
+            wanted = n in task.checkpoints or n in self.directive.checkpoints
+            last = n == task.end or n == self.directive.stop_at
+            if wanted or last or n % task.eval_every == 0:
+                with isolated_rng():
+                    metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
+                events.append(self._event("metrics", segment.node, n, metrics=metrics))
+            if wanted and self.store is not None:
+                state = {"trainer": trainer.state_dict(), "rng": capture_rng()}
+                info = self.store.save(task.trainer.identity, segment.node, n, state)
+                events.append(
+                    self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
+                )
+            yield events
+            events = []
+        end_node = self._owner(self.position)
+        if self.live is not None and end_node is not None:
+            self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
+        reason = "done" if self.position >= task.end else "stopped"
+        events.append(
+            self._event(
+                "end", end_node, self.position, worker=self.worker, reason=reason, time=self.wallclock()
+            )
+        )
+        yield events
+
+    def _schedule(self) -> Iterator[tuple[Segment, int]]:
+        """The (segment, step) pairs still to train, ending early at the directive's stop."""
+        for segment in self.task.segments:
+            for t in range(max(segment.start, self.position), segment.end):
+                if self.directive.stop_at is not None and self.position >= self.directive.stop_at:
+                    return
+                yield segment, t
+
+    def _owner(self, step: int) -> str | None:
+        """The node owning point `step` of this path (None for a fresh trainer at step 0)."""
+        if step > self.task.start:
+            return self.task.node_at(step)
+        return self.task.source[0] if self.task.source is not None else None
+
+    def error_event(self, error: BaseException) -> dict:
+        """The ``error`` event for a failure while training step ``position``."""
+        step = min(self.position + 1, self.task.end)
+        return self._event(
+            "error",
+            self.task.node_at(step),
+            step,
+            worker=self.worker,
+            time=self.wallclock(),
+            error=f"{type(error).__name__}: {error}",
+            traceback="".join(traceback.format_exception(error)),
+        )
+
+    def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:
+        """Run to the end; returns every event (errors become an ``error`` event)."""
+        everything: list[dict] = []
+        try:
+            for events in self.steps():
+                everything.extend(events)
+                if on_events is not None:
+                    on_events(events)
+        except Exception as error:  # a trainer's failure is reported, not raised
+            event = self.error_event(error)
+            everything.append(event)
+            if on_events is not None:
+                on_events([event])
+        return everything
+
+
+_MISSING = object()

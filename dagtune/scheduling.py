@@ -1,0 +1,165 @@
+"""Which stages to run next: a cost model, critical-path priorities and path batching.
+
+Hippo §4.3: the priority of a stage is the estimated time of the longest path from it to a
+leaf; the scheduler hands a whole path (the stage, then its highest-priority child, and so
+on to a leaf) to one worker, and repeats on what remains. Running the critical path first
+bounds the makespan by the longest chain; batching a path on one worker keeps the trainer
+in memory between its stages. Breadth-first (one stage at a time, shallowest first) and
+FIFO (the oldest request's whole path first, what a trial-based system does) are kept for
+comparison.
+
+Policies are pure functions of the stage tree: they return decisions, they do not act.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from dagtune.plan import SearchPlan, Stage, StageTree
+
+__all__ = ["BreadthFirst", "CostModel", "CriticalPath", "Fifo", "SchedulingPolicy", "policy_named"]
+
+
+class CostModel:
+    """Seconds per step of each config segment (search-plan node), measured as stages run.
+
+    Before a node has been measured its estimate is its parent's, else the mean of all
+    measurements, else `default`.
+    """
+
+    def __init__(self, default: float = 1.0, smoothing: float = 0.3):
+        if default <= 0:
+            raise ValueError(f"CostModel.default must be positive, got {default!r}")
+        self.default = default
+        self.smoothing = smoothing
+        self._per_node: dict[str, float] = {}
+        self._total = 0.0
+        self._count = 0
+
+    def observe(self, node: str, seconds: float) -> None:
+        """Record that one step of `node` took `seconds`."""
+        previous = self._per_node.get(node)
+        self._per_node[node] = (
+            seconds if previous is None else previous + self.smoothing * (seconds - previous)
+        )
+        self._total += seconds
+        self._count += 1
+
+    def step_seconds(self, node: str, plan: SearchPlan | None = None) -> float:
+        current: str | None = node
+        while current is not None:
+            if current in self._per_node:
+                return self._per_node[current]
+            current = plan.nodes[current].parent if plan is not None else None
+        return self._total / self._count if self._count else self.default
+
+    def stage_seconds(self, stage: Stage, plan: SearchPlan | None = None) -> float:
+        return stage.steps * self.step_seconds(stage.node, plan)
+
+
+def critical_path_priorities(tree: StageTree, cost: CostModel, plan: SearchPlan | None = None) -> list[float]:
+    """For every stage, the estimated seconds of the longest path from it down to a leaf."""
+    priority = [0.0] * len(tree.stages)
+    for stage in _bottom_up(tree):
+        below = max((priority[c] for c in stage.children), default=0.0)
+        priority[stage.index] = cost.stage_seconds(stage, plan) + below
+    return priority
+
+
+def _bottom_up(tree: StageTree) -> list[Stage]:
+    """Stages with every child before its parent."""
+    order: list[Stage] = []
+    stack = [(root, False) for root in tree.roots]
+    while stack:
+        stage, expanded = stack.pop()
+        if expanded:
+            order.append(stage)
+            continue
+        stack.append((stage, True))
+        stack.extend((tree.stages[c], False) for c in stage.children)
+    return order
+
+
+class SchedulingPolicy(ABC):
+    """Chooses up to `slots` paths of ready stages to start now."""
+
+    name: str
+
+    @abstractmethod
+    def pick(
+        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
+    ) -> list[list[Stage]]:
+        """Paths to launch, best first; each starts with a ready stage and follows children."""
+
+
+class CriticalPath(SchedulingPolicy):
+    """Longest remaining path first; a whole path per worker (Hippo's scheduler)."""
+
+    name = "critical_path"
+
+    def pick(
+        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
+    ) -> list[list[Stage]]:
+        if slots <= 0:
+            return []
+        priority = critical_path_priorities(tree, cost, plan)
+        ready = sorted(tree.ready(), key=lambda s: (-priority[s.index], s.rank, s.index))
+        paths = []
+        for stage in ready[:slots]:
+            path = [stage]
+            while path[-1].children:
+                path.append(
+                    max(
+                        (tree.stages[c] for c in path[-1].children),
+                        key=lambda s: (priority[s.index], -s.rank),
+                    )
+                )
+            paths.append(path)
+        return paths
+
+
+class BreadthFirst(SchedulingPolicy):
+    """One stage at a time, shallowest first (the baseline Hippo compares against)."""
+
+    name = "breadth_first"
+
+    def pick(
+        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
+    ) -> list[list[Stage]]:
+        if slots <= 0:
+            return []
+        depth = (lambda s: plan.nodes[s.node].depth) if plan is not None else (lambda s: 0)
+        ready = sorted(tree.ready(), key=lambda s: (depth(s), s.start, s.rank, s.index))
+        return [[stage] for stage in ready[:slots]]
+
+
+class Fifo(SchedulingPolicy):
+    """The oldest request's whole path first: trial-based execution order (Ray Tune's FIFO)."""
+
+    name = "fifo"
+
+    def pick(
+        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
+    ) -> list[list[Stage]]:
+        if slots <= 0:
+            return []
+        ready = sorted(tree.ready(), key=lambda s: (s.rank, s.index))
+        paths = []
+        for stage in ready[:slots]:
+            path = [stage]
+            while path[-1].children:
+                path.append(min((tree.stages[c] for c in path[-1].children), key=lambda s: (s.rank, s.index)))
+            paths.append(path)
+        return paths
+
+
+_POLICIES = {cls.name: cls for cls in (CriticalPath, BreadthFirst, Fifo)}
+
+
+def policy_named(name: str | SchedulingPolicy) -> SchedulingPolicy:
+    """A policy instance from its name ("critical_path", "breadth_first", "fifo")."""
+    if isinstance(name, SchedulingPolicy):
+        return name
+    if name not in _POLICIES:
+        raise ValueError(f"scheduling policy must be one of {sorted(_POLICIES)}, got {name!r}")
+    return _POLICIES[name]()

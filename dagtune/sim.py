@@ -1,0 +1,240 @@
+"""A simulated executor: the real coordinator and runner, in virtual time.
+
+`SimulatedExecutor` runs path tasks on `workers` virtual workers. Every step is really
+executed by `PathRunner` (so checkpoints, live trainers, directives and events behave as on
+a cluster) but its duration is virtual, given by a cost profile, so a study of 448 trials
+of 120 epochs on 40 GPUs finishes in seconds. `SyntheticTrainer` is a cheap trainer whose
+learning curve genuinely depends on its hyper-parameter sequences (noisy SGD with momentum
+on a quadratic), so algorithms can be tested against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dagtune.config import config_values
+from dagtune.executor import Executor
+from dagtune.plan import CheckpointInfo
+from dagtune.runner import LiveTrainers, PathRunner
+from dagtune.tasks import Directive, PathTask
+from dagtune.trainer import Trainer
+
+__all__ = ["MemoryStore", "SimulatedExecutor", "SyntheticTrainer"]
+
+StepCost = Callable[[dict[str, Any]], float]
+
+
+class MemoryStore:
+    """An in-process checkpoint store for simulations: no bytes, deep copies only."""
+
+    def __init__(self, nbytes: int = 1_000_000):
+        self.nbytes = nbytes
+        self._states: dict[tuple[str, str, int], dict] = {}
+        self.saves = 0
+        self.loads = 0
+
+    def save(self, identity: str, node: str, step: int, state: dict) -> CheckpointInfo:
+        key = (identity, node, step)
+        if key not in self._states:  # write-once: a second writer yields to the first
+            self._states[key] = copy.deepcopy(state)
+            self.saves += 1
+        return CheckpointInfo(self.nbytes, "")
+
+    def load(self, identity: str, node: str, step: int) -> dict:
+        self.loads += 1
+        return copy.deepcopy(self._states[(identity, node, step)])
+
+    def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None:
+        return CheckpointInfo(self.nbytes, "") if (identity, node, step) in self._states else None
+
+    def delete(self, identity: str, node: str, step: int) -> None:
+        self._states.pop((identity, node, step), None)
+
+    def points(self, identity: str):
+        for (ident, node, step), _ in sorted(self._states.items()):
+            if ident == identity:
+                yield node, step, CheckpointInfo(self.nbytes, "")
+
+
+@dataclass
+class _Slot:
+    runner: PathRunner
+    steps: Any  # the runner's generator
+    worker: int
+    launched: float
+    charged: float = 0.0  # virtual seconds of the step in flight
+
+
+class SimulatedExecutor(Executor):
+    """`workers` virtual workers; a step lasts ``step_seconds(values)`` virtual seconds, a
+    checkpoint save `save_seconds`, a load from storage `load_seconds`, and every task
+    `launch_seconds` of dispatch overhead."""
+
+    virtual = True
+
+    def __init__(
+        self,
+        workers: int,
+        step_seconds: float | StepCost = 1.0,
+        *,
+        save_seconds: float = 0.0,
+        load_seconds: float = 0.0,
+        launch_seconds: float = 0.0,
+        store: MemoryStore | None = None,
+    ):
+        if workers <= 0:
+            raise ValueError(f"workers must be positive, got {workers!r}")
+        self.workers = workers
+        self.step_cost: StepCost = step_seconds if callable(step_seconds) else (lambda _v, s=step_seconds: s)
+        self.save_seconds = save_seconds
+        self.load_seconds = load_seconds
+        self.launch_seconds = launch_seconds
+        self.store = store if store is not None else MemoryStore()
+        self._clock = 0.0
+        self._heap: list[tuple[float, int, str]] = []
+        self._sequence = 0
+        self._slots: dict[str, _Slot] = {}
+        self._free = list(range(workers))
+        self._live = [LiveTrainers() for _ in range(workers)]
+        self._pending: list[dict] = []
+
+    def slots(self) -> int:
+        return self.workers
+
+    def now(self) -> float:
+        return self._clock
+
+    def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
+        if not self._free:
+            raise RuntimeError(f"no free virtual worker for {task.key}: the coordinator over-launched")
+        preferred = int(prefer.removeprefix("sim-")) if prefer else None
+        worker = preferred if preferred in self._free else self._free[0]
+        self._free.remove(worker)
+        live = self._live[worker]
+        runner = PathRunner(
+            task, self.store, live, worker=f"sim-{worker}", clock=lambda: 0.0, wallclock=self.now
+        )
+        slot = _Slot(runner, runner.steps(), worker, launched=self._clock)
+        self._slots[task.key] = slot
+        overhead = self.launch_seconds
+        if task.source is not None and not live.holds(task.trainer.identity, *task.source):
+            overhead += self.load_seconds
+        self._queue(task.key, slot, overhead)
+
+    def direct(self, key: str, directive: Directive) -> None:
+        slot = self._slots.get(key)
+        if slot is not None:
+            self._pending.extend(slot.runner.update(directive))
+
+    def _queue(self, key: str, slot: _Slot, overhead: float = 0.0) -> None:
+        """Schedule the runner's next step (or its end) to complete after its virtual cost."""
+        runner = slot.runner
+        task, position, stop = runner.task, runner.position, runner.directive.stop_at
+        slot.charged = 0.0
+        if position < task.end and (stop is None or position < stop):
+            segment = next(s for s in task.segments if s.start <= position < s.end)
+            slot.charged = self.step_cost(config_values(segment.config, position))
+            if position + 1 in task.checkpoints or position + 1 in runner.directive.checkpoints:
+                overhead += self.save_seconds
+        self._sequence += 1
+        heapq.heappush(self._heap, (self._clock + overhead + slot.charged, self._sequence, key))
+
+    def poll(self, timeout: float | None = None) -> list[dict]:
+        """The events of the next virtual instant at which something happens."""
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        while self._heap:
+            when, _, key = heapq.heappop(self._heap)
+            slot = self._slots.get(key)
+            if slot is None:
+                continue
+            self._clock = when
+            return self._advance(key, slot)
+        return []
+
+    def _advance(self, key: str, slot: _Slot) -> list[dict]:
+        runner = slot.runner
+        try:
+            events = next(slot.steps)
+        except Exception as error:  # the trainer's failure becomes an event
+            events = [runner.error_event(error)]
+        for event in events:
+            if event["kind"] == "step":
+                event["seconds"] = slot.charged
+            elif event["kind"] == "start":
+                event["time"] = slot.launched
+        if any(e["kind"] in ("end", "error") for e in events):
+            del self._slots[key]
+            self._free.append(slot.worker)
+            self._free.sort()
+        else:
+            self._queue(key, slot)
+        return events
+
+
+class SyntheticTrainer(Trainer):
+    """Noisy SGD with momentum on a fixed, ill-conditioned quadratic.
+
+    Hyper-parameters ``lr``, ``momentum``, ``batch_size`` and ``weight_decay`` (all optional)
+    shape its curve as they shape a network's: too small a learning rate is slow, a large
+    one is noisy (noise grows with lr / sqrt(batch size)), too large diverges to NaN.
+    One step is `inner` SGD iterations. Metrics: ``val_loss`` (lower is better) and
+    ``val_acc = 1 / (1 + val_loss)`` (higher is better). Deterministic for a seed, and
+    cheap enough for thousands of simulated trials.
+    """
+
+    def __init__(
+        self, dim: int = 8, inner: int = 10, noise: float = 0.5, condition: float = 100.0, seed: int = 0
+    ):
+        rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.inner = inner
+        self.noise = noise
+        self.curvature = np.geomspace(1.0, 1.0 / condition, dim)
+        self.target = rng.normal(size=dim)
+        self.w = np.zeros(dim)
+        self.v = np.zeros(dim)
+        self.step = 0
+        self.hp: dict[str, Any] = {"lr": 0.1, "momentum": 0.0, "batch_size": 128, "weight_decay": 0.0}
+
+    def setup(self, hp: dict) -> None:
+        self.hp.update(hp)
+
+    def _loss(self, w: np.ndarray) -> float:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(0.5 * np.sum(self.curvature * (w - self.target) ** 2))
+
+    def train(self) -> dict:
+        lr, momentum = float(self.hp["lr"]), float(self.hp["momentum"])
+        decay, scale = (
+            float(self.hp["weight_decay"]),
+            self.noise / math.sqrt(float(self.hp["batch_size"]) / 128),
+        )
+        rng = np.random.default_rng([self.seed, self.step])
+        with np.errstate(over="ignore", invalid="ignore"):
+            for _ in range(self.inner):
+                grad = self.curvature * (self.w - self.target) + decay * self.w
+                grad = grad + scale * rng.normal(size=self.w.shape)
+                self.v = momentum * self.v + grad
+                self.w = self.w - lr * self.v
+        self.step += 1
+        return {"loss": self._loss(self.w)}
+
+    def evaluate(self) -> dict:
+        loss = self._loss(self.w)
+        return {"val_loss": loss, "val_acc": 1.0 / (1.0 + loss) if math.isfinite(loss) else float("nan")}
+
+    def state_dict(self) -> dict:
+        return {"w": self.w.tolist(), "v": self.v.tolist(), "step": self.step, "hp": dict(self.hp)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.w, self.v = np.array(state["w"]), np.array(state["v"])
+        self.step, self.hp = state["step"], dict(state["hp"])

@@ -1,0 +1,528 @@
+"""Studies: the public entry point (`Study`, `TrialHandle`, `Result`, `run_alone`).
+
+A `Study` owns a coordinator for one model identity (trainer class, trainer arguments,
+seed, version) and an executor: the embedded local Dask cluster by default, an existing
+Dask `Client`, or a `SimulatedExecutor`. On Dask a driver thread pumps the coordinator so
+trials progress while you do something else; in simulation the waiting caller pumps
+virtual time, which keeps runs deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+import numpy as np
+
+from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
+from dagtune.checkpoints import CheckpointStore
+from dagtune.config import Config, normalize_config
+from dagtune.coordinator import COMPLETED, FAILED, PENDING, Coordinator, Trial
+from dagtune.executor import Executor
+from dagtune.plan import SearchPlan
+from dagtune.runner import PathRunner
+from dagtune.scheduling import policy_named
+from dagtune.sequences import Constant
+from dagtune.tasks import PathTask, Segment, TrainerSpec
+from dagtune.trainer import Trainer
+
+__all__ = ["Result", "Study", "TrialError", "TrialHandle", "TrialResult", "model_identity", "run_alone"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class TrialError(RuntimeError):
+    """A trial's trainer raised (after the allowed retries); the message holds its traceback."""
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def _canonical(value: Any, where: str) -> Any:
+    """A JSON-able form of a trainer argument that is the same in every process."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        return {
+            str(k): _canonical(v, f"{where}[{k!r}]")
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+        }
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) or type(value).__name__ == "Tensor":
+        array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+        return {"array": digest, "shape": list(array.shape), "dtype": str(array.dtype)}
+    raise ValueError(
+        f"{where} = {value!r} has no stable identity across processes; pass JSON-like values "
+        f"(numbers, strings, paths, lists, dicts, arrays) and build objects inside the trainer"
+    )
+
+
+def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
+    """The id of a model identity: trials of equal identities share one search plan."""
+    payload = {
+        "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+        "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
+        "seed": seed,
+        "version": version,
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """A finished trial: its config, the steps it reached and its final metrics."""
+
+    config: Config
+    steps: int
+    metrics: dict[str, float]
+    id: int = -1
+    status: str = COMPLETED
+
+
+def describe(sequence: Any) -> str:
+    """A short readable form of a sequence for tables (plain value for a constant)."""
+    return repr(sequence.value) if isinstance(sequence, Constant) else repr(sequence)
+
+
+class Result:
+    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`."""
+
+    def __init__(self, trials: list[Trial], report: dict, metric: str | None, mode: str = "max"):
+        self._trials = trials
+        self.report = report
+        self.metric = metric
+        self.mode = mode
+
+    @property
+    def best(self) -> TrialResult | None:
+        """The completed trial with the best final `metric` (longest trials first on ties)."""
+        scored = [
+            t
+            for t in self._trials
+            if t.metrics and self.metric in t.metrics and not math.isnan(t.metrics[self.metric])
+        ]
+        if not scored:
+            return None
+        completed = [t for t in scored if t.status == COMPLETED] or scored
+        sign = 1.0 if self.mode == "max" else -1.0
+        best = max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id))
+        return TrialResult(
+            best.config,
+            best.steps if best.status == COMPLETED else best.reported,
+            dict(best.metrics),
+            best.id,
+            best.status,
+        )
+
+    @property
+    def trials(self):
+        """One row per trial: id, status, steps, final metrics and ``config/<name>`` columns."""
+        import pandas as pd
+
+        rows = []
+        for t in self._trials:
+            row = {
+                "trial_id": t.id,
+                "status": t.status,
+                "steps": t.steps if t.status == COMPLETED else t.reported,
+            }
+            row.update(t.metrics or {})
+            row.update({f"config/{name}": describe(seq) for name, seq in t.config.items()})
+            if t.error:
+                row["error"] = t.error
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def curves(self) -> dict[int, list[tuple[int, dict[str, float]]]]:
+        """Per trial, the (step, metrics) pairs it reported, in order."""
+        return {t.id: list(t.curve) for t in self._trials}
+
+    def __repr__(self) -> str:
+        best = self.best
+        shown = f"best {self.metric}={best.metrics[self.metric]:.4g}" if best else "no result"
+        return (
+            f"<Result {len(self._trials)} trials, {shown}, merge rate {self.report.get('merge_rate', 1):.2f}>"
+        )
+
+
+class TrialHandle:
+    """A submitted trial: wait for it with `result`, or `stop` it."""
+
+    def __init__(self, study: Study, trial: Trial):
+        self._study = study
+        self.trial = trial
+
+    @property
+    def id(self) -> int:
+        return self.trial.id
+
+    @property
+    def status(self) -> str:
+        return self.trial.status
+
+    def done(self) -> bool:
+        return self.trial.done
+
+    def result(self, timeout: float | None = None) -> dict[str, float]:
+        """The final metrics (waits for them). A stopped or diverged trial returns its last
+        metrics; a failed one raises `TrialError`."""
+        self._study._wait(lambda: self.trial.done, timeout)
+        if self.trial.status == FAILED:
+            raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
+        return dict(self.trial.metrics or {})
+
+    def curve(self) -> list[tuple[int, dict[str, float]]]:
+        return list(self.trial.curve)
+
+    def stop(self) -> None:
+        self._study._call(self._study.coordinator.stop, self.trial.id)
+
+    def __repr__(self) -> str:
+        return f"<TrialHandle {self.trial.id} {self.trial.status} steps={self.trial.steps}>"
+
+
+# --------------------------------------------------------------------------- running an algorithm
+
+
+class _Session:
+    """Routes one algorithm's callbacks and applies its decisions."""
+
+    def __init__(self, study: Study, algorithm: Algorithm):
+        self.study = study
+        self.algorithm = algorithm
+        self.trials: dict[int, Trial] = {}
+        self.error: BaseException | None = None
+        self.finished = False
+        self._applying = False
+
+    def _adopt(self, trial: Trial) -> None:
+        if trial.id not in self.trials:
+            self.trials[trial.id] = trial
+            self.algorithm.trials.append(trial)
+
+    def apply(self, decisions: Iterable[Decision] | None) -> None:
+        coordinator = self.study.coordinator
+        for decision in decisions or ():
+            if isinstance(decision, Submit):
+                config = self.study._check_config(decision.config)
+                self._applying = True  # results known already arrive inside submit
+                try:
+                    self._adopt(coordinator.submit(config, decision.steps, decision.tag))
+                finally:
+                    self._applying = False
+            elif isinstance(decision, Extend):
+                coordinator.extend(decision.trial, decision.steps)
+            elif isinstance(decision, Stop):
+                coordinator.stop(decision.trial)
+            else:
+                raise TypeError(f"{type(self.algorithm).__name__} returned {decision!r}, not a decision")
+
+    def _callback(self, trial: Trial, method: str, *args: Any) -> None:
+        if self._applying:
+            self._adopt(trial)
+        if self.error is not None or trial.id not in self.trials:
+            return
+        try:
+            self.apply(getattr(self.algorithm, method)(trial, *args))
+            self._check_end()
+        except BaseException as error:  # surfaced by Study.run in the caller's thread
+            self.error = error
+
+    def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
+        self._callback(trial, "on_result", step, metrics)
+
+    def on_complete(self, trial: Trial) -> None:
+        self._callback(trial, "on_complete")
+
+    def on_end(self, trial: Trial) -> None:
+        self._callback(trial, "on_end")
+
+    def _check_end(self) -> None:
+        if self.algorithm.is_finished():
+            for trial in list(self.trials.values()):
+                if trial.status == PENDING:
+                    self.study.coordinator.stop(trial.id)
+        if not any(t.status == PENDING for t in self.trials.values()):
+            self.finished = True
+
+
+# --------------------------------------------------------------------------- the study
+
+
+class Study:
+    """A hyper-parameter study of one trainer (see DESIGN.md for the whole API).
+
+    `client=None` starts an embedded local Dask cluster (one single-threaded worker process
+    per core, or `workers`) and stops it on `close`; an existing `distributed.Client` is used
+    as it is. `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
+    `reuse=False` trains every trial on its own (the trial-based baseline). `executor`
+    replaces Dask altogether (e.g. `dagtune.sim.SimulatedExecutor`).
+    """
+
+    def __init__(
+        self,
+        trainer: type[Trainer],
+        trainer_kwargs: Mapping[str, Any] | None = None,
+        name: str = "study",
+        storage: str | os.PathLike = "./dagtune-runs",
+        client: Any = None,
+        resources: Mapping[str, float] | None = None,
+        seed: int = 0,
+        reuse: bool = True,
+        *,
+        version: str = "",
+        storage_options: Mapping[str, Any] | None = None,
+        scheduler: str = "critical_path",
+        eval_every: int = 1,
+        checkpoint_every: int | None = None,
+        max_retries: int = 1,
+        workers: int | None = None,
+        executor: Executor | None = None,
+    ):
+        if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
+            raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"name must be 1-128 letters, digits, '.', '_' or '-', got {name!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        if resources is not None:
+            for key, amount in dict(resources).items():
+                if not isinstance(amount, (int, float)) or amount <= 0:
+                    raise ValueError(f"resources[{key!r}] must be a positive number, got {amount!r}")
+        self.name = name
+        self.trainer = trainer
+        self.trainer_kwargs = dict(trainer_kwargs or {})
+        self.seed = seed
+        self.reuse = reuse
+        self.resources = dict(resources) if resources else None
+        self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
+        self.storage = os.fspath(storage)
+        self._token = uuid.uuid4().hex[:8]
+        self._owned_cluster = None
+        self._names: tuple[str, ...] | None = None
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._failure: BaseException | None = None
+        self._closed = False
+        if executor is None:
+            self.store = CheckpointStore(self.storage, storage_options)
+            executor = self._dask_executor(client, workers)
+        else:
+            self.store = getattr(executor, "store", None)
+        self.executor = executor
+        spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
+        gpus = float((self.resources or {}).get("GPU", 1.0))
+        self.plan = SearchPlan()
+        self.coordinator = Coordinator(
+            self.plan,
+            executor,
+            spec,
+            policy_named(scheduler),
+            share=reuse,
+            eval_every=eval_every,
+            checkpoint_every=checkpoint_every,
+            max_retries=max_retries,
+            gpus_per_task=gpus,
+            topic=f"dagtune-{name}-{self._token}",
+            name=f"{name}-{self._token}",
+        )
+        self._virtual = getattr(executor, "virtual", False)
+        if not self._virtual:
+            self._driver = threading.Thread(target=self._drive, name=f"dagtune-{name}", daemon=True)
+            self._driver.start()
+
+    def _dask_executor(self, client: Any, workers: int | None) -> Executor:
+        from distributed import Client, LocalCluster
+
+        from dagtune.graph import DaskExecutor, check_resources
+
+        if client is None:
+            cluster = LocalCluster(
+                n_workers=workers or os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+                resources=self.resources,
+                silence_logs=40,
+            )
+            client = Client(cluster)
+            self._owned_cluster = (client, cluster)
+        self.client = client
+        check_resources(client, self.resources)
+        return DaskExecutor(client, self.store, f"dagtune-{self.name}-{self._token}", self.resources)
+
+    # ------------------------------------------------------------------ driving
+
+    def _drive(self) -> None:
+        while not self._closed:
+            events = self.executor.poll(timeout=0.2)
+            with self._lock:
+                try:
+                    for event in events:
+                        self.coordinator.handle(event)
+                    self.coordinator.schedule()
+                except BaseException as error:  # a bug or a storage failure: wake every waiter
+                    self._failure = error
+                self._changed.notify_all()
+
+    def _call(self, function, *args: Any) -> Any:
+        with self._lock:
+            result = function(*args)
+            self.coordinator.schedule()
+            self._changed.notify_all()
+            return result
+
+    def _wait(self, done, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not done():
+                if self._failure is not None:
+                    raise RuntimeError("the dagtune coordinator failed") from self._failure
+                if self._virtual:
+                    if self.coordinator.pump() == 0 and not self.coordinator.running:
+                        if done():
+                            return
+                        raise RuntimeError("nothing is running and nothing will: the wait can never end")
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"still waiting after {timeout} s")
+                self._changed.wait(0.5 if remaining is None else min(remaining, 0.5))
+
+    # ------------------------------------------------------------------ trials
+
+    def _check_config(self, config: Mapping[str, Any]) -> Config:
+        config = normalize_config(config, owner="config")
+        names = tuple(config)
+        if self._names is None:
+            self._names = names
+        elif names != self._names:
+            raise ValueError(
+                f"configs of study {self.name!r} must name the same hyper-parameters: "
+                f"expected {list(self._names)}, got {list(names)}"
+            )
+        return config
+
+    def submit(self, config: Mapping[str, Any], steps: int) -> TrialHandle:
+        """Train `config` for `steps` steps (what is already known is not trained again)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        config = self._check_config(config)
+        trial = self._call(self.coordinator.submit, config, steps)
+        return TrialHandle(self, trial)
+
+    def evaluate(
+        self, config: Mapping[str, Any], step: int, timeout: float | None = None
+    ) -> dict[str, float]:
+        """The metrics of `config` after `step` steps, trained only if not known yet."""
+        return self.submit(config, step).result(timeout)
+
+    def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
+        """Run a tuning algorithm to its end and return its `Result`."""
+        if not isinstance(algorithm, Algorithm):
+            raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
+        session = _Session(self, algorithm)
+        with self._lock:
+            since = self.coordinator.report([])
+            self.coordinator.listeners.append(session)
+            try:
+                session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
+                session._check_end()
+                self.coordinator.schedule()
+                self._wait(lambda: session.finished or session.error is not None, timeout)
+            finally:
+                self.coordinator.listeners.remove(session)
+        if session.error is not None:
+            raise session.error
+        trials = list(session.trials.values())
+        return Result(trials, self.coordinator.report(trials, since), algorithm.metric, algorithm.mode)
+
+    @property
+    def report(self) -> dict:
+        """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far."""
+        with self._lock:
+            return self.coordinator.report()
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the driver and the embedded cluster (an external client is left open)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._virtual:
+            self._driver.join(timeout=5)
+        self.executor.close()
+        if self._owned_cluster is not None:
+            client, cluster = self._owned_cluster
+            client.close()
+            cluster.close()
+            self._owned_cluster = None
+
+    def __enter__(self) -> Study:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"
+
+
+# --------------------------------------------------------------------------- alone
+
+
+def run_alone(
+    trainer: type[Trainer],
+    config: Mapping[str, Any],
+    steps: int,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> list[dict[str, float]]:
+    """Train one trial in this process, no reuse, no checkpoints; metrics after each step.
+
+    This is the reference that training through dagtune must reproduce exactly.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    config = normalize_config(config)
+    task = PathTask(
+        key="run_alone",
+        trainer=TrainerSpec(trainer, dict(trainer_kwargs or {}), seed, ""),
+        segments=(Segment("alone", config, 0, steps),),
+        source=None,
+        checkpoints=frozenset(),
+        eval_every=1,
+    )
+    events = PathRunner(task, None).run()
+    for event in events:
+        if event["kind"] == "error":
+            raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")
+    return [e["metrics"] for e in events if e["kind"] == "metrics"]
