@@ -292,6 +292,9 @@ class Sequence(ABC):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
     def __getstate__(self) -> dict:
         return {name: getattr(self, name) for name in self._fields}
 
@@ -354,6 +357,8 @@ class Sequence(ABC):
             object.__setattr__(self, "_horizon", math.inf if finite else target)
         return self._pieces
 
+    # whether the pieces `_generate` yielded, having run to its end, may still go on past the
+    # horizon (checked after the run: a wrapper asks whether its inner form was complete)
     _infinite: ClassVar[bool] = False
 
     @abstractmethod
@@ -459,8 +464,7 @@ class MultiStep(Sequence):
         )
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
-        yield 0, _Const(self.init)
-        for k, start in enumerate(self.milestones, start=1):
+        for k, start in enumerate((0, *self.milestones)):  # k = 0 too: 1 * 0.1**0 is 1.0, not 1
             yield start, _Const(self.init * self.gamma**k)
 
 
@@ -556,8 +560,8 @@ class Warmup(Sequence):
         )
 
     @property
-    def _infinite(self) -> bool:
-        return self.then._infinite
+    def _infinite(self) -> bool:  # `then`'s form was cut at the horizon
+        return self.then._horizon != math.inf
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
         yield 0, _ramp(self.start, self.then(0), self.steps, 0)
@@ -602,8 +606,8 @@ class Piecewise(Sequence):
         return f"Piecewise({', '.join(f'({m}, {s!r})' for m, s in self.items)})"
 
     @property
-    def _infinite(self) -> bool:
-        return self.items[-1][1]._infinite
+    def _infinite(self) -> bool:  # the last part's form was cut at the horizon
+        return self.items[-1][1]._horizon != math.inf
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
         bounds = [m for m, _ in self.items[1:]] + [None]
@@ -614,8 +618,6 @@ class Piecewise(Sequence):
                 if stop is not None and begin >= stop:
                     break
                 yield max(begin, offset), primitive.shifted(offset)
-            if stop is None or stop >= horizon:
-                return
 
     @classmethod
     def _from_json_args(cls, data: dict) -> Sequence:

@@ -1,0 +1,17 @@
+"""Test configuration: hypothesis profiles and a shared import path for `tests/strategies.py`."""
+
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# "default": fast enough for every commit; "thorough": HYPOTHESIS_PROFILE=thorough for a long soak.
+settings.register_profile(
+    "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", deadline=None, max_examples=2000, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
