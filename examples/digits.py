@@ -1,0 +1,142 @@
+"""Tuning a small CNN on scikit-learn's digits with dagtune.
+
+The data set is the 1797 8x8 images of handwritten digits bundled with scikit-learn (nothing
+is downloaded), so a training step (one epoch) takes a few hundredths of a second on one CPU
+core and a whole study runs on a laptop. The trainer tunes SGD's ``lr``, ``momentum``,
+``weight_decay`` and the ``batch_size``, any of which may change from one epoch to the next.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+from dagtune.trainer import ResumableBatches, Trainer
+
+# --------------------------------------------------------------------------- the trainer
+
+#: The hyper-parameters `DigitsTrainer.setup` understands, with the values it starts from.
+DEFAULTS: dict[str, Any] = {"lr": 0.05, "momentum": 0.9, "batch_size": 64, "weight_decay": 0.0}
+
+
+@functools.lru_cache(maxsize=4)
+def digits_split(validation_fraction: float = 0.2, split_seed: int = 0) -> tuple[np.ndarray, ...]:
+    """``(train_x, train_y, val_x, val_y)``: images scaled to [0, 1] as ``(n, 1, 8, 8)`` float32
+    and int64 labels. The split is fixed by `split_seed` through its own generator (the global
+    RNGs are not touched), so every trainer of every trial validates on the same images."""
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(split_seed).permutation(len(labels))
+    n_val = round(len(labels) * validation_fraction)
+    val, train = order[:n_val], order[n_val:]
+    arrays = (images[train], labels[train], images[val], labels[val])
+    for array in arrays:
+        array.flags.writeable = False  # shared by every trainer of the process
+    return arrays
+
+
+def make_model(hidden: int = 16, dropout: float = 0.1) -> nn.Sequential:
+    """Two 3x3 convolutions with max pooling (8x8 -> 4x4 -> 2x2) and a linear classifier."""
+    return nn.Sequential(
+        nn.Conv2d(1, hidden, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(hidden, 2 * hidden, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(dropout),  # draws from torch's global RNG: restored with every checkpoint
+        nn.Linear(2 * hidden * 2 * 2, 10),
+    )
+
+
+class DigitsTrainer(Trainer):
+    """A small CNN trained with SGD on the digits; one step is one epoch.
+
+    `hidden` is the width of the first convolution, `seed` fixes the order of the training
+    data (the weights come from torch's global RNG, which dagtune seeds before building the
+    trainer), `validation_fraction` and `split_seed` fix the validation images.
+    """
+
+    def __init__(
+        self,
+        hidden: int = 16,
+        dropout: float = 0.1,
+        seed: int = 0,
+        validation_fraction: float = 0.2,
+        split_seed: int = 0,
+    ):
+        # Bit-exact sharing needs a resumed run to compute exactly what an uninterrupted run
+        # computes, possibly in another process. With several threads, CPU kernels may split
+        # reductions differently and round differently; one thread makes every step a fixed
+        # sequence of floating-point operations. Dask workers run with OMP_NUM_THREADS=1, and
+        # this makes an in-process run (dt.run_alone, tests) do the same.
+        torch.set_num_threads(1)
+        train_x, train_y, val_x, val_y = digits_split(validation_fraction, split_seed)
+        self.train_x, self.train_y = torch.from_numpy(train_x.copy()), torch.from_numpy(train_y.copy())
+        self.val_x, self.val_y = torch.from_numpy(val_x.copy()), torch.from_numpy(val_y.copy())
+        self.model = make_model(hidden, dropout)
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=DEFAULTS["lr"],
+            momentum=DEFAULTS["momentum"],
+            weight_decay=DEFAULTS["weight_decay"],
+        )
+        self.batches = ResumableBatches(len(self.train_y), DEFAULTS["batch_size"], seed=seed)
+
+    def setup(self, hp: dict[str, Any]) -> None:
+        """Apply the values given (all of them when a stage starts, the changed ones later)."""
+        unknown = sorted(set(hp) - set(DEFAULTS))
+        if unknown:
+            raise ValueError(f"DigitsTrainer has no hyper-parameter {unknown}; it knows {sorted(DEFAULTS)}")
+        for name in ("lr", "momentum", "weight_decay"):
+            if name in hp:
+                for group in self.optimizer.param_groups:
+                    group[name] = float(hp[name])
+        if "batch_size" in hp:
+            self.batches.set_batch_size(hp["batch_size"])  # keeps the position in the epoch
+
+    def train(self) -> dict[str, float]:
+        """One epoch of SGD; returns the mean training loss."""
+        self.model.train()
+        total, count = 0.0, 0
+        for indices in self.batches.epoch():
+            index = torch.from_numpy(indices)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(self.train_x[index]), self.train_y[index])
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item() * len(indices)
+            count += len(indices)
+        return {"loss": total / count}
+
+    def evaluate(self) -> dict[str, float]:
+        """Accuracy and mean loss on the validation images."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                logits = self.model(self.val_x)
+                loss = nn.functional.cross_entropy(logits, self.val_y).item()
+                accuracy = (logits.argmax(dim=1) == self.val_y).double().mean().item()
+        finally:
+            self.model.train(was_training)
+        return {"val_acc": accuracy, "val_loss": loss}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "batches": self.batches.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.batches.load_state_dict(state["batches"])
