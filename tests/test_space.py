@@ -1,0 +1,193 @@
+"""Search spaces: Grid and Random, distributions, and trial accounting helpers."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import dagtune as dt
+
+
+def test_grid_is_the_product_in_order():
+    lrs = [dt.Constant(0.1), dt.MultiStep(0.1, [30, 45], 0.1)]
+    grid = dt.Grid({"lr": lrs, "wd": [1e-4, 1e-3], "opt": ["sgd", "adam", "sgd-momentum"]})
+    configs = list(grid)
+    assert len(grid) == len(configs) == 12
+    # the first hyper-parameter varies slowest, like itertools.product; names come out sorted
+    expected = [
+        {"lr": lr, "opt": dt.Constant(opt), "wd": dt.Constant(wd)}
+        for lr, wd, opt in itertools.product(lrs, [1e-4, 1e-3], ["sgd", "adam", "sgd-momentum"])
+    ]
+    assert configs == expected
+    assert all(list(c) == ["lr", "opt", "wd"] for c in configs)
+    assert grid.names == ("lr", "opt", "wd")
+    assert list(grid) == configs  # re-iterable, same configs
+
+
+def test_grid_single_candidate_and_type_aware_values():
+    grid = dt.Grid({"bs": [128, 128.0], "lr": 0.1})
+    assert list(grid) == [
+        {"bs": dt.Constant(128), "lr": dt.Constant(0.1)},
+        {"bs": dt.Constant(128.0), "lr": dt.Constant(0.1)},
+    ]
+
+
+def test_grid_configs_are_copies():
+    grid = dt.Grid({"lr": [0.1, 0.01]})
+    first = next(iter(grid))
+    first["lr"] = dt.Constant(5.0)
+    assert next(iter(grid))["lr"] == dt.Constant(0.1)
+
+
+def test_grid_where_filters_conditionals():
+    grid = dt.Grid(
+        {"opt": ["sgd", "sgd-momentum"], "momentum": [0.0, 0.9]},
+        where=lambda c: (c["opt"](0) == "sgd-momentum") == (c["momentum"](0) != 0.0),
+    )
+    assert [(c["opt"](0), c["momentum"](0)) for c in grid] == [("sgd", 0.0), ("sgd-momentum", 0.9)]
+    assert len(grid) == 2
+
+
+def test_grid_filter_removing_everything_is_an_error():
+    with pytest.raises(ValueError, match="removed all 4 configs"):
+        dt.Grid({"lr": [0.1, 0.01], "wd": [0.0, 1e-4]}, where=lambda c: False)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "match"),
+    [
+        ({}, "non-empty dict"),
+        ({"lr": []}, r"Grid\['lr'\] has no candidates"),
+        ({"lr": [dt.loguniform(1e-3, 1e-1)]}, r"Grid\['lr'\] holds a distribution.*dt.Random"),
+        ({"lr": [[0.1, 0.2]]}, r"Grid\[\'lr\'\] must be a sequence or a JSON scalar"),
+        ({"bad name": [0.1]}, "hyper-parameter names must be identifiers"),
+    ],
+)
+def test_grid_rejects_bad_candidates(candidates, match):
+    with pytest.raises(ValueError, match=match):
+        dt.Grid(candidates)
+
+
+def sampled_values(space, step=0):
+    return [{name: seq(step) for name, seq in config.items()} for config in space]
+
+
+def test_random_is_reproducible_for_a_seed():
+    space = {"lr": dt.loguniform(1e-3, 1e-1), "bs": dt.choice([64, 128]), "wd": dt.uniform(0.0, 1e-3)}
+    a = list(dt.Random(space, n=20, seed=7))
+    assert a == list(dt.Random(space, n=20, seed=7))
+    assert a == list(dt.Random(space, n=20, seed=7))  # and re-iterable
+    assert a != list(dt.Random(space, n=20, seed=8))
+    assert len(dt.Random(space, n=20, seed=7)) == 20
+
+
+def test_random_distributions_as_plain_values():
+    space = dt.Random(
+        {
+            "lr": dt.loguniform(1e-3, 1e-1),
+            "bs": dt.choice([64, 128]),
+            "wd": dt.uniform(0.0, 1e-3),
+            "depth": dt.randint(2, 5),
+            "opt": "sgd",
+        },
+        n=200,
+        seed=0,
+    )
+    rows = sampled_values(space)
+    assert all(1e-3 <= r["lr"] < 1e-1 and type(r["lr"]) is float for r in rows)
+    assert {r["bs"] for r in rows} == {64, 128} and all(type(r["bs"]) is int for r in rows)
+    assert all(0.0 <= r["wd"] < 1e-3 for r in rows)
+    assert {r["depth"] for r in rows} == {2, 3, 4} and all(type(r["depth"]) is int for r in rows)
+    assert {r["opt"] for r in rows} == {"sgd"}
+    # log-uniform: about half the draws below the geometric mean 1e-2
+    assert 60 < sum(r["lr"] < 1e-2 for r in rows) < 140
+
+
+def test_random_distribution_as_sequence_argument():
+    space = dt.Random({"lr": dt.MultiStep(dt.loguniform(1e-3, 1e-1), [30, 45], 0.1)}, n=50, seed=1)
+    inits = set()
+    for config in space:
+        lr = config["lr"]
+        assert isinstance(lr, dt.MultiStep) and lr.milestones == (30, 45) and lr.gamma == 0.1
+        assert 1e-3 <= lr.init < 1e-1
+        assert lr(30) == lr.init * 0.1 and lr(45) == lr.init * 0.1**2
+        inits.add(lr.init)
+    assert len(inits) == 50
+
+
+def test_random_nested_templates_and_choice_among_sequences():
+    options = [
+        dt.Constant(0.1),
+        dt.Warmup(5, dt.Exponential(dt.uniform(0.05, 0.2), 0.95)),
+        dt.Cosine(0.1, dt.randint(10, 30)),
+    ]
+    configs = list(dt.Random({"lr": dt.choice(options), "bs": 128}, n=300, seed=3))
+    kinds = {type(c["lr"]) for c in configs}
+    assert kinds == {dt.Constant, dt.Warmup, dt.Cosine}
+    for config in configs:
+        lr = config["lr"]
+        if isinstance(lr, dt.Warmup):
+            assert lr.steps == 5 and 0.05 <= lr.then.init < 0.2 and lr(5) == lr.then.init
+        if isinstance(lr, dt.Cosine):
+            assert 10 <= lr.period < 30 and type(lr.period) is int
+        lr.to_json()  # sampled: no distribution left
+
+
+def test_random_where_redraws():
+    space = dt.Random({"lr": dt.uniform(0.0, 1.0)}, n=30, seed=0, where=lambda c: c["lr"](0) > 0.5)
+    assert all(c["lr"](0) > 0.5 for c in space) and len(list(space)) == 30
+    with pytest.raises(ValueError, match="rejected 10 draws in a row"):
+        dt.Random({"lr": dt.uniform(0.0, 1.0)}, where=lambda c: False, max_rejections=10)
+
+
+def test_random_endless_sampler():
+    space = dt.Random({"lr": dt.uniform(0.0, 1.0)}, n=None, seed=4)
+    first = list(itertools.islice(iter(space), 5))
+    assert first == list(itertools.islice(space.sampler(), 5)) == list(dt.Random(space.space, n=5, seed=4))
+    with pytest.raises(TypeError):
+        len(space)
+
+
+def test_random_rejects_lists_with_a_helpful_message():
+    with pytest.raises(ValueError, match=r"Random\['bs'\] is a list.*write dt.choice\(\[64, 128\]\)"):
+        dt.Random({"bs": [64, 128]})
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: dt.Random({}), "non-empty dict"),
+        (lambda: dt.Random({"lr": 0.1}, n=0), r"Random\.n must be a positive int or None, got 0"),
+        (lambda: dt.loguniform(0.0, 1.0), r"loguniform\.low must be positive, got 0\.0"),
+        (lambda: dt.uniform(1.0, 1.0), r"uniform\.high must be greater than low"),
+        (lambda: dt.uniform(0.0, float("inf")), r"uniform\.high must be finite"),
+        (lambda: dt.randint(1.5, 3), r"randint\.low must be an int, got 1\.5"),
+        (lambda: dt.choice([]), r"choice\.options must not be empty"),
+    ],
+)
+def test_bad_random_spaces(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_unique_steps_and_merge_rate_of_a_grid():
+    # two learning rates sharing [0, 30): 30 + 2 * 30 unique steps for 2 * 60 trial steps
+    grid = dt.Grid({"lr": [dt.MultiStep(0.1, [30], 0.1), dt.MultiStep(0.1, [30], 0.5)], "wd": 1e-4})
+    trials = [(c, 60) for c in grid]
+    assert dt.unique_steps(trials) == 90
+    assert dt.merge_rate(trials) == pytest.approx(120 / 90)
+    # equal values written differently are one trial's worth of steps
+    same = [({"lr": dt.Exponential(0.1, 1.0)}, 50), ({"lr": 0.1}, 50), ({"lr": dt.Constant(0.1)}, 20)]
+    assert dt.unique_steps(same) == 50 and dt.merge_rate(same) == pytest.approx(120 / 50)
+
+
+def test_unique_steps_rejects_configs_of_different_hyper_parameters():
+    with pytest.raises(ValueError, match=r"must name the same hyper-parameters.*\['lr'\].*\['lr', 'wd'\]"):
+        dt.unique_steps([({"lr": 0.1}, 10), ({"lr": 0.1, "wd": 0.0}, 10)])
+
+
+@pytest.mark.parametrize("steps", [0, -5, 2.0, True])
+def test_unique_steps_rejects_bad_step_counts(steps):
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        dt.unique_steps([({"lr": 0.1}, steps)])
