@@ -115,7 +115,7 @@ class Coordinator:
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
         self._failures: dict[tuple[str, int], int] = {}
-        self._seen_steps: set[tuple[str, str, int]] = set()
+        self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
         self._dirty = True
         self.executed_steps = 0
@@ -219,12 +219,14 @@ class Coordinator:
         running = self.running.get(event["task"])
         kind = event["kind"]
         self.events_seen += 1
+        if kind in ("start", "load", "step"):  # counted once though delivered twice
+            key = (event["task"], event.get("attempt", ""), kind, event["step"])
+            if key in self._seen:
+                return
+            self._seen.add(key)
         if kind == "step":
-            key = (event["task"], event.get("attempt", ""), event["step"])
-            if key not in self._seen_steps:
-                self._seen_steps.add(key)
-                self.executed_steps += 1
-                self.cost.observe(event["node"], event["seconds"])
+            self.executed_steps += 1
+            self.cost.observe(event["node"], event["seconds"])
             if running is not None:
                 running.progress = max(running.progress, event["step"])
         elif kind == "metrics":
@@ -358,6 +360,8 @@ class Coordinator:
             topic=self.topic,
         )
         prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
+        if prefer is not None:
+            self._live[prefer] = None  # that worker is busy now; no second task may count on it
         self.running[key] = _Running(task, priority, progress=first.start)
         for segment in segments:
             self._on_node.setdefault(segment.node, []).append(key)
