@@ -4,6 +4,8 @@ Trials whose hyper-parameter sequences agree on a prefix share its training thro
 of stages and checkpoints (the Hippo design), scheduled by critical path on Dask.
 """
 
+from dagtune import algos
+from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.sequences import (
@@ -19,10 +21,22 @@ from dagtune.sequences import (
     Warmup,
 )
 from dagtune.space import Grid, Random
+from dagtune.study import Result, Study, TrialError, TrialHandle, TrialResult, run_alone
+from dagtune.trainer import (
+    ResumableBatches,
+    ResumableBatchSampler,
+    Trainer,
+    capture_rng,
+    isolated_rng,
+    restore_rng,
+    seed_everything,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointStore",
     "Constant",
     "Cosine",
     "Cyclic",
@@ -32,13 +46,27 @@ __all__ = [
     "MultiStep",
     "Piecewise",
     "Random",
+    "Result",
+    "ResumableBatchSampler",
+    "ResumableBatches",
     "Sequence",
     "Steps",
+    "Study",
+    "Trainer",
+    "TrialError",
+    "TrialHandle",
+    "TrialResult",
     "Warmup",
+    "algos",
+    "capture_rng",
     "choice",
+    "isolated_rng",
     "loguniform",
     "merge_rate",
     "randint",
+    "restore_rng",
+    "run_alone",
+    "seed_everything",
     "uniform",
     "unique_steps",
 ]

@@ -8,6 +8,7 @@ core and a whole study runs on a laptop. The trainer tunes SGD's ``lr``, ``momen
 
 from __future__ import annotations
 
+import argparse
 import functools
 from typing import Any
 
@@ -16,6 +17,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+import dagtune as dt
+from dagtune.algos import GridSearch
 from dagtune.trainer import ResumableBatches, Trainer
 
 # --------------------------------------------------------------------------- the trainer
@@ -140,3 +143,65 @@ class DigitsTrainer(Trainer):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.batches.load_state_dict(state["batches"])
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def search_space() -> dt.Grid:
+    """Learning-rate schedules x batch-size ramps x momentum ramps, like Hippo's Table 2 for
+    ResNet56 scaled to 30 epochs: 36 trials whose schedules share long prefixes (merge rate
+    2.2: a trial-based system trains 1080 epochs, dagtune 486)."""
+    return dt.Grid(
+        {
+            "lr": [
+                dt.Constant(0.05),
+                dt.MultiStep(0.05, [15, 22], 0.1),
+                dt.MultiStep(0.05, [20, 26], 0.1),
+                dt.Warmup(3, dt.MultiStep(0.05, [12, 19], 0.1)),
+                dt.Warmup(3, dt.Exponential(0.05, 0.9)),
+                dt.Warmup(3, dt.Cosine(0.05, 9)),
+            ],
+            "batch_size": [64, dt.Steps([64, 128], [18]), dt.Steps([64, 256], [24])],
+            "momentum": [0.9, dt.Steps([0.7, 0.8, 0.9], [6, 12])],
+            "weight_decay": [5e-4],
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> dt.Result:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30, help="epochs per trial (default 30)")
+    parser.add_argument("--storage", default="./dagtune-runs", help="checkpoint storage URL or directory")
+    parser.add_argument(
+        "--scheduler", help="address of a running `dask scheduler` (default: a local cluster)"
+    )
+    parser.add_argument("--workers", type=int, help="workers of the local cluster (default: one per core)")
+    args = parser.parse_args(argv)
+
+    client = None
+    if args.scheduler:
+        from distributed import Client
+
+        client = Client(args.scheduler)
+    space = search_space()
+    with dt.Study(
+        DigitsTrainer, name="digits", storage=args.storage, client=client, workers=args.workers
+    ) as study:
+        result = study.run(GridSearch(space, metric="val_acc", mode="max", steps=args.epochs))
+    best, report = result.best, result.report
+    print(
+        f"best of {report['trials']} trials: val_acc {best.metrics['val_acc']:.4f} after {best.steps} epochs"
+    )
+    for name, sequence in best.config.items():
+        print(f"  {name:13s} {sequence!r}")
+    print(
+        f"trained {report['executed_steps']} epochs for {report['trial_steps']} trial epochs "
+        f"(unique {report['unique_steps']}, merge rate {report['merge_rate']:.2f}, "
+        f"reuse {report['reuse']:.2f}x) in {report['makespan_seconds']:.1f} s"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
