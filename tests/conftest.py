@@ -1,4 +1,8 @@
-"""Test configuration: hypothesis profiles and a shared import path for `tests/strategies.py`."""
+"""Test configuration: hypothesis profiles and import paths.
+
+`tests/` (for `strategies.py`) and `examples/` (for the example trainers) go on sys.path before
+any Dask worker process is spawned, so workers can import the trainers too.
+"""
 
 import os
 import sys
@@ -6,6 +10,7 @@ import sys
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 # "default": fast enough for every commit; "thorough": HYPOTHESIS_PROFILE=thorough for a long soak.
 settings.register_profile(
