@@ -153,3 +153,40 @@ def brute_unique_steps(trials) -> int:
     for config, steps in trials:
         seen.update(prefixes(config, steps)[1:])
     return len(seen)
+
+
+# ----------------------------------------------------------------------------- plans
+
+# sequences over a short horizon whose values and switch points collide often, so that trials
+# share prefixes, branch at the same steps, and sometimes are equal but written differently
+PLAN_VALUES = st.sampled_from([0.1, 0.05, 0.01])
+# switch points and trial lengths mostly from one small set, so that branches, requests and
+# checkpoints often fall on the same step
+PLAN_STEPS = st.sampled_from([5, 10, 15, 20]) | st.integers(1, 20)
+PLAN_MILESTONES = st.lists(PLAN_STEPS, max_size=2, unique=True).map(sorted)
+plan_sequences = st.one_of(
+    PLAN_VALUES.map(dt.Constant),
+    PLAN_MILESTONES.flatmap(
+        lambda ms: st.lists(PLAN_VALUES, min_size=len(ms) + 1, max_size=len(ms) + 1).map(
+            lambda vs: dt.Steps(vs, ms)
+        )
+    ),
+    st.builds(dt.MultiStep, PLAN_VALUES, PLAN_MILESTONES, st.sampled_from([0.5, 1.0])),
+    st.builds(dt.Exponential, PLAN_VALUES, st.sampled_from([1.0, 0.5])),
+    st.builds(dt.Warmup, st.integers(1, 4), PLAN_VALUES.map(dt.Constant)),
+    st.builds(dt.Linear, PLAN_VALUES, PLAN_VALUES, st.integers(1, 12)),
+    PLAN_STEPS.flatmap(
+        lambda m: st.builds(lambda a, b: dt.Piecewise((0, a), (m, b)), PLAN_VALUES, PLAN_VALUES)
+    ),
+)
+NAME_SETS = [("lr",), ("bs", "lr"), ("bs", "lr", "mom")]
+MAX_STEPS = 30
+
+
+@st.composite
+def trial_lists(draw, min_size: int = 1, max_size: int = 10):
+    """Trials ``(config, steps)`` naming the same hyper-parameters."""
+    names = draw(st.sampled_from(NAME_SETS))
+    config = st.fixed_dictionaries({name: plan_sequences for name in names})
+    steps = PLAN_STEPS | st.integers(1, MAX_STEPS)
+    return draw(st.lists(st.tuples(config, steps), min_size=min_size, max_size=max_size))

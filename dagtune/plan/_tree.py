@@ -177,7 +177,9 @@ def build_stage_tree(plan: SearchPlan, in_flight: InFlight | None = None) -> Sta
 
     for index, parent, step in heads:
         stage = stages[index]
-        if (parent, step) in ends:
+        if step in plan.nodes[parent].checkpoints:  # even if a stage retrains it for metrics
+            stage.source, stage.source_point = "checkpoint", (parent, step)
+        elif (parent, step) in ends:
             upstream = stages[ends[(parent, step)]]
             stage.source, stage.parent = "stage", upstream.index
             upstream.children.append(index)
