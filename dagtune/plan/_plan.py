@@ -126,7 +126,8 @@ class SearchPlan:
         self.order.append(node.id)
         key = value_key(config, start)
         if parent is None:
-            self._roots.setdefault(key, []).append(node.id)
+            if not event.get("private"):  # a salted root is matched by no other trial
+                self._roots.setdefault(key, []).append(node.id)
         else:
             self.nodes[parent].children.setdefault(start, {}).setdefault(key, []).append(node.id)
         return True
@@ -176,6 +177,8 @@ class SearchPlan:
             "start": start,
             "config": config_to_json(config),
         }
+        if salt:
+            event["private"] = True
         self.apply(event, live_config=config)
         return identifier
 
