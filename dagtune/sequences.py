@@ -558,6 +558,8 @@ class Warmup(Sequence):
             then=as_sequence(then, "Warmup", "then"),
             start=_number("Warmup", "start", start),
         )
+        if not self._is_template:  # the ramp computes then(0) - start
+            _number("Warmup", "then(0)", self.then(0))
 
     @property
     def _infinite(self) -> bool:  # `then`'s form was cut at the horizon

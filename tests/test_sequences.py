@@ -382,6 +382,8 @@ def test_sequences_agree_after_random_query_orders():
         (lambda: dt.Steps([1.0, float("nan")], [3]), r"Steps\.values must be finite, got nan"),
         (lambda: dt.Constant([1, 2]), r"Constant\.value must be a JSON scalar.*\[1, 2\]"),
         (lambda: dt.MultiStep("a", [3], 0.1), r"MultiStep\.init must be a number, got 'a'"),
+        (lambda: dt.Warmup(5, "sgd"), r"Warmup\.then\(0\) must be a number, got 'sgd'"),
+        (lambda: dt.Warmup(5, dt.Steps([True, 0.1], [3])), r"Warmup\.then\(0\) must be a number, got True"),
         (lambda: dt.Piecewise(), r"Piecewise needs at least one"),
         (lambda: dt.Piecewise((5, 0.1)), r"Piecewise\.milestones must start at 0, got \[5\]"),
         (lambda: dt.Piecewise((0, 0.1), (0, 0.2)), r"Piecewise\.milestones must be strictly increasing"),
