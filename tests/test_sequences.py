@@ -207,6 +207,21 @@ def test_linear_matches_torch_linear_lr():
         assert values(ours, range(300)) == pytest.approx(theirs, rel=1e-12)
 
 
+def test_warmup_then_multistep_matches_torch_sequential_lr():
+    # approx (chainable LinearLR). torch's SequentialLR restarts the second scheduler's clock at
+    # the switch, like Warmup: MultiStep milestones count from the end of the warm-up, so
+    # Warmup(5, MultiStep(0.1, [90, 135], 0.1)) decays at absolute steps 95 and 140
+    ours = dt.Warmup(5, dt.MultiStep(0.1, [90, 135], 0.1), start=0.02)
+    theirs = torch_lrs(
+        lambda o: sched.SequentialLR(
+            o, [sched.LinearLR(o, 0.2, 1.0, 5), sched.MultiStepLR(o, [90, 135], 0.1)], milestones=[5]
+        ),
+        300,
+    )
+    assert values(ours, range(300)) == pytest.approx(theirs, rel=1e-12)
+    assert ours(94) == 0.1 and ours(95) < 0.1
+
+
 # ----------------------------------------------------------------------------- identity
 
 
