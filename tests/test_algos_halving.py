@@ -168,6 +168,15 @@ def test_asha_promotions_continue_from_checkpoints_and_share_prefixes():
         assert [m for _, m in trial.curve] == run_alone(SyntheticTrainer, trial.config, trial.steps)
 
 
+def test_asha_gets_a_small_space_to_max_steps_by_promoting_each_rungs_best_at_the_end():
+    algo = ASHA(dt.Random(DISTINCT, n=8, seed=5), "val_loss", "min", max_steps=9, eta=3)
+    sim_study().run(algo)
+    assert [sum(t.steps >= r for t in algo.trials) for r in (1, 3, 9)] == [8, 2, 1]  # floor(2/3) = 0
+    at_three = [t for t in algo.trials if t.steps >= 3]
+    (final,) = [t for t in algo.trials if t.steps == 9]
+    assert final is min(at_three, key=lambda t: metric_at(t, 3))
+
+
 def test_asha_keeps_every_slot_busy_and_honours_the_budget():
     algo = ASHA(dt.Random(DISTINCT, n=None, seed=2), "val_loss", "min", max_steps=9, eta=3, budget=100)
     study = sim_study(workers=3)
@@ -240,3 +249,12 @@ def test_an_unknown_metric_fails_on_the_first_result(make):
     algo = make(SHARING, "accuracy", max_steps=9)
     with pytest.raises(ValueError, match=r"metric 'accuracy' is not among the reported metrics"):
         sim_study().run(algo)
+
+
+def test_the_custom_algorithm_example_halves_and_doubles():
+    from custom_algorithm import SuccessiveDoubling
+
+    algo = SuccessiveDoubling(SHARING, "val_loss", "min", steps=2)
+    report = sim_study().run(algo).report
+    assert [sum(t.steps >= s for t in algo.trials) for s in (2, 4, 8, 16, 32)] == [16, 8, 4, 2, 1]
+    assert report["executed_steps"] == report["unique_steps"] < report["trial_steps"]

@@ -254,10 +254,12 @@ class ASHA(Algorithm):
     each trial's metrics at the rung's step.
 
     Ray Tune's ASHA can only stop a trial (a promotion missed is lost); here a trial pauses
-    at its rung, holding a checkpoint, and is promoted later if others do worse. The run
-    ends when the space (or `budget`: total trial steps it may request, promotions
-    included) is exhausted, nothing is promotable and nothing is pending. An endless space
-    needs a `budget`.
+    at its rung, holding a checkpoint, and is promoted later if others do worse. When the
+    space (or `budget`: total trial steps it may request, promotions included) is exhausted
+    and nothing is working, each rung that has promoted no trial yet promotes its best, as
+    `SuccessiveHalving` keeps at least one: so even a small space gets a config to
+    `max_steps`. The run ends when nothing is promotable and nothing is pending. An endless
+    space needs a `budget`.
     """
 
     def __init__(
@@ -303,29 +305,39 @@ class ASHA(Algorithm):
         self._working -= 1
         return self._fill()
 
-    def promotable(self, rung: int) -> list[int]:
-        """Trials of `rung` in its top ``floor(n / eta)`` so far and not yet promoted, best first."""
+    def promotable(self, rung: int, at_least: int = 0) -> list[int]:
+        """Trials of `rung` in its top ``max(at_least, floor(n / eta))`` so far and not yet
+        promoted, best first."""
         results = self.results[rung]
-        ranked = sorted(results, key=lambda tid: (-results[tid], tid))[: len(results) // self.eta]
+        top = max(at_least, len(results) // self.eta)
+        ranked = sorted(results, key=lambda tid: (-results[tid], tid))[:top]
         return [tid for tid in ranked if tid not in self.promoted[rung]]
 
     def _affordable(self, steps: int) -> bool:
         return self.budget is None or self.requested + steps <= self.budget
 
-    def _next_decision(self) -> Decision | None:
+    def _promotion(self, at_least: int = 0) -> Extend | None:
         for rung in range(len(self.rungs) - 2, -1, -1):
             steps = self.rungs[rung + 1] - self.rungs[rung]
-            candidates = self.promotable(rung)
+            candidates = self.promotable(rung, at_least)
             if candidates and self._affordable(steps):
                 self.promoted[rung].add(candidates[0])
                 self.requested += steps
                 return Extend(candidates[0], self.rungs[rung + 1])
-        if self._affordable(self.rungs[0]):
-            config = self.source.next()
-            if config is not None:
-                self.requested += self.rungs[0]
-                return Submit(config, self.rungs[0])
         return None
+
+    def _new_config(self) -> Submit | None:
+        config = self.source.next() if self._affordable(self.rungs[0]) else None
+        if config is None:
+            return None
+        self.requested += self.rungs[0]
+        return Submit(config, self.rungs[0])
+
+    def _next_decision(self) -> Decision | None:
+        decision = self._promotion() or self._new_config()
+        if decision is None and self._working == 0:
+            decision = self._promotion(at_least=1)  # nothing else left: the best goes on
+        return decision
 
     def _fill(self) -> list[Decision]:
         decisions: list[Decision] = []
