@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import dagtune as dt
@@ -190,3 +191,9 @@ def trial_lists(draw, min_size: int = 1, max_size: int = 10):
     config = st.fixed_dictionaries({name: plan_sequences for name in names})
     steps = PLAN_STEPS | st.integers(1, MAX_STEPS)
     return draw(st.lists(st.tuples(config, steps), min_size=min_size, max_size=max_size))
+
+
+def more_examples(n: int = 300) -> settings:
+    """Settings for the plan and tree properties, whose bugs need many examples to show: at
+    least `n` examples, more under a profile asking for more."""
+    return settings(max_examples=max(n, settings.default.max_examples))

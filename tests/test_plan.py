@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import brute_unique_steps, prefixes, step_values, trial_lists
+from strategies import brute_unique_steps, more_examples, prefixes, step_values, trial_lists
 
 import dagtune as dt
 from dagtune.config import normalize_config
@@ -29,6 +29,7 @@ def plan_of(trials):
 # ----------------------------------------------------------------------------- properties
 
 
+@more_examples()
 @given(trial_lists())
 def test_points_are_equal_exactly_when_prefixes_are(trials):
     plan, nodes = plan_of(trials)
@@ -47,6 +48,7 @@ def test_points_are_equal_exactly_when_prefixes_are(trials):
                 assert same_point == (paths[i][k] == paths[j][k]), (i, j, k)
 
 
+@more_examples()
 @given(trial_lists(), st.data())
 def test_unique_steps_is_brute_force_in_any_order(trials, data):
     expected = brute_unique_steps(trials)
@@ -56,6 +58,7 @@ def test_unique_steps_is_brute_force_in_any_order(trials, data):
     assert merge_rate(shuffled) == pytest.approx(trial_steps(trials) / expected)
 
 
+@more_examples()
 @given(trial_lists(min_size=2), st.data())
 def test_plan_is_append_only(trials, data):
     split = data.draw(st.integers(1, len(trials) - 1))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from strategies import brute_unique_steps, prefixes, step_values, trial_lists
+from strategies import brute_unique_steps, more_examples, prefixes, step_values, trial_lists
 
 import dagtune as dt
 from dagtune.config import normalize_config
@@ -222,6 +222,7 @@ def check_against_brute_force(sc: Scenario, tree: StageTree) -> None:
 events = st.lists(st.tuples(st.integers(0, 9), st.integers(-1, 30) | st.integers(-1, 0)), max_size=6)
 
 
+@more_examples()
 @given(trial_lists())
 def test_fresh_plan_tree_trains_exactly_the_unique_steps(trials):
     sc = make_scenario(trials)
@@ -231,6 +232,7 @@ def test_fresh_plan_tree_trains_exactly_the_unique_steps(trials):
     assert all(s.source in ("scratch", "stage") for s in tree.stages)
 
 
+@more_examples()
 @given(trial_lists(), events, events, st.sets(st.integers(0, 9)))
 # found by hypothesis: a checkpoint without metrics at a request's step where another trial
 # branches; the branch used to wait for the stage retraining that point for its metrics
@@ -264,6 +266,7 @@ def test_tree_with_checkpoints_metrics_and_cancellations(trials, checkpoints, me
 tasks = st.lists(st.tuples(st.integers(0, 9), st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=3)
 
 
+@more_examples()
 @given(trial_lists(), events, st.sets(st.integers(0, 9)), tasks)
 @example(  # found by hypothesis (the same bug, next to a running task)
     trials=[
