@@ -111,6 +111,13 @@ class CheckpointStore:
         return self._fs
 
     @property
+    def root(self) -> str:
+        """The storage root as a path of `fs` (no protocol), for other files kept beside the
+        checkpoints (search plan journals, study records)."""
+        self.fs  # noqa: B018 - opens the filesystem, which sets the root
+        return self._root
+
+    @property
     def _local(self) -> bool:
         return isinstance(self.fs, LocalFileSystem)
 

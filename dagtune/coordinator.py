@@ -8,22 +8,34 @@ results to the trials' listener. Running tasks are never re-issued: the tree bui
 them (`InFlight`) for the points they will still pass, which also tells each task which
 extra checkpoints it should save on its way and where it may stop.
 
+Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
+plain record, which is how a study journals its trials, and `restore` rebuilds trials from
+those records when a study resumes. A checkpoint that fails verification when a task loads
+it (``corrupt`` event) is dropped from the plan and deleted, and the work it held is planned
+again from an earlier point; it is not a trainer failure. `absorb` takes plan events written
+by other coordinators (studies of the same model running at the same time).
+
 The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.config import Config
+from dagtune.config import Config, config_from_json, config_to_json
 from dagtune.executor import Executor
 from dagtune.plan import CheckpointInfo, SearchPlan, Stage, build_stage_tree, unique_steps
 from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 __all__ = ["Coordinator", "Trial", "TrialListener"]
+
+log = logging.getLogger("dagtune")
 
 PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
 
@@ -109,7 +121,11 @@ class Coordinator:
         self.topic = topic
         self.name = name
         self.listeners: list[TrialListener] = []
+        self.recorders: list[Callable[[dict], None]] = []
+        self.incidents: list[str] = []
+        self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
+        self._next_id = 0
         self.running: dict[str, _Running] = {}
         self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
@@ -127,12 +143,70 @@ class Coordinator:
 
     def submit(self, config: Config, steps: int, tag: Any = None) -> Trial:
         """Add a trial; known results are delivered at once (no training for those)."""
-        trial = Trial(len(self.trials), config, steps, tag, submitted_at=self.executor.now())
+        trial = Trial(self._next_id, config, steps, tag, submitted_at=self.executor.now())
+        self._next_id += 1
         if not self.share:
             trial.salt = f"{self.name}/{trial.id}"
         self.trials[trial.id] = trial
+        self._record(
+            {
+                "r": "submit",
+                "trial": trial.id,
+                "config": config_to_json(config),
+                "steps": steps,
+                "tag": _jsonable(tag),
+            }
+        )
         self._request(trial)
         return trial
+
+    def restore(self, records: Iterable[dict]) -> list[Trial]:
+        """Rebuild trials from the records of an earlier session (see `recorders`): finished
+        trials come back with their status and metrics, pending ones are requested again
+        and resume from the latest committed checkpoint the plan knows."""
+        states: dict[int, dict] = {}
+        for record in records:
+            kind, trial_id = record.get("r"), record.get("trial")
+            if kind == "submit":
+                states[trial_id] = {
+                    "config": record["config"],
+                    "steps": record["steps"],
+                    "tag": record.get("tag"),
+                }
+                states[trial_id].update(status=PENDING, metrics=None, error=None, reached=0)
+            elif kind == "extend" and trial_id in states:
+                states[trial_id].update(steps=record["steps"], status=PENDING)
+            elif kind == "end" and trial_id in states:
+                states[trial_id].update(
+                    status=record["status"], metrics=record.get("metrics"), error=record.get("error")
+                )
+                states[trial_id]["reached"] = record.get("steps", 0)
+        restored = []
+        for trial_id in sorted(states):
+            state = states[trial_id]
+            config = config_from_json(state["config"])
+            trial = Trial(trial_id, config, state["steps"], state["tag"], submitted_at=self.executor.now())
+            if not self.share:
+                trial.salt = f"{self.name}/{trial.id}"
+            self.trials[trial_id] = trial
+            self._next_id = max(self._next_id, trial_id + 1)
+            restored.append(trial)
+            if state["status"] == PENDING:
+                self._request(trial)
+                continue
+            trial.node = self.plan.locate(config, trial.steps, create=True, salt=trial.salt)
+            trial.segments = self.plan.segments(trial.node, trial.steps)
+            reached = state["reached"]
+            known = self.plan.curve(trial.node, trial.steps)[:reached]
+            trial.curve = [(s + 1, m) for s, m in enumerate(known) if m is not None]
+            trial.reported, trial.metrics = reached, state["metrics"]
+            trial.status, trial.error = state["status"], state["error"]
+            trial.finished_at = trial.submitted_at
+        return restored
+
+    def _record(self, record: dict) -> None:
+        for recorder in self.recorders:
+            recorder(record)
 
     def extend(self, trial_id: int, steps: int) -> Trial:
         """Train a trial further (ASHA promotion, PBT continuation): it resumes from its
@@ -147,6 +221,7 @@ class Coordinator:
         elif trial.status != COMPLETED:
             raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
+        self._record({"r": "extend", "trial": trial_id, "steps": steps})
         self._request(trial)
         return trial
 
@@ -198,6 +273,16 @@ class Coordinator:
     def _finish(self, trial: Trial, status: str, error: str | None = None) -> None:
         trial.status, trial.error = status, error
         trial.finished_at = self.executor.now()
+        self._record(
+            {
+                "r": "end",
+                "trial": trial.id,
+                "status": status,
+                "steps": trial.steps if status == COMPLETED else trial.reported,
+                "metrics": trial.metrics,
+                "error": error,
+            }
+        )
         for listener in list(self.listeners):
             if status == COMPLETED:
                 listener.on_complete(trial)
@@ -219,7 +304,7 @@ class Coordinator:
         running = self.running.get(event["task"])
         kind = event["kind"]
         self.events_seen += 1
-        if kind in ("start", "load", "step"):  # counted once though delivered twice
+        if kind in ("start", "load", "step", "corrupt"):  # handled once though delivered twice
             key = (event["task"], event.get("attempt", ""), kind, event["step"])
             if key in self._seen:
                 return
@@ -230,7 +315,8 @@ class Coordinator:
             if running is not None:
                 running.progress = max(running.progress, event["step"])
         elif kind == "metrics":
-            self._on_metrics(event["node"], event["step"], event["metrics"])
+            if self.plan.record_metrics(event["node"], event["step"], event["metrics"]):
+                self._metrics_known(event["node"], event["step"], event["metrics"])
         elif kind == "checkpoint":
             info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
             if self.plan.record_checkpoint(event["node"], event["step"], info):
@@ -243,12 +329,38 @@ class Coordinator:
             self.loads[event["origin"]] += 1
         elif kind == "declined":
             self._dirty = True
+        elif kind == "corrupt":
+            self._on_corrupt(event)
+            if running is not None:
+                self._retire(event["task"], running, {**event, "lost": True})
         elif kind in ("end", "error") and running is not None:
             self._retire(event["task"], running, event)
 
-    def _on_metrics(self, node: str, step: int, metrics: dict[str, float]) -> None:
-        if not self.plan.record_metrics(node, step, metrics):
-            return
+    def absorb(self, events: Iterable[dict]) -> None:
+        """React to search plan events another coordinator wrote (already applied to the
+        plan): its metrics serve waiting trials, its checkpoints change the stage tree."""
+        for event in events:
+            if event["e"] == "metrics":
+                self._metrics_known(event["node"], event["step"], event["metrics"])
+            self._dirty = True
+
+    def _on_corrupt(self, event: dict) -> None:
+        """A checkpoint failed verification on load: report it, drop it from the plan and
+        delete it (write-once storage would otherwise keep the bad copy), so its work is
+        planned again from an earlier point."""
+        node, step = event["node"], event["step"]
+        message = f"corrupt checkpoint at ({node}, {step}) dropped and recomputed: {event.get('error')}"
+        self.incidents.append(message)
+        log.warning("dagtune: %s", message)
+        if node in self.plan.nodes:
+            self.plan.drop_checkpoint(node, step)
+        if self.store is not None:
+            self.store.delete(self.trainer.identity, node, step)
+        self._dirty = True
+
+    def _metrics_known(self, node: str, step: int, metrics: dict[str, float]) -> None:
+        """Metrics at point ``(node, step)`` became known: deliver them to the trials passing
+        there and complete the trials that waited for exactly that point."""
         for trial_id in sorted(self._watchers.get(node, ())):
             trial = self.trials[trial_id]
             if trial.status == PENDING and step > trial.reported and _covers(trial, node, step):
@@ -369,6 +481,28 @@ class Coordinator:
 
     # ------------------------------------------------------------------ state
 
+    def replan(self) -> None:
+        """The plan changed outside the coordinator (e.g. checkpoints were collected):
+        rebuild the stage tree at the next `schedule`."""
+        self._dirty = True
+
+    def protected_points(self) -> set[tuple[str, int]]:
+        """Checkpoints that running or queued stages need: every point a running task starts
+        or may resume from, and the latest checkpoint before each waiting request."""
+        points: set[tuple[str, int]] = set()
+        for running in self.running.values():
+            task = running.task
+            if task.source is not None:
+                points.add(task.source)
+            for step in task.checkpoints | running.directive.checkpoints:
+                if task.start < step <= task.end:
+                    points.add((task.node_at(step), step))
+        for node, step in self.plan.active:
+            latest = self.plan.latest_checkpoint(node, step)
+            if latest is not None:
+                points.add(latest)
+        return points
+
     @property
     def idle(self) -> bool:
         """Nothing is waiting and nothing runs."""
@@ -403,6 +537,15 @@ class Coordinator:
             "gpu_seconds": gpu,
             "makespan_seconds": max(0.0, end - start),
         }
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` if it survives JSON (a trial tag to record), else its repr."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def _covers(trial: Trial, node: str, step: int) -> bool:

@@ -5,7 +5,7 @@
 tell them apart, so the planning code tested in simulation is the code that runs on GPUs.
 
 Executors report what happens as plain event dicts (``kind`` is one of ``start``, ``load``,
-``step``, ``metrics``, ``checkpoint``, ``declined``, ``end``, ``error``; see
+``step``, ``metrics``, ``checkpoint``, ``declined``, ``end``, ``error``, ``corrupt``; see
 `dagtune.runner`). An event may be delivered twice (streamed, then again with the task's
 result); the coordinator ignores repeats.
 """

@@ -9,6 +9,10 @@ and restored with every checkpoint.
 
 A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that resumes
 from exactly that point continues in memory without reading storage.
+
+A checkpoint that fails verification (`CheckpointError`: missing marker, bad checksum,
+truncated file) is never loaded: the task ends with a ``corrupt`` event naming the point,
+and the coordinator plans the work again from an earlier one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
 from dagtune.plan import CheckpointInfo
 from dagtune.sequences import same_value
@@ -95,6 +100,14 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     return metrics
 
 
+class _CorruptError(Exception):
+    """The checkpoint at ``(node, step)`` failed verification."""
+
+    def __init__(self, node: str, step: int, error: CheckpointError):
+        super().__init__(str(error))
+        self.node, self.step = node, step
+
+
 class PathRunner:
     """Trains one `PathTask`, one step at a time, producing events.
 
@@ -150,7 +163,11 @@ class PathRunner:
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
-                    if self.store.info(identity, node, step) is not None:
+                    try:
+                        committed = self.store.info(identity, node, step)
+                    except CheckpointError as error:  # a malformed commit marker
+                        raise _CorruptError(node, step, error) from error
+                    if committed is not None:
                         return node, step
         return self.task.source
 
@@ -169,7 +186,10 @@ class PathRunner:
                 return live.trainer, [self._event("load", node, step, origin="memory")]
         if self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
-        state = self.store.load(spec.identity, node, step)
+        try:
+            state = self.store.load(spec.identity, node, step)
+        except CheckpointError as error:
+            raise _CorruptError(node, step, error) from error
         trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
         trainer.load_state_dict(state["trainer"])
         restore_rng(state["rng"])
@@ -179,7 +199,12 @@ class PathRunner:
 
     def steps(self) -> Iterator[list[dict]]:
         task = self.task
-        trainer, events = self._acquire()
+        try:
+            trainer, events = self._acquire()
+        except _CorruptError as corrupt:
+            fields = {"worker": self.worker, "time": self.wallclock(), "error": str(corrupt)}
+            yield [self._event("corrupt", corrupt.node, corrupt.step, **fields)]
+            return
         events.insert(
             0,
             self._event(

@@ -171,7 +171,7 @@ class SimulatedExecutor(Executor):
                 event["seconds"] = slot.charged
             elif event["kind"] == "start":
                 event["time"] = slot.launched
-        if any(e["kind"] in ("end", "error") for e in events):
+        if any(e["kind"] in ("end", "error", "corrupt") for e in events):
             del self._slots[key]
             self._free.append(slot.worker)
             self._free.sort()

@@ -5,6 +5,12 @@ seed, version) and an executor: the embedded local Dask cluster by default, an e
 Dask `Client`, or a `SimulatedExecutor`. On Dask a driver thread pumps the coordinator so
 trials progress while you do something else; in simulation the waiting caller pumps
 virtual time, which keeps runs deterministic.
+
+A study whose checkpoints are durable (a `CheckpointStore`: the default, or an executor
+given one) keeps its search plan, trial records and results under the storage URL
+(`dagtune.durable`): every study of the same model identity reuses what the others trained,
+and a study opened again with the same name and storage resumes. A simulated executor with
+its in-memory store keeps nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import numpy as np
 
 from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
 from dagtune.checkpoints import CheckpointStore
-from dagtune.config import Config, normalize_config
+from dagtune.config import Config, config_dumps, normalize_config
 from dagtune.coordinator import COMPLETED, FAILED, PENDING, Coordinator, Trial
+from dagtune.durable import Persistence
 from dagtune.executor import Executor
+from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
@@ -228,6 +236,12 @@ class _Session:
         for decision in decisions or ():
             if isinstance(decision, Submit):
                 config = self.study._check_config(decision.config)
+                restored = self.study._take_restored(config, decision.steps)
+                if restored is not None:
+                    restored.tag = decision.tag
+                    self._adopt(restored)
+                    self._replay(restored)
+                    continue
                 self._applying = True  # results known already arrive inside submit
                 try:
                     self._adopt(coordinator.submit(config, decision.steps, decision.tag))
@@ -239,6 +253,15 @@ class _Session:
                 coordinator.stop(decision.trial)
             else:
                 raise TypeError(f"{type(self.algorithm).__name__} returned {decision!r}, not a decision")
+
+    def _replay(self, trial: Trial) -> None:
+        """Tell the algorithm what a trial restored from an earlier session already reported."""
+        for step, metrics in list(trial.curve):
+            self.on_result(trial, step, metrics)
+        if trial.status == COMPLETED:
+            self.on_complete(trial)
+        elif trial.status != PENDING:
+            self.on_end(trial)
 
     def _callback(self, trial: Trial, method: str, *args: Any) -> None:
         if self._applying:
@@ -279,7 +302,17 @@ class Study:
     per core, or `workers`) and stops it on `close`; an existing `distributed.Client` is used
     as it is. `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
     `reuse=False` trains every trial on its own (the trial-based baseline). `executor`
-    replaces Dask altogether (e.g. `dagtune.sim.SimulatedExecutor`).
+    replaces Dask altogether (e.g. `dagtune.sim.SimulatedExecutor`; its store decides
+    where things are kept).
+
+    Durability (see the module docstring): opening a study whose name already exists in
+    `storage` resumes it: its finished trials come back (`trials`), its pending ones train
+    on from their latest committed checkpoint, and `run` hands an algorithm that submits a
+    config and steps a restored trial has that trial (results known at once, pending ones
+    continue) instead of a new one. The same name with another model identity is refused.
+    `gc` (a `GcPolicy`) collects checkpoints automatically; `Study.gc` does it on demand.
+    `refresh_seconds` is how often a running study picks up what concurrent studies of the
+    same model wrote to the shared search plan.
     """
 
     def __init__(
@@ -301,6 +334,8 @@ class Study:
         max_retries: int = 1,
         workers: int | None = None,
         executor: Executor | None = None,
+        gc: GcPolicy | None = None,
+        refresh_seconds: float = 2.0,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -323,6 +358,7 @@ class Study:
         self.resources = dict(resources) if resources else None
         self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
         self.storage = os.fspath(storage)
+        self.gc_policy = gc
         self._token = uuid.uuid4().hex[:8]
         self._owned_cluster = None
         self._names: tuple[str, ...] | None = None
@@ -338,7 +374,24 @@ class Study:
         self.executor = executor
         spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
         gpus = float((self.resources or {}).get("GPU", 1.0))
-        self.plan = SearchPlan()
+        self._persistence: Persistence | None = None
+        if isinstance(self.store, CheckpointStore):
+            self.storage = self.store.url
+            describe = {
+                "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+                "seed": seed,
+                "version": version,
+            }
+            try:
+                self._persistence = Persistence(
+                    self.store, name, self.identity, describe, refresh_seconds=refresh_seconds
+                )
+            except BaseException:
+                self.close()
+                raise
+            self.plan = self._persistence.plan
+        else:
+            self.plan = SearchPlan()
         self.coordinator = Coordinator(
             self.plan,
             executor,
@@ -352,6 +405,13 @@ class Study:
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
         )
+        self._restored: list[Trial] = []
+        if self._persistence is not None:
+            self._restored = self._persistence.attach(self.coordinator)
+            if self._restored:
+                self._names = tuple(self._restored[0].config)
+        self._metric: tuple[str | None, str] = (None, "max")
+        self._gc_at = time.monotonic()
         self._virtual = getattr(executor, "virtual", False)
         if not self._virtual:
             self._driver = threading.Thread(target=self._drive, name=f"dagtune-{name}", daemon=True)
@@ -387,10 +447,20 @@ class Study:
                 try:
                     for event in events:
                         self.coordinator.handle(event)
+                    self._tick()
                     self.coordinator.schedule()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _tick(self, force: bool = False) -> None:
+        """Periodic durable work (journals, results) and automatic checkpoint collection."""
+        if self._persistence is not None:
+            self._persistence.tick(self.coordinator, force=force)
+        policy = self.gc_policy
+        interval = None if policy is None else policy.interval_seconds
+        if interval is not None and time.monotonic() - self._gc_at >= interval:
+            self._collect(policy)
 
     def _call(self, function, *args: Any) -> Any:
         with self._lock:
@@ -406,6 +476,7 @@ class Study:
                 if self._failure is not None:
                     raise RuntimeError("the dagtune coordinator failed") from self._failure
                 if self._virtual:
+                    self._tick()
                     if self.coordinator.pump() == 0 and not self.coordinator.running:
                         if done():
                             return
@@ -430,6 +501,62 @@ class Study:
             )
         return config
 
+    def _take_restored(self, config: Config, steps: int) -> Trial | None:
+        """A trial restored from an earlier session with this config and steps, not handed
+        to an algorithm yet (it is removed from the restored ones)."""
+        text = config_dumps(config)
+        for i, trial in enumerate(self._restored):
+            if trial.steps == steps and config_dumps(trial.config) == text:
+                return self._restored.pop(i)
+        return None
+
+    @property
+    def trials(self) -> list[TrialHandle]:
+        """Every trial of the study, those restored from earlier sessions included."""
+        with self._lock:
+            return [TrialHandle(self, t) for t in self.coordinator.trials.values()]
+
+    @property
+    def incidents(self) -> list[str]:
+        """Problems found and worked around: corrupt checkpoints (dropped and recomputed),
+        corrupt or foreign journal lines (skipped), each with where it was."""
+        with self._lock:
+            found = list(self._persistence.incidents) if self._persistence else []
+            return found + list(self.coordinator.incidents)
+
+    def gc(self, policy: GcPolicy | None = None) -> dict:
+        """Delete the checkpoints `policy` (default: the study's, else `GcPolicy()`) does not
+        keep; never one a running or queued stage needs. Returns counts and bytes."""
+        with self._lock:
+            return self._collect(policy or self.gc_policy or GcPolicy())
+
+    def _collect(self, policy: GcPolicy) -> dict:
+        self._gc_at = time.monotonic()
+        if self._persistence is not None:
+            self.coordinator.absorb(self._persistence.plan_journal.refresh())
+        metric, mode = self._metric
+        decision = collect(
+            self.plan,
+            self.coordinator.trials.values(),
+            self.coordinator.protected_points(),
+            policy,
+            self.coordinator.cost,
+            metric=metric,
+            mode=mode,
+        )
+        for node, step in sorted(decision.delete):
+            self.plan.drop_checkpoint(node, step)
+            if self.store is not None:
+                self.store.delete(self.identity, node, step)
+        if decision.delete:
+            self.coordinator.replan()
+        return {
+            "deleted": len(decision.delete),
+            "kept": len(decision.keep),
+            "bytes_before": decision.bytes_before,
+            "bytes_after": decision.bytes_after,
+        }
+
     def submit(self, config: Mapping[str, Any], steps: int) -> TrialHandle:
         """Train `config` for `steps` steps (what is already known is not trained again)."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
@@ -450,6 +577,7 @@ class Study:
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         session = _Session(self, algorithm)
         with self._lock:
+            self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
             try:
@@ -459,6 +587,9 @@ class Study:
                 self._wait(lambda: session.finished or session.error is not None, timeout)
             finally:
                 self.coordinator.listeners.remove(session)
+            if self.gc_policy is not None:
+                self._collect(self.gc_policy)
+            self._tick(force=True)
         if session.error is not None:
             raise session.error
         trials = list(session.trials.values())
@@ -477,9 +608,13 @@ class Study:
         if self._closed:
             return
         self._closed = True
-        if not self._virtual:
+        if getattr(self, "_driver", None) is not None:
             self._driver.join(timeout=5)
-        self.executor.close()
+        if getattr(self, "coordinator", None) is not None:
+            with self._lock:
+                self._tick(force=True)
+        if getattr(self, "executor", None) is not None:
+            self.executor.close()
         if self._owned_cluster is not None:
             client, cluster = self._owned_cluster
             client.close()

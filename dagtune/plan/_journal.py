@@ -1,0 +1,289 @@
+"""Append-only journals on any fsspec filesystem, one per writer, merged on read.
+
+A journal is a directory of JSON records. Every writer (one per coordinator session) owns
+its own files, so concurrent writers never touch the same bytes and need no lock:
+
+- on a local disk a writer appends to ``{writer}.jsonl`` and fsyncs after each batch;
+- object stores cannot append, so a writer puts numbered segments
+  ``{writer}-{seq:08d}.jsonl``, one per batch (never rewriting an earlier one).
+
+Records are buffered and written in small batches (every `flush_events` records, after
+`flush_seconds`, and whenever a caller asks for durability with ``sync=True``), so a
+killed writer loses at most its last unflushed batch and the journal is never rewritten.
+
+Each line checks itself: ``dj1 <crc32 of the JSON, 8 hex digits> <JSON>``. A line that
+does not start with the format tag, fails its checksum or is not a JSON object is reported
+as ``file:line`` with the reason (in `incidents`) and skipped, never guessed at. Readers
+merge all writers' records by their time stamp, keeping each writer's own order, and can
+`read_new` later to pick up what other writers appended since.
+
+`PlanJournal` persists a `SearchPlan` this way: it loads every writer's events (applying an
+event whose node is not known yet once the node appears), appends each new event of the
+plan, and brings in other writers' events on `refresh`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import re
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from dagtune.config import config_dumps, config_from_json
+from dagtune.plan._plan import SearchPlan, node_id
+
+__all__ = ["Entry", "Journal", "PlanJournal"]
+
+log = logging.getLogger("dagtune")
+
+TAG = "dj1"
+_FILE = re.compile(r"^(?P<writer>[0-9a-f]{32})(?:-(?P<seq>[0-9]{8}))?\.jsonl$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One record read back, with where it came from (for reports)."""
+
+    record: dict
+    where: str  # "file:line"
+    writer: str
+
+
+def encode_line(record: dict) -> bytes:
+    """One self-checking journal line for `record`."""
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    body = text.encode()
+    return f"{TAG} {zlib.crc32(body):08x} ".encode() + body + b"\n"
+
+
+def decode_line(line: bytes) -> dict:
+    """The record of one line; ValueError says what is wrong with it."""
+    parts = line.split(b" ", 2)
+    if len(parts) != 3 or parts[0] != TAG.encode():
+        raise ValueError(f"not a dagtune journal line (expected {TAG!r} format): {line[:60]!r}")
+    checksum, body = parts[1], parts[2]
+    try:
+        expected = int(checksum, 16)
+    except ValueError:
+        raise ValueError(f"malformed checksum {checksum[:16]!r}") from None
+    if len(checksum) != 8 or zlib.crc32(body) != expected:
+        raise ValueError("checksum mismatch (corrupted line)")
+    record = json.loads(body)
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
+class Journal:
+    """One directory of journal files: this process writes its own, reads everyone's.
+
+    `fs` and `directory` locate it; `writer` is this writer's id (a fresh uuid by default).
+    Problems found while reading are appended to `incidents` (and logged) as
+    ``"path:line: reason"``.
+    """
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        directory: str,
+        *,
+        writer: str | None = None,
+        flush_events: int = 256,
+        flush_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.fs = fs
+        self.directory = directory.rstrip("/")
+        self.writer = writer or uuid.uuid4().hex
+        self.flush_events = flush_events
+        self.flush_seconds = flush_seconds
+        self.clock = clock
+        self.incidents: list[str] = []
+        self._local = isinstance(fs, LocalFileSystem)
+        self._buffer: list[bytes] = []
+        self._buffered_since: float | None = None
+        self._segment = 0
+        self._offsets: dict[str, int] = {}  # file -> bytes consumed (and lines, for locations)
+        self._lines: dict[str, int] = {}
+        self._reported: set[str] = set()
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, record: dict, *, sync: bool = False) -> None:
+        """Add `record` (stamped with the time) to this writer's journal; written at the next
+        flush, at once with `sync`."""
+        record = {**record, "t": time.time()}
+        self._buffer.append(encode_line(record))
+        if self._buffered_since is None:
+            self._buffered_since = self.clock()
+        if sync or len(self._buffer) >= self.flush_events:
+            self.flush()
+
+    def maybe_flush(self) -> None:
+        """Flush if the oldest buffered record waited `flush_seconds`."""
+        if self._buffered_since is not None and self.clock() - self._buffered_since >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered records: appended and fsynced locally, a new segment elsewhere."""
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        if self._local:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(f"{self.directory}/{self.writer}.jsonl", "ab") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        else:
+            path = f"{self.directory}/{self.writer}-{self._segment:08d}.jsonl"
+            self.fs.pipe_file(path, data)
+            self.fs.invalidate_cache(self.directory)
+            self._segment += 1
+        self._buffer, self._buffered_since = [], None
+
+    # ------------------------------------------------------------------ reading
+
+    def read_new(self, *, others_only: bool = False) -> list[Entry]:
+        """Records not read yet from every writer's files (or only other writers'), merged
+        by time with each writer's order kept."""
+        self.fs.invalidate_cache(self.directory)
+        try:
+            paths = sorted(self.fs.ls(self.directory, detail=False))
+        except FileNotFoundError:
+            return []
+        per_writer: dict[str, list[Entry]] = {}
+        for path in paths:
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            match = _FILE.match(name)
+            if match is None:
+                if not name.startswith(".") and ".tmp" not in name:
+                    self.report(path, "not a journal file of this format; ignored")
+                continue
+            writer = match["writer"]
+            if others_only and writer == self.writer:
+                continue
+            per_writer.setdefault(writer, []).extend(self._read_file(path, writer))
+        # each writer's files and segments are read in order; merging keeps that order
+        return list(heapq.merge(*per_writer.values(), key=lambda e: e.record.get("t", 0.0)))
+
+    def _read_file(self, path: str, writer: str) -> list[Entry]:
+        offset = self._offsets.get(path, 0)
+        if not self._local and offset:
+            return []  # a segment is written whole, once: already read
+        try:
+            data = self.fs.cat_file(path, start=offset) if offset else self.fs.cat_file(path)
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        if end < len(data):  # a line being appended, or one a dead writer left unfinished
+            line_number = self._lines.get(path, 0) + data[:end].count(b"\n") + 1
+            self.report(f"{path}:{line_number}", "incomplete last line (a cut-short write); not read")
+        entries = []
+        number = self._lines.get(path, 0)
+        for line in data[:end].splitlines():
+            number += 1
+            try:
+                record = decode_line(line)
+            except ValueError as error:
+                self.report(f"{path}:{number}", str(error))
+                continue
+            entries.append(Entry(record, f"{path}:{number}", writer))
+        self._offsets[path] = offset + end if self._local else len(data)
+        self._lines[path] = number
+        return entries
+
+    def report(self, where: str, reason: str) -> None:
+        """Record (and log) a problem at `where` (``path:line``), once per place."""
+        if where in self._reported:
+            return
+        self._reported.add(where)
+        self.incidents.append(f"{where}: {reason}")
+        log.warning("dagtune journal: %s: %s", where, reason)
+
+
+# --------------------------------------------------------------------------- the search plan
+
+
+class PlanJournal:
+    """Persists a `SearchPlan` in a `Journal` and merges in other writers' events.
+
+    Node, checkpoint and drop events are flushed at once (a committed checkpoint is known
+    to the next process as soon as possible); metrics go in the next batch.
+    """
+
+    SYNC = frozenset({"node", "checkpoint", "drop_checkpoint"})
+
+    def __init__(self, plan: SearchPlan, journal: Journal):
+        self.plan = plan
+        self.journal = journal
+        self._waiting: dict[str, list[Entry]] = {}  # unknown node -> events that need it
+        plan.listeners.append(self._on_event)
+
+    def _on_event(self, event: dict) -> None:
+        self.journal.append(event, sync=event["e"] in self.SYNC)
+
+    def load(self) -> list[dict]:
+        """Read every writer's events not read yet and apply them (not journaled again);
+        returns the events that changed the plan."""
+        applied: list[dict] = []
+        for entry in self.journal.read_new(others_only=True):
+            self._apply(entry, applied)
+        for node, entries in self._waiting.items():
+            for entry in entries:
+                self.journal.report(
+                    entry.where,
+                    f"event refers to unknown node {node} (its node event is missing or corrupt); "
+                    "held back until it appears",
+                )
+        return applied
+
+    refresh = load
+
+    def _apply(self, entry: Entry, applied: list[dict]) -> None:
+        event = {k: v for k, v in entry.record.items() if k != "t"}
+        try:
+            missing = self._missing_node(event)
+            if missing is not None:
+                self._waiting.setdefault(missing, []).append(entry)
+                return
+            if event.get("e") == "node":
+                _check_node_id(event)
+            changed = self.plan.apply(event, emit=False)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            self.journal.report(entry.where, f"invalid search plan event ({error!r}); skipped")
+            return
+        if changed:
+            applied.append(event)
+        if event.get("e") == "node":
+            for waiting in self._waiting.pop(event["id"], []):
+                self._apply(waiting, applied)
+
+    def _missing_node(self, event: dict) -> str | None:
+        kind = event.get("e")
+        needed = event.get("parent") if kind == "node" else event.get("node")
+        if kind != "node" and not isinstance(needed, str):
+            raise ValueError(f"event without a node: {event!r}")
+        if needed is not None and needed not in self.plan.nodes:
+            return needed
+        return None
+
+
+def _check_node_id(event: dict) -> None:
+    """A node's id is the hash of its content: a line that does not match was tampered with
+    or comes from another format."""
+    if event.get("private"):
+        return  # a salted (trial-based) root: the salt is not stored
+    config = config_from_json(event["config"])
+    expected = node_id(event["parent"], event["start"], config)
+    if event["id"] != expected:
+        raise ValueError(f"node id {event['id']} does not match its content ({config_dumps(config)[:80]})")

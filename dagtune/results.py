@@ -1,0 +1,189 @@
+"""Study results as a zarr group: one row per trial, learning curves as ``[trial, step]``.
+
+The coordinator is the only writer (`ResultsWriter`); anyone can read the group with
+zarr, xarray or `open_results` (pandas). The group lives at
+``{storage}/studies/{name}/results.zarr`` and holds::
+
+    trial_id  int64 [trial]          status  str [trial]      steps  int64 [trial] (reached)
+    config    str [trial] (canonical JSON of the config)      error  str [trial] ("" if none)
+    step      int64 [step] = 1, 2, ...
+    final/<metric>  float64 [trial]          curve/<metric>  float64 [trial, step] (NaN: not evaluated)
+
+with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
+name, since a metric name may hold characters an array name can't). Rows are trial ids.
+Writing rewrites only the rows of trials that changed since the last write. Needs zarr>=3.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dagtune.config import config_dumps, config_from_json
+from dagtune.coordinator import Trial
+
+__all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
+
+FORMAT = "dagtune-results/1"
+_CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_TEXT = np.dtypes.StringDType()  # zarr's variable-length "string" type (fixed-width ones are unspecified)
+
+
+def results_url(storage: str, name: str) -> str:
+    """Where the results of study `name` live under `storage`."""
+    return f"{storage.rstrip('/')}/studies/{name}/results.zarr"
+
+
+def _open_group(url: str, mode: str, storage_options: Mapping[str, Any] | None):
+    import zarr
+
+    options = dict(storage_options or {})
+    return zarr.open_group(url, mode=mode, storage_options=options or None)
+
+
+class ResultsWriter:
+    """Writes the trials of one study to its zarr group (the coordinator's job)."""
+
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None, *, study: str, identity: str
+    ) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.study, self.identity = study, identity
+        self._group: Any = None
+        self._written: dict[int, tuple] = {}  # trial id -> what its row showed when written
+
+    def __repr__(self) -> str:  # storage options may hold credentials: never show them
+        return f"ResultsWriter({self.url!r})"
+
+    def write(self, trials: Mapping[int, Trial]) -> bool:
+        """Bring the group up to date with `trials`; False if nothing had changed."""
+        changed = sorted(i for i, t in trials.items() if self._written.get(i) != _snapshot(t))
+        if not changed:
+            return False
+        group = self._group
+        if group is None:
+            group = self._group = _open_group(self.url, "a", self.storage_options)
+        n = max(trials) + 1
+        ordered = [trials.get(i) for i in range(n)]
+        steps = max((_reached(t) for t in ordered if t is not None), default=0)
+        steps = max(steps, max((s for t in ordered if t is not None for s, _ in t.curve), default=0))
+        metrics = sorted({m for t in ordered if t is not None for _, ms in t.curve for m in ms})
+        keys = {m: _UNSAFE.sub("_", m) for m in metrics}
+        group.attrs.update(
+            {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
+        )
+        _put(group, "trial_id", np.arange(n, dtype=np.int64))
+        _put(group, "status", np.array([t.status if t else "" for t in ordered], dtype=_TEXT))
+        _put(group, "steps", np.array([_reached(t) if t else 0 for t in ordered], dtype=np.int64))
+        _put(group, "config", np.array([config_dumps(t.config) if t else "" for t in ordered], dtype=_TEXT))
+        _put(group, "error", np.array([(t.error or "") if t else "" for t in ordered], dtype=_TEXT))
+        _put(group, "step", np.arange(1, steps + 1, dtype=np.int64))
+        lo, hi = changed[0], changed[-1] + 1
+        for metric, key in keys.items():
+            final = np.array(
+                [np.nan if t is None or not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
+            )
+            _put(group, f"final/{key}", final)
+            rows = np.full((hi - lo, steps), np.nan)
+            for row, trial in enumerate(ordered[lo:hi]):
+                for step, values in trial.curve if trial is not None else ():
+                    if metric in values:
+                        rows[row, step - 1] = values[metric]
+            curve = _array(group, f"curve/{key}", (n, steps))
+            curve[lo:hi, :steps] = rows
+        for i in changed:
+            self._written[i] = _snapshot(trials[i])
+        return True
+
+
+def _reached(trial: Trial) -> int:
+    return trial.steps if trial.status == "completed" else trial.reported
+
+
+def _snapshot(trial: Trial) -> tuple:
+    return (trial.status, trial.steps, trial.reported, len(trial.curve), trial.error)
+
+
+def _array(group: Any, name: str, shape: tuple[int, ...]):
+    """The float array `name`, created or grown to `shape` (new cells are NaN)."""
+    if name in group:
+        array = group[name]
+        if array.shape != shape:
+            array.resize(tuple(max(a, b) for a, b in zip(array.shape, shape)))
+        return array
+    chunks = (_CHUNK_TRIALS, _CHUNK_STEPS)[: len(shape)]
+    return group.create_array(name, shape=shape, dtype="float64", chunks=chunks, fill_value=np.nan)
+
+
+def _put(group: Any, name: str, values: np.ndarray) -> None:
+    """Write a whole 1-d array (small: one value per trial or step)."""
+    if name in group and group[name].shape == values.shape and group[name].dtype == values.dtype:
+        group[name][...] = values
+        return
+    array = group.create_array(
+        name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(len(values), 4096)),), overwrite=True
+    )
+    if len(values):
+        array[...] = values
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class StudyResults:
+    """A study's results read back: `trials` (one row per trial) and `curve(metric)`."""
+
+    def __init__(self, group: Any):
+        self.group = group
+        self.metrics: dict[str, str] = dict(group.attrs.get("metrics", {}))
+
+    @property
+    def trials(self):
+        """A DataFrame indexed by trial id: status, steps, final metrics, config (JSON) and
+        ``config/<name>`` columns with each sequence's JSON form."""
+        import pandas as pd
+
+        group = self.group
+        frame = pd.DataFrame(
+            {
+                "status": group["status"][:],
+                "steps": group["steps"][:],
+                "config": group["config"][:],
+                "error": group["error"][:],
+            },
+            index=pd.Index(group["trial_id"][:], name="trial_id"),
+        )
+        for metric, key in self.metrics.items():
+            frame[metric] = group[f"final/{key}"][:]
+        for name in sorted({n for text in frame["config"] if text for n in json.loads(text)}):
+            frame[f"config/{name}"] = [
+                repr(config_from_json(json.loads(text))[name]) if text else None for text in frame["config"]
+            ]
+        return frame
+
+    def curve(self, metric: str):
+        """A DataFrame of `metric`: one row per trial, one column per step (NaN: not evaluated)."""
+        import pandas as pd
+
+        if metric not in self.metrics:
+            raise KeyError(f"no metric {metric!r} in these results; there are {sorted(self.metrics)}")
+        values = self.group[f"curve/{self.metrics[metric]}"][:]
+        steps = self.group["step"][:]
+        return pd.DataFrame(
+            values[:, : len(steps)],
+            index=pd.Index(self.group["trial_id"][:], name="trial_id"),
+            columns=pd.Index(steps, name="step"),
+        )
+
+
+def open_results(storage: str, name: str, storage_options: Mapping[str, Any] | None = None) -> StudyResults:
+    """Read the results of study `name` under `storage` (a directory or fsspec URL)."""
+    import os
+
+    return StudyResults(_open_group(results_url(os.fspath(storage), name), "r", storage_options))
