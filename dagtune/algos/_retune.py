@@ -1,0 +1,343 @@
+"""MLtuner's online re-tuning: one training run whose schedule is discovered as it trains.
+
+MLtuner (papers/mltuner.txt §3–4) snapshots the training state, forks *branches* that
+continue it with different settings of the training tunables (learning rate, momentum,
+...), trains each for a short *trial time*, keeps the branch that converges fastest and
+throws the others away; when training stops making progress it re-tunes from the current
+state. On the stage tree a branch is just a trial whose config is the current schedule up
+to the fork step `t` followed by the candidate from `t` on::
+
+    {"lr": Piecewise((0, current_lr), (t, candidate_lr)), ...}
+
+so every branch resumes from the checkpoint at `t` (the winner's last completed step) and
+nothing before `t` is trained again; losing branches are simply not extended and their
+stages stay in the plan as nodes. The winner's config, after the last re-tuning, is the
+discovered schedule.
+
+`summarize_progress` is MLtuner's progress summarizer (§4.1): the progress trace is cut into
+K = 10 windows of equal size and averaged; speed = max((-range - noise) / time range, 0)
+where noise is the largest rise between consecutive window means; a trace is *converging*
+when it went down, its noise is below epsilon = 1/K of the drop and it has at least K points
+(fewer cannot fill K windows, and K is what bounds the chance that noise alone looks
+converging), *diverged* when a value is NaN or infinite (speed 0: diverged branches are
+pruned, never ranked among themselves), and *unstable* otherwise. The step is the clock (a
+dagtune step is the user's logical iteration, so it is what MLtuner's timestamps measure).
+
+The tuning loop (§4.2–4.4), from fork step `t`:
+
+1. branch: the current schedule kept as it is (once there is one, or `initial`) and
+   `branches` candidates sampled from `space`, each trained for the trial time;
+2. summarize each branch's metric over its steps after `t` (the metric is negated for
+   ``mode="max"``, so progress always goes down). If some branch is converging, the trial
+   time is decided and the fastest converging branch wins. Otherwise the trial time
+   doubles: the live branches are extended to it and, as MLtuner's Algorithm 1 asks its
+   searcher for a setting at every iteration, new candidates join (one per diverged branch,
+   at least one; a re-tuning never tries more settings than the one before it, §4.4). At
+   `max_trial_steps` with nothing converging, the live branch with the best metric wins
+   (speeds are noise by then) and, in a re-tuning, the model is taken to have converged:
+   there is no further re-tuning;
+3. train the winner on in chunks of ``max(trial time, windows)`` steps, summarizing each
+   chunk: while it converges, go on; on a plateau (not converging) or a divergence, re-tune
+   from the winner's last completed step, which has a checkpoint.
+
+The run ends when the winner reaches `max_steps`, or when it diverges with no re-tuning
+left (`max_retunes`, or the model converged), or when every branch of a round diverged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagtune.algos._base import Algorithm, Context, Decision, Extend, Submit, check_positive
+from dagtune.config import Config, normalize_config
+from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.sequences import Piecewise, Sequence
+from dagtune.space import Random
+
+__all__ = ["CONVERGING", "DIVERGED", "UNSTABLE", "Progress", "Retune", "Round", "summarize_progress"]
+
+CONVERGING, UNSTABLE, DIVERGED = "converging", "unstable", "diverged"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress trace summarized: its convergence `speed` (>= 0) and its label."""
+
+    speed: float
+    label: str
+
+
+def summarize_progress(
+    steps: Seq[float], losses: Seq[float], windows: int = 10, epsilon: float | None = None
+) -> Progress:
+    """MLtuner's progress summarizer (§4.1) of a trace of `losses` (lower is better) at `steps`.
+
+    The trace is cut into ``min(windows, len(losses))`` windows of equal size whose means are
+    compared; `epsilon` defaults to one over the number of windows. A trace shorter than two
+    points is unstable.
+    """
+    if len(steps) != len(losses):
+        raise ValueError(f"steps and losses must have one length, got {len(steps)} and {len(losses)}")
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
+        raise ValueError(f"windows must be an int >= 2, got {windows!r}")
+    x = np.asarray(losses, dtype=float)
+    if not np.all(np.isfinite(x)):
+        return Progress(0.0, DIVERGED)
+    if len(x) < 2:
+        return Progress(0.0, UNSTABLE)
+    t = np.asarray(steps, dtype=float)
+    parts = np.array_split(np.arange(len(x)), min(windows, len(x)))
+    t_means = np.array([t[p].mean() for p in parts])
+    x_means = np.array([x[p].mean() for p in parts])
+    drop = x_means[-1] - x_means[0]  # MLtuner's range(x): negative when converging
+    noise = max(float(np.max(np.diff(x_means))), 0.0)
+    speed = max((-drop - noise) / (t_means[-1] - t_means[0]), 0.0)
+    eps = 1.0 / len(parts) if epsilon is None else epsilon
+    converging = len(x) >= windows and drop < 0 and noise < eps * abs(drop)
+    return Progress(float(speed), CONVERGING if converging else UNSTABLE)
+
+
+@dataclass
+class Round:
+    """One tuning round: where it forked, its trial time and how its branches fared."""
+
+    fork: int
+    trial_steps: int
+    base: Config | None  # the schedule its branches continue (None: from scratch)
+    size: int  # settings tried (the branches, once all reported)
+    branches: list[Trial] = field(default_factory=list)
+    progress: dict[int, Progress] = field(default_factory=dict)  # trial id -> its summary
+    winner: Trial | None = None
+
+
+def _continue(current: Sequence, fork: int, candidate: Sequence) -> Sequence:
+    """`current` until `fork`, then `candidate` (on its own clock), as one flat Piecewise."""
+    items = current.items if isinstance(current, Piecewise) else ((0, current),)
+    return Piecewise(*items, (fork, candidate))
+
+
+class Retune(Algorithm):
+    """MLtuner's tuning and online re-tuning of the training tunables in `space`.
+
+    `space` (a `dt.Random`, or a dict of name -> distribution) gives the tunables and where
+    candidates are drawn from; `initial` (a config naming at least those tunables, and any
+    fixed hyper-parameters) is the setting to start from, tried as one of the first branches.
+    `max_steps` bounds the training run; `branches` candidates are tried per tuning round,
+    first for `trial_steps` steps, doubled up to `max_trial_steps` (default: a fifth of
+    `max_steps`); at most `max_retunes` re-tunings follow the first tuning; `windows` is the
+    summarizer's K. After the run, `schedule` is the discovered config, `winner` its trial
+    and `rounds` the tuning history.
+    """
+
+    def __init__(
+        self,
+        space: Random | Mapping[str, Any],
+        metric: str,
+        mode: str = "min",
+        max_steps: int = 100,
+        initial: Mapping[str, Any] | None = None,
+        branches: int = 4,
+        trial_steps: int = 4,
+        max_trial_steps: int | None = None,
+        max_retunes: int = 5,
+        windows: int = 10,
+        seed: int = 0,
+    ):
+        super().__init__(metric, mode)
+        owner = type(self).__name__
+        check_positive(
+            owner,
+            max_steps=max_steps,
+            branches=branches,
+            trial_steps=trial_steps,
+            max_trial_steps=max_trial_steps,
+        )
+        if isinstance(max_retunes, bool) or not isinstance(max_retunes, int) or max_retunes < 0:
+            raise ValueError(f"{owner}.max_retunes must be an int >= 0, got {max_retunes!r}")
+        if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
+            raise ValueError(f"{owner}.windows must be an int >= 2, got {windows!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"{owner}.seed must be an int, got {seed!r}")
+        if trial_steps >= max_steps:
+            raise ValueError(
+                f"{owner}.trial_steps must be less than max_steps={max_steps}, got {trial_steps!r}"
+            )
+        max_trial_steps = max_trial_steps or max(trial_steps, max_steps // 5)
+        if max_trial_steps < trial_steps:
+            raise ValueError(
+                f"{owner}.max_trial_steps must be at least trial_steps={trial_steps}, got {max_trial_steps!r}"
+            )
+        if isinstance(space, Random):
+            space = Random(space.space, n=None, seed=seed, where=space.where)
+        elif isinstance(space, Mapping) and space:
+            space = Random(space, n=None, seed=seed)
+        else:
+            raise ValueError(
+                f"{owner}.space must be a dt.Random or a dict of name -> distribution, got {space!r}"
+            )
+        self.tunables = space.names
+        if initial is not None:
+            initial = normalize_config(initial, owner=f"{owner}.initial")
+            missing = sorted(set(self.tunables) - set(initial))
+            if missing:
+                raise ValueError(
+                    f"{owner}.initial must name every tunable of the space; {missing} are missing"
+                )
+        self.initial: Config | None = initial
+        self.max_steps = max_steps
+        self.branches = branches
+        self.trial_steps = trial_steps
+        self.max_trial_steps = max_trial_steps
+        self.max_retunes = max_retunes
+        self.windows = windows
+        self.seed = seed
+        self.rounds: list[Round] = []
+        self.winner: Trial | None = None
+        self._candidates: Iterator[Config] = space.sampler()
+        self._last_good = 0  # the winner's last completed step (a checkpoint)
+        self._chunk = windows
+        self._converged = False  # a re-tuning found nothing converging: no more re-tuning
+        self._done = False
+
+    @property
+    def schedule(self) -> Config | None:
+        """The discovered config: the winner's, or None before any round was won."""
+        return None if self.winner is None else self.winner.config
+
+    # ---- callbacks
+
+    def start(self, ctx: Context) -> list[Decision]:
+        return self._tune(0, self.initial, self.trial_steps)
+
+    def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
+        self.check_metric(metrics)
+
+    def on_complete(self, trial: Trial) -> list[Decision]:
+        return self._on_done(trial)
+
+    def on_end(self, trial: Trial) -> list[Decision]:
+        return self._on_done(trial)
+
+    def is_finished(self) -> bool:
+        return self._done
+
+    # ---- the loop
+
+    def _branches(self) -> list[Trial]:
+        """The trials of the current round (the round's index is their tag)."""
+        return [t for t in self.trials if t.tag == len(self.rounds) - 1]
+
+    def _on_done(self, trial: Trial) -> list[Decision]:
+        if self._done:
+            return []
+        current = self.rounds[-1]
+        if trial is current.winner:
+            return self._train_on(trial)
+        branches = self._branches()
+        end = current.fork + current.trial_steps
+        ready = len(branches) == current.size and all(
+            b.status != PENDING and (b.status != COMPLETED or b.steps >= end) for b in branches
+        )  # counts and steps too: a decision applied before the others may finish at once
+        return self._judge(current, branches) if current.winner is None and ready else []
+
+    def _tune(self, fork: int, base: Config | None, trial_steps: int) -> list[Decision]:
+        """Start a tuning round at `fork`: `base` kept as it is, plus sampled candidates."""
+        end = min(fork + trial_steps, self.max_steps)
+        settings = [self._branch(base, fork) for _ in range(self.branches)]
+        # the kept setting goes last: its results may be known already (a winner that
+        # diverged), and a trial that finishes inside its submit should find its round
+        # complete (see `_on_done`) and the session with the other branches pending
+        settings += [] if base is None else [base]
+        self.rounds.append(Round(fork, end - fork, base, len(settings)))
+        return [Submit(config, end, tag=len(self.rounds) - 1) for config in settings]
+
+    def _branch(self, base: Config | None, fork: int) -> Config:
+        """The config continuing `base` from `fork` with a sampled candidate."""
+        candidate = next(self._candidates)
+        if base is None:
+            return candidate
+        config = dict(base)
+        for name in self.tunables:
+            config[name] = _continue(base[name], fork, candidate[name]) if fork else candidate[name]
+        return config
+
+    def _progress(self, trial: Trial, after: int) -> Progress:
+        """The summary of `trial`'s metric over its steps after `after`."""
+        if trial.status != COMPLETED:  # diverged, failed
+            return Progress(0.0, DIVERGED)
+        curve = [(step, metrics) for step, metrics in trial.curve if step > after]
+        sign = 1.0 if self.mode == "min" else -1.0
+        losses = [sign * metrics.get(self.metric, math.nan) for _, metrics in curve]
+        return summarize_progress([step for step, _ in curve], losses, self.windows)
+
+    def _judge(self, current: Round, branches: list[Trial]) -> list[Decision]:
+        """Every branch of the round reached the trial time: crown one or try longer."""
+        current.branches = branches
+        current.progress = {t.id: self._progress(t, current.fork) for t in branches}
+        alive = [t for t in branches if current.progress[t.id].label != DIVERGED]
+        converging = [t for t in alive if current.progress[t.id].label == CONVERGING]
+        if converging:  # the fastest converging branch wins
+            speed = current.progress
+            return self._crown(current, max(converging, key=lambda t: (speed[t.id].speed, -t.id)))
+        longer = 2 * current.trial_steps
+        if longer <= self.max_trial_steps and current.fork + longer <= self.max_steps:
+            return self._lengthen(current, alive, longer)
+        if not alive:
+            self._done = True
+            return []
+        # Nothing converges with the longest trial time. In a re-tuning this means the model
+        # has converged (§4.4): no more re-tuning. Speeds are then noise, so the branch with
+        # the best metric trains on.
+        self._converged = len(self.rounds) > 1
+        return self._crown(current, max(alive, key=lambda t: (self.score(t.metrics), -t.id)))
+
+    def _crown(self, current: Round, winner: Trial) -> list[Decision]:
+        current.winner = self.winner = winner
+        self._last_good = winner.steps
+        self._chunk = max(current.trial_steps, self.windows)
+        if winner.steps >= self.max_steps:
+            self._done = True
+            return []
+        return [Extend(winner.id, min(winner.steps + self._chunk, self.max_steps))]
+
+    def _lengthen(self, current: Round, alive: list[Trial], longer: int) -> list[Decision]:
+        """Double the trial time: extend the live branches and, as MLtuner's Algorithm 1
+        asks its searcher for a setting at every doubling, add a new one (one per diverged
+        branch, at least one)."""
+        new = max(1, current.size - len(alive))
+        if len(self.rounds) > 1:  # a re-tuning tries no more settings than the one before
+            new = max(0, min(new, self.rounds[-2].size - current.size))
+        if not alive and new <= 0:
+            self._done = True
+            return []
+        current.trial_steps = longer
+        end = current.fork + longer
+        current.size += new
+        decisions: list[Decision] = [Extend(t.id, end) for t in alive]
+        decisions += [
+            Submit(self._branch(current.base, current.fork), end, tag=len(self.rounds) - 1)
+            for _ in range(new)
+        ]
+        return decisions
+
+    def _train_on(self, winner: Trial) -> list[Decision]:
+        """The winner finished a chunk (or diverged in it): go on, re-tune or stop."""
+        can_retune = not self._converged and len(self.rounds) - 1 < self.max_retunes
+        if winner.status == COMPLETED:
+            self._last_good = winner.steps
+            if winner.steps >= self.max_steps:
+                self._done = True
+                return []
+            plateau = self._progress(winner, winner.steps - self._chunk).label != CONVERGING
+            if not (plateau and can_retune):
+                return [Extend(winner.id, min(winner.steps + self._chunk, self.max_steps))]
+        elif not can_retune:  # diverged or failed, and no re-tuning left
+            self._done = True
+            return []
+        return self._tune(self._last_good, winner.config, self.rounds[-1].trial_steps)
