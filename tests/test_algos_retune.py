@@ -109,7 +109,7 @@ def test_retune_recovers_from_a_learning_rate_100x_too_large():
     assert fixed.status == TRIAL_DIVERGED
 
     study = sim_study()
-    retune = Retune(TUNABLES, "val_loss", "min", max_steps=100, initial=TOO_LARGE, seed=1)
+    retune = Retune(TUNABLES, "val_loss", "min", max_steps=100, initial=TOO_LARGE, seed=4)
     res = study.run(retune)
     winner, schedule = retune.winner, retune.schedule
     first = retune.rounds[0]
@@ -125,7 +125,7 @@ def test_retune_recovers_from_a_learning_rate_100x_too_large():
 
 def test_branches_share_their_prefix_nothing_is_trained_twice():
     study = sim_study()
-    retune = Retune(TUNABLES, "val_loss", "min", max_steps=100, initial=TOO_LARGE, seed=1)
+    retune = Retune(TUNABLES, "val_loss", "min", max_steps=100, initial=TOO_LARGE, seed=4)
     report = study.run(retune).report
     print(f"Retune report: {report}")
     assert len(retune.rounds) >= 2
