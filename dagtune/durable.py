@@ -90,6 +90,8 @@ class Persistence:
         return restored
 
     def _record(self, record: dict) -> None:
+        if record["r"] == "end":  # a finished trial: what it needs from the plan goes first
+            self.plan_journal.journal.flush()
         self.records.append(record, sync=record["r"] == "end")
 
     @property

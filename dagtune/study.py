@@ -224,6 +224,7 @@ class _Session:
         self.trials: dict[int, Trial] = {}
         self.error: BaseException | None = None
         self.finished = False
+        self.started = False  # the algorithm's first decisions are all applied
         self._applying = False
 
     def _adopt(self, trial: Trial) -> None:
@@ -288,7 +289,7 @@ class _Session:
             for trial in list(self.trials.values()):
                 if trial.status == PENDING:
                     self.study.coordinator.stop(trial.id)
-        if not any(t.status == PENDING for t in self.trials.values()):
+        if self.started and not any(t.status == PENDING for t in self.trials.values()):
             self.finished = True
 
 
@@ -582,6 +583,7 @@ class Study:
             self.coordinator.listeners.append(session)
             try:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
+                session.started = True  # known results arriving during start must not end the run
                 session._check_end()
                 self.coordinator.schedule()
                 self._wait(lambda: session.finished or session.error is not None, timeout)

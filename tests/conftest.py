@@ -7,6 +7,7 @@ any Dask worker process is spawned, so workers can import the trainers too.
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -20,3 +21,27 @@ settings.register_profile(
     "thorough", deadline=None, max_examples=2000, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+# --------------------------------------------------------------------------- durability storage
+
+
+@pytest.fixture(scope="session")
+def s3_options():
+    """A loopback S3 endpoint (moto's server on 127.0.0.1) for the whole session."""
+    from durable_helpers import loopback_s3
+
+    with loopback_s3() as options:
+        yield options
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    """Where a durability test keeps its studies: a local directory, or a fresh bucket on
+    the loopback S3 endpoint."""
+    from durable_helpers import Storage, new_bucket
+
+    if request.param == "local":
+        return Storage("local", str(tmp_path / "runs"))
+    options = request.getfixturevalue("s3_options")
+    return Storage("s3", f"s3://{new_bucket(options)}/runs", dict(options))

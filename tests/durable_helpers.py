@@ -1,0 +1,71 @@
+"""Helpers for the durability tests: trainers that are slow or count their steps, a
+loopback S3 endpoint (moto's server on 127.0.0.1) and storage locations on both backends."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dagtune.sim import SyntheticTrainer
+
+SECRET = "not-a-real-secret-6f1c2b"  # must never show up in anything dagtune writes
+
+
+class SlowTrainer(SyntheticTrainer):
+    """`SyntheticTrainer` (same curves) that takes `delay` seconds per step and, with `log`,
+    appends one line per trained step to that file (to count executed steps across
+    processes)."""
+
+    def __init__(self, delay: float = 0.0, log: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.delay, self.log = delay, log
+
+    def train(self) -> dict:
+        if self.delay:
+            time.sleep(self.delay)
+        if self.log:
+            with open(self.log, "a") as file:
+                file.write(f"{os.getpid()}\n")
+        return super().train()
+
+
+@dataclass
+class Storage:
+    """A place to keep studies: `url` and the `options` s3fs needs (empty locally)."""
+
+    kind: str
+    url: str
+    options: dict = field(default_factory=dict)
+
+    def fs(self):
+        import fsspec
+
+        return fsspec.core.url_to_fs(self.url, **self.options)
+
+
+@contextlib.contextmanager
+def loopback_s3() -> Iterator[dict]:
+    """moto's S3 server on 127.0.0.1 (a free port); yields s3fs storage options."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield {"endpoint_url": f"http://{host}:{port}", "key": "testing-key", "secret": SECRET}
+    finally:
+        server.stop()
+
+
+def new_bucket(options: dict) -> str:
+    import s3fs
+
+    bucket = f"dagtune-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
+    return bucket

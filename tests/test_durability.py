@@ -1,0 +1,372 @@
+"""Durability on local disk and on a loopback S3 endpoint: journals, resume, several studies
+of one model, corrupt checkpoints and journals, failing trainers, checkpoint GC.
+
+Studies here run on the simulated executor with a real `CheckpointStore`, so everything a
+Dask study would keep is kept in the same storage, but in virtual time. The process- and
+worker-killing tests are in `test_durability_kill.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import pytest
+import zarr
+from durable_helpers import SECRET
+
+import dagtune as dt
+from dagtune.algos import GridSearch
+from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_dumps, normalize_config
+from dagtune.gc import GcPolicy
+from dagtune.plan import SearchPlan
+from dagtune.plan._journal import Journal, PlanJournal, encode_line
+from dagtune.results import open_results
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.study import Study, TrialError, run_alone
+
+STEPS = 12
+SPACE = dt.Grid(
+    {
+        "lr": [dt.Constant(0.1), dt.MultiStep(0.1, [6], 0.1)],
+        "batch_size": [128, dt.Steps([128, 256], [9])],
+    }
+)
+
+
+def study_on(
+    storage, name: str = "study", trainer=SyntheticTrainer, kwargs=None, workers: int = 2, **options
+):
+    store = CheckpointStore(storage.url, storage.options)
+    executor = SimulatedExecutor(workers, store=store)
+    return Study(trainer, kwargs, name=name, executor=executor, **options)
+
+
+def final(config, steps: int) -> dict:
+    return run_alone(SyntheticTrainer, config, steps)[-1]
+
+
+def settle(study: Study) -> None:
+    """Let tasks whose results are in finish (in virtual time a run returns before their
+    end events, and GC never deletes what a running task may need)."""
+    while study.coordinator.running:
+        study.coordinator.pump()
+
+
+def stored_points(study: Study) -> set[tuple[str, int]]:
+    return {(node, step) for node, step, _ in study.store.points(study.identity)}
+
+
+def plan_points(plan: SearchPlan) -> set[tuple[str, int]]:
+    return {(n.id, s) for n in plan.nodes.values() for s in n.checkpoints}
+
+
+# --------------------------------------------------------------------------- persistence
+
+
+def test_a_second_study_trains_only_what_the_first_did_not(storage):
+    a_configs = list(SPACE)
+    # B: half of A's configs again, and half new ones sharing A's prefixes up to step 6
+    b_configs = a_configs[::2] + [{**c, "lr": dt.MultiStep(0.1, [6], 0.5)} for c in a_configs[::2]]
+    with study_on(storage, "a", checkpoint_every=4) as a:
+        res_a = a.run(GridSearch(a_configs, metric="val_loss", mode="min", steps=STEPS))
+        assert res_a.report["executed_steps"] == res_a.report["unique_steps"]
+    with study_on(storage, "b", checkpoint_every=4) as b:
+        res_b = b.run(GridSearch(b_configs, metric="val_loss", mode="min", steps=STEPS))
+        union = dt.unique_steps((c, STEPS) for c in a_configs + b_configs)
+        assert res_b.report["executed_steps"] == union - res_a.report["unique_steps"] > 0
+        by_config = {config_dumps(t.config): t.metrics for t in a.coordinator.trials.values()}
+        for trial in b.coordinator.trials.values():
+            assert trial.metrics == final(trial.config, STEPS)
+            if config_dumps(trial.config) in by_config:
+                assert trial.metrics == by_config[config_dumps(trial.config)]
+        executed = b.report["executed_steps"]
+        assert b.evaluate(a_configs[1], STEPS) == final(a_configs[1], STEPS)  # A's, costs nothing
+        assert b.evaluate(a_configs[1], 5) == final(a_configs[1], 5)
+        assert b.report["executed_steps"] == executed
+        assert b.incidents == []
+
+
+def test_running_a_study_again_resumes_it(storage):
+    configs = list(SPACE)
+    with study_on(storage, "resume", checkpoint_every=3) as first:
+        handles = [first.submit(c, STEPS) for c in configs[:2]]
+        for handle in handles:
+            handle.result()
+        late = [first.submit(c, STEPS) for c in configs[2:]]
+        target = first.coordinator.executed_steps + 8
+        while first.coordinator.executed_steps < target:
+            first.coordinator.pump()  # part of the late trials, then stop mid-way
+        assert any(h.status == "pending" for h in late)
+        done_before = first.coordinator.executed_steps
+    with study_on(storage, "resume", checkpoint_every=3) as again:
+        trials = again.trials
+        assert [t.id for t in trials] == [0, 1, 2, 3]
+        assert [t.status for t in trials[:2]] == ["completed", "completed"]
+        assert trials[0].result() == final(configs[0], STEPS)  # from storage, at once
+        assert again.coordinator.executed_steps == 0
+        result = again.run(GridSearch(configs, metric="val_loss", mode="min", steps=STEPS))
+        assert [t.id for t in result._trials] == [0, 1, 2, 3]  # the restored trials, adopted
+        for trial in again.coordinator.trials.values():
+            assert trial.status == "completed" and trial.metrics == final(trial.config, STEPS)
+        total = done_before + again.coordinator.executed_steps
+        unique = dt.unique_steps((c, STEPS) for c in configs)
+        assert unique <= total <= unique + 2 * 3  # at most what was in flight, per worker
+    frame = open_results(storage.url, "resume", storage.options).trials
+    assert list(frame["status"]) == ["completed"] * 4
+    assert list(frame["val_loss"]) == [final(c, STEPS)["val_loss"] for c in configs]
+
+
+def test_the_same_study_name_with_another_model_is_refused(storage):
+    with study_on(storage, "named") as first:
+        first.submit({"lr": 0.1}, 2).result()
+    with pytest.raises(ValueError, match="belongs to another model"):
+        study_on(storage, "named", kwargs={"dim": 4})
+
+
+def test_results_are_a_zarr_group_with_learning_curves(storage):
+    configs = list(SPACE)[:3]
+    with study_on(storage, "zarr", eval_every=2) as study:
+        study.run(GridSearch(configs, metric="val_loss", mode="min", steps=6))
+    group = zarr.open_group(
+        f"{storage.url}/studies/zarr/results.zarr", mode="r", storage_options=storage.options or None
+    )
+    assert list(group["trial_id"][:]) == [0, 1, 2]
+    assert list(group["status"][:]) == ["completed"] * 3
+    assert list(group["steps"][:]) == [6] * 3
+    curve = group[f"curve/{group.attrs['metrics']['val_loss']}"][:]
+    assert curve.shape == (3, 6)
+    for row, config in zip(curve, configs):
+        alone = run_alone(SyntheticTrainer, config, 6)
+        assert list(row[1::2]) == [alone[s]["val_loss"] for s in (1, 3, 5)]  # evaluated every 2
+        assert all(v != v for v in row[0::2])  # NaN: not evaluated
+    results = open_results(storage.url, "zarr", storage_options=storage.options)
+    assert results.curve("val_acc").shape == (3, 6)
+    assert json.loads(results.trials["config"][0]) == json.loads(config_dumps(normalize_config(configs[0])))
+
+
+def test_two_studies_at_once_on_one_storage_share_and_never_corrupt_it(storage):
+    configs = list(SPACE)
+    errors = []
+
+    def run(name: str, mine: list) -> None:
+        try:
+            with study_on(storage, name, checkpoint_every=2, refresh_seconds=0.0) as study:
+                study.run(GridSearch(mine, metric="val_loss", mode="min", steps=STEPS))
+                for trial in study.coordinator.trials.values():
+                    assert trial.metrics == final(trial.config, STEPS)
+        except BaseException as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(f"c{i}", configs[i:] + configs[:i])) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    with study_on(storage, "reader") as reader:
+        assert reader.incidents == []
+        plan = reader.plan
+        assert len(plan.nodes) == len({n for n in plan.nodes})
+        for node, step in plan_points(plan):  # every checkpoint either study recorded loads
+            reader.store.load(reader.identity, node, step)
+        assert plan_points(plan) <= stored_points(reader)
+        result = reader.run(GridSearch(configs, metric="val_loss", mode="min", steps=STEPS))
+        assert result.report["executed_steps"] == 0  # both studies' work is known
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def corrupt(storage, study: Study, point: tuple[str, int], how: str) -> None:
+    """Damage the checkpoint at `point` in one of the ways the store must detect."""
+    fs, _ = storage.fs()
+    directory = study.store.directory(study.identity, *point)
+    marker = f"{directory}/COMMIT"
+    data = f"{directory}/{json.loads(fs.cat_file(marker))['file']}"
+    if how == "missing marker":
+        fs.rm_file(marker)
+    elif how == "bad checksum":
+        raw = bytearray(fs.cat_file(data))
+        raw[len(raw) // 2] ^= 0xFF
+        fs.pipe_file(data, bytes(raw))
+    elif how == "truncated":
+        fs.pipe_file(data, fs.cat_file(data)[:100])
+    elif how == "malformed marker":
+        fs.pipe_file(marker, b'{"format": 1, "file": ')
+    fs.invalidate_cache(directory)
+
+
+@pytest.mark.parametrize("how", ["missing marker", "bad checksum", "truncated", "malformed marker"])
+def test_a_corrupt_checkpoint_is_never_loaded_but_detected_and_recomputed(storage, how):
+    base = {"lr": dt.Steps([0.1, 0.05], [8]), "batch_size": 128}
+    branch = {"lr": dt.Steps([0.1, 0.02], [8]), "batch_size": 128}
+    with study_on(storage, "corrupt", checkpoint_every=4) as study:
+        study.submit(base, 10).result()
+        point = (study.plan.locate(normalize_config(base), 8), 8)
+        assert point in plan_points(study.plan)
+        corrupt(storage, study, point, how)
+        executed = study.report["executed_steps"]
+        assert study.submit(branch, 10).result() == final(branch, 10)
+        # the branch point was recomputed from the checkpoint at 4, then the branch trained
+        assert study.report["executed_steps"] - executed == (8 - 4) + 2
+        assert any("corrupt checkpoint" in i and f"{point[0]}, 8" in i for i in study.incidents)
+        study.store.load(study.identity, *point)  # recomputed and saved again, intact
+        failed = [t for t in study.coordinator.trials.values() if t.status != "completed"]
+        assert failed == []  # not a trainer failure
+
+
+def journal_dir(study: Study) -> str:
+    return f"{study.store.root}/{study.identity}/plan"
+
+
+def test_corrupt_and_foreign_journal_lines_are_reported_with_their_place_and_skipped(storage):
+    config = {"lr": dt.Steps([0.1, 0.05], [4]), "batch_size": 128}
+    with study_on(storage, "journal", checkpoint_every=2) as study:
+        study.submit(config, 6).result()
+        identity = study.identity
+        directory = journal_dir(study)
+        good = plan_points(study.plan)
+    fs, _ = storage.fs()
+    # the journal file (a segment, on S3) with the most metrics events
+    path = max(fs.ls(directory, detail=False), key=lambda p: fs.cat_file(p).count(b'"e":"metrics"'))
+    lines = fs.cat_file(path).splitlines(keepends=True)
+    metrics_line = max(i for i, line in enumerate(lines) if b'"e":"metrics"' in line)
+    flipped = bytearray(lines[metrics_line])
+    flipped[flipped.index(b'"step":') + 7] ^= 0x01  # a changed digit: the checksum must catch it
+    lines[metrics_line] = bytes(flipped)
+    lines.insert(1, b'{"e": "node", "id": "0000000000000000"}\n')  # foreign: no format tag
+    forged = {"e": "node", "id": "ffffffffffffffff", "parent": None, "start": 0, "config": {}}
+    lines.insert(2, encode_line(forged))  # well-formed, but its id does not match its content
+    fs.pipe_file(path, b"".join(lines) + b'dj1 0badc0de {"e": ')  # ends in a cut-short line
+    fs.invalidate_cache(directory)
+    plan = SearchPlan()
+    loader = PlanJournal(plan, Journal(fs, directory))
+    loader.load()
+    incidents = loader.journal.incidents
+    assert any(f"{path}:2: not a dagtune journal line" in i for i in incidents)
+    assert any(f"{path}:3: invalid search plan event" in i and "does not match" in i for i in incidents)
+    assert any(f"{path}:{metrics_line + 3}: checksum mismatch" in i for i in incidents)
+    assert any(f"{path}:{len(lines) + 1}: incomplete last line" in i for i in incidents)
+    assert len(incidents) == 4
+    assert plan_points(plan) == good  # every intact event was applied
+    with study_on(storage, "journal") as reopened:  # a study reports them too, and works
+        assert reopened.identity == identity
+        assert len(reopened.incidents) == 4
+        assert reopened.evaluate(config, 6) == final(config, 6)
+
+
+class Exploding(SyntheticTrainer):
+    """Raises in every step after `fail_at` when its learning rate drops to 0.01."""
+
+    def __init__(self, fail_at: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_at = fail_at
+
+    def train(self):
+        if self.step >= self.fail_at and self.hp["lr"] == 0.01:
+            raise RuntimeError("exploded on purpose")
+        return super().train()
+
+
+def test_failed_and_diverged_trials_are_kept_with_their_reason(storage):
+    bad = {"lr": dt.Steps([0.1, 0.01], [3])}
+    wild = {"lr": dt.Steps([0.1, 80.0], [2])}  # its loss overflows after about 10 steps
+    good = {"lr": dt.Steps([0.1, 0.05], [3])}
+    with study_on(storage, "faults", trainer=Exploding, max_retries=2) as study:
+        handles = [study.submit(c, n) for c, n in ((bad, 8), (wild, 30), (good, 8))]
+        with pytest.raises(TrialError, match="exploded on purpose"):
+            handles[0].result()
+        assert handles[2].result() == final(good, 8)
+        handles[1].result()
+        assert [h.status for h in handles[1:]] == ["diverged", "completed"]
+        wild_trial = handles[1].trial
+        assert wild_trial.reported < 30 and not all(map(math.isfinite, wild_trial.metrics.values()))
+        assert study.report["executed_steps"] < 30  # stopped where it diverged
+    with study_on(storage, "faults", trainer=Exploding) as again:
+        restored = again.trials
+        assert [t.status for t in restored] == ["failed", "diverged", "completed"]
+        assert "exploded on purpose" in restored[0].trial.error and "Traceback" in restored[0].trial.error
+    frame = open_results(storage.url, "faults", storage.options).trials
+    assert list(frame["status"]) == ["failed", "diverged", "completed"]
+    assert "RuntimeError: exploded on purpose" in frame["error"][0]
+
+
+# --------------------------------------------------------------------------- garbage collection
+
+
+def test_gc_keeps_only_what_the_policy_keeps_and_deleted_points_are_recomputed(storage):
+    configs = list(SPACE)
+    with study_on(storage, "gc", checkpoint_every=2) as study:
+        study.run(GridSearch(configs, metric="val_loss", mode="min", steps=STEPS))
+        settle(study)
+        before = stored_points(study)
+        outcome = study.gc(GcPolicy(keep_best=1, keep_latest=False))
+        best = min(study.coordinator.trials.values(), key=lambda t: t.metrics["val_loss"])
+        assert stored_points(study) == plan_points(study.plan) == {(best.node, STEPS)}
+        assert outcome["deleted"] == len(before) - 1
+        assert outcome["bytes_after"] < outcome["bytes_before"]
+        print(f"gc: {len(before)} checkpoints, {outcome['bytes_before']} B -> 1, {outcome['bytes_after']} B")
+        # a later trial branching at a deleted point recomputes it (from scratch here)
+        other = next(c for c in configs if config_dumps(normalize_config(c)) != config_dumps(best.config))
+        later = {**other, "lr": dt.Steps([0.1, 0.3], [5])}
+        executed = study.report["executed_steps"]
+        assert study.submit(later, 8).result() == final(later, 8)
+        assert study.report["executed_steps"] - executed == 8
+
+
+def test_gc_with_a_budget_evicts_the_cheapest_to_recompute_and_never_what_runs(storage):
+    long = {"lr": 0.1, "batch_size": 128}
+    short = {"lr": dt.Steps([0.1, 0.3], [2]), "batch_size": 128}
+    with study_on(storage, "budget", checkpoint_every=2, workers=1) as study:
+        study.submit(long, 10).result()
+        study.submit(short, 4).result()
+        settle(study)
+        ends = {(study.plan.locate(normalize_config(c), n), n) for c, n in ((long, 10), (short, 4))}
+        size = max(study.plan.nodes[n].checkpoints[s].nbytes for n, s in ends)
+        # keep_latest wants both trials' ends; a budget of one checkpoint evicts the end of the
+        # short trial: 4 steps to recompute against 10
+        outcome = study.gc(GcPolicy(keep_best=0, budget_bytes=size))
+        assert stored_points(study) == {(study.plan.locate(normalize_config(long), 10), 10)}
+        assert outcome["bytes_after"] <= size
+        # a running task's points are never deleted, even with nothing allowed
+        branch = {"lr": dt.Steps([0.1, 0.01], [10]), "batch_size": 128}
+        handle = study.submit(branch, 30)
+        while study.coordinator.executed_steps < 10 + 4 + 7:
+            study.coordinator.pump()
+        protected = study.coordinator.protected_points() & stored_points(study)
+        assert protected  # the task's source (long, 10) and the checkpoints it wrote so far
+        study.gc(GcPolicy(keep_best=0, keep_latest=False, budget_bytes=0))
+        assert protected <= stored_points(study)
+        assert handle.result() == final(branch, 30)
+
+
+def test_automatic_gc_runs_after_each_run(storage):
+    with study_on(
+        storage, "auto", checkpoint_every=2, gc=GcPolicy(keep_best=2, interval_seconds=None)
+    ) as study:
+        study.run(GridSearch(list(SPACE), metric="val_loss", mode="min", steps=STEPS))
+        ranked = sorted(study.coordinator.trials.values(), key=lambda t: t.metrics["val_loss"])
+        kept = {(t.node, STEPS) for t in study.coordinator.trials.values()}  # keep_latest: all finals
+        assert {(t.node, STEPS) for t in ranked[:2]} <= kept
+        # in virtual time the last tasks have not sent their end yet: their points stay
+        protected = study.coordinator.protected_points()
+        assert kept <= stored_points(study) <= kept | protected
+        assert len(stored_points(study)) < study.report["unique_steps"] // 2  # one per 2 steps were written
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_credentials_never_reach_storage(storage):
+    if storage.kind != "s3":
+        pytest.skip("credentials exist only for the S3 endpoint")
+    with study_on(storage, "secret", checkpoint_every=2) as study:
+        study.run(GridSearch(list(SPACE)[:2], metric="val_loss", mode="min", steps=4))
+        assert SECRET not in repr(study.store) and SECRET not in repr(study)
+    fs, root = storage.fs()
+    bucket = root.split("/")[0]
+    for path in fs.find(bucket):
+        assert SECRET.encode() not in fs.cat_file(path), path
