@@ -1,0 +1,131 @@
+"""Killing things for real: a Dask worker process mid-stage, and the coordinator process
+mid-study; on local disk and on the loopback S3 endpoint.
+
+Both trainers append a line per trained step to a log (with the pid of the process that
+trained it), so executed steps are counted across processes, deaths included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+from durable_helpers import SlowTrainer
+from durable_study_script import CHECKPOINT_EVERY, SPACE, STEPS, WORKERS
+
+import dagtune as dt
+from dagtune.config import config_from_json
+from dagtune.sim import SyntheticTrainer
+from dagtune.study import Study, run_alone
+
+pytestmark = pytest.mark.slow
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def logged(path) -> list[str]:
+    return open(path).read().split() if os.path.exists(path) else []
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            silence_logs=50,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(client, storage, tmp_path):
+    log = tmp_path / "steps.log"
+    config = {"lr": dt.MultiStep(0.1, [10], 0.5), "batch_size": 128}
+    steps, every = 24, 4
+    with Study(
+        SlowTrainer,
+        {"delay": 0.1, "log": str(log)},
+        name="worker-kill",
+        storage=storage.url,
+        storage_options=storage.options,
+        client=client,
+        checkpoint_every=every,
+    ) as study:
+        handle = study.submit(config, steps)
+
+        def past_a_checkpoint() -> bool:
+            with study._lock:
+                running = list(study.coordinator.running.values())
+                return bool(running) and running[0].worker is not None and running[0].progress >= 10
+
+        wait_for(past_a_checkpoint, 60, "the stage to pass step 10")
+        with study._lock:
+            (running,) = study.coordinator.running.values()
+        worker = running.worker
+        pid = client.run(os.getpid, workers=[worker])[worker]
+        os.kill(pid, signal.SIGKILL)
+        metrics = handle.result(timeout=120)
+        loads = dict(study.coordinator.loads)
+    assert metrics == run_alone(SyntheticTrainer, config, steps)[-1]
+    pids = logged(log)
+    print(f"worker kill ({storage.kind}): executed {len(pids)} steps for {steps} unique, loads {loads}")
+    assert str(pid) in pids and len(set(pids)) == 2  # trained partly by the killed process
+    assert loads["storage"] >= 1  # the rerun resumed from a committed checkpoint
+    assert steps <= len(pids) <= steps + every  # at most the steps since that checkpoint again
+
+
+def run_script(storage, out, log) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    args = [storage.url, json.dumps(storage.options), str(out), str(log)]
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "durable_study_script.py"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_a_killed_coordinator_is_resumed_by_running_the_study_again(storage, tmp_path):
+    log, out = tmp_path / "steps.log", tmp_path / "out.json"
+    unique = dt.unique_steps((c, STEPS) for c in SPACE)
+    first = run_script(storage, out, log)
+    try:
+        wait_for(lambda: len(logged(log)) >= unique // 2, 120, "half of the study to be trained")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    assert not out.exists()  # it did not finish
+    before = len(logged(log))
+    second = run_script(storage, out, log)
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output.decode()[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ids"] == list(range(len(list(SPACE))))  # the trials of the first run, adopted
+    assert summary["status"] == ["completed"] * len(list(SPACE))
+    for text, metrics in summary["metrics"].items():
+        assert metrics == run_alone(SyntheticTrainer, config_from_json(json.loads(text)), STEPS)[-1]
+    executed = len(logged(log))
+    print(
+        f"coordinator kill ({storage.kind}): {before} steps before the kill, {executed} in all, "
+        f"{unique} unique"
+    )
+    assert unique <= executed <= unique + WORKERS * CHECKPOINT_EVERY  # at most what was in flight
