@@ -1,0 +1,217 @@
+"""What a storage URL holds, read without running anything: studies, trials, search plans.
+
+The command line (`dagtune status`, `tree`, `gc`, `dashboard`) works on storage alone,
+possibly while studies run elsewhere. This module reads the layout `dagtune.durable`
+writes: each study's records (``studies/{name}/journal``) give its trials, the search plan
+journal of its model identity (``{identity}/plan``) gives their paths, metrics and
+checkpoints. Trials come back as `coordinator.Trial` objects, as a resumed study would see
+them, so every view and `dagtune.gc.collect` can use them unchanged. Nothing here writes,
+except `collect_garbage` (which journals the checkpoints it deletes, as a study would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_from_json
+from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.plan import SearchPlan, unique_steps
+from dagtune.plan._journal import Journal, PlanJournal
+
+__all__ = ["StorageError", "StoredStudy", "collect_garbage", "list_studies", "load_study", "open_storage"]
+
+
+class StorageError(ValueError):
+    """The storage URL can't be read as dagtune storage (the message says why)."""
+
+
+def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> CheckpointStore:
+    """A store for `url`, checked to exist and to hold dagtune studies or plans."""
+    try:
+        store = CheckpointStore(url, storage_options)
+        fs, root = store.fs, store.root
+    except (ValueError, ImportError) as error:
+        raise StorageError(f"cannot open storage {url!r}: {error}") from None
+    try:
+        exists = fs.isdir(root)
+    except Exception as error:  # credentials, endpoint, network: the filesystem says which
+        raise StorageError(f"cannot read storage {url!r}: {type(error).__name__}: {error}") from None
+    if not exists:
+        raise StorageError(f"storage {url!r} does not exist")
+    return store
+
+
+def list_studies(store: CheckpointStore) -> list[str]:
+    """The names of the studies kept in `store`, sorted."""
+    base = f"{store.root}/studies"
+    store.fs.invalidate_cache(base)
+    try:
+        paths = store.fs.ls(base, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+
+
+@dataclass
+class StoredStudy:
+    """One study as storage holds it: its identity record, trials and the shared plan."""
+
+    name: str
+    identity: str
+    describe: dict[str, Any]
+    trials: list[Trial]
+    plan: SearchPlan
+    incidents: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        """Trial and unique steps of the trials, and the steps the plan holds trained (every
+        study of this model identity included)."""
+        reached = [(t.config, _reached(t)) for t in self.trials if _reached(t) > 0]
+        trial_steps = sum(s for _, s in reached)
+        unique = unique_steps(reached) if reached else 0
+        trained = sum(
+            max([*n.metrics, *n.checkpoints], default=n.start) - n.start for n in self.plan.nodes.values()
+        )
+        checkpoints = [i for n in self.plan.nodes.values() for i in n.checkpoints.values()]
+        return {
+            "trials": len(self.trials),
+            "trial_steps": trial_steps,
+            "unique_steps": unique,
+            "merge_rate": trial_steps / unique if unique else 1.0,
+            "plan_steps": trained,
+            "checkpoints": len(checkpoints),
+            "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
+        }
+
+
+def _reached(trial: Trial) -> int:
+    return trial.steps if trial.status == COMPLETED else trial.reported
+
+
+def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
+    """The search plan of `identity` read from every writer's journal (nothing written)."""
+    journal = PlanJournal(SearchPlan(), Journal(store.fs, f"{store.root}/{identity}/plan"))
+    journal.load()
+    return journal
+
+
+def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None = None) -> StoredStudy:
+    """Study `name` from `store`; `plans` caches plan journals by identity across calls."""
+    records = Journal(store.fs, f"{store.root}/studies/{name}/journal")
+    entries = [e.record for e in records.read_new()]
+    opens = [r for r in entries if r.get("r") == "open"]
+    if not opens:
+        known = ", ".join(list_studies(store)) or "none"
+        raise StorageError(f"no study {name!r} in {store.url} (studies there: {known})")
+    identity = opens[-1]["identity"]
+    describe = {k: v for k, v in opens[-1].items() if k not in ("r", "t", "identity")}
+    plans = {} if plans is None else plans
+    if identity not in plans:
+        plans[identity] = load_plan(store, identity)
+    journal = plans[identity]
+    trials = _trials(entries, journal.plan)
+    incidents = [*records.incidents, *journal.journal.incidents]
+    return StoredStudy(name, identity, describe, trials, journal.plan, incidents)
+
+
+def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
+    """Trials as a resumed coordinator would rebuild them, with their curves from the plan."""
+    states: dict[int, dict] = {}
+    for record in records:
+        kind, trial_id = record.get("r"), record.get("trial")
+        if kind == "submit":
+            states[trial_id] = {"config": record["config"], "steps": record["steps"], "status": PENDING}
+        elif kind == "extend" and trial_id in states:
+            states[trial_id].update(steps=record["steps"], status=PENDING)
+        elif kind == "end" and trial_id in states:
+            states[trial_id].update(
+                status=record["status"], metrics=record.get("metrics"), error=record.get("error")
+            )
+            states[trial_id]["reached"] = record.get("steps", 0)
+    trials = []
+    for trial_id in sorted(states):
+        state = states[trial_id]
+        config = config_from_json(state["config"])
+        trial = Trial(trial_id, config, state["steps"], status=state["status"], error=state.get("error"))
+        trial.node = plan.locate(config, trial.steps, create=True)
+        trial.segments = plan.segments(trial.node, trial.steps)
+        known = plan.curve(trial.node, trial.steps)
+        reached = state.get("reached")
+        if reached is None:  # pending: as far as the plan has metrics, without a gap
+            reached = next((i for i, m in enumerate(known) if m is None), len(known))
+        trial.curve = [(s + 1, m) for s, m in enumerate(known[:reached]) if m is not None]
+        trial.reported = reached
+        trial.metrics = state.get("metrics") or (trial.curve[-1][1] if trial.curve else None)
+        trials.append(trial)
+    return trials
+
+
+def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict:
+    """A dashboard snapshot of a stored study (nothing runs: pieces are done or untrained)."""
+    from dagtune.dashboard.snapshot import _trained_from_plan, compose, pick_metric, status_counts
+
+    if metric is None:
+        metric, guessed = pick_metric(m for t in study.trials for _, ms in t.curve for m in ms)
+        mode = mode or guessed
+    nodes = {node for t in study.trials for node, _, _ in t.segments}
+    report = study.report()
+    return compose(
+        study=study.name,
+        identity=study.identity,
+        source="storage",
+        trials=study.trials,
+        metric=metric,
+        mode=mode or "max",
+        counters={**status_counts(study.trials), **report},
+        configs={n: study.plan.nodes[n].config for n in nodes},
+        trained=_trained_from_plan(study.plan, nodes),
+    )
+
+
+def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = False) -> list[dict]:
+    """Collect checkpoints of every model identity in `store` by `policy` (a `GcPolicy`),
+    as `Study.gc` does, over the trials of all the identity's studies. What pending trials
+    resume from (the latest checkpoint before each one's point) is never deleted. Returns one
+    summary per identity; with `dry_run`, deletes nothing."""
+    from dagtune.dashboard.snapshot import pick_metric
+    from dagtune.gc import collect
+
+    plans: dict[str, PlanJournal] = {}
+    by_identity: dict[str, list[Trial]] = {}
+    for name in list_studies(store):
+        try:
+            study = load_study(store, name, plans)
+        except StorageError:
+            continue  # a study directory without records yet
+        by_identity.setdefault(study.identity, []).extend(study.trials)
+    summaries = []
+    for identity, trials in sorted(by_identity.items()):
+        journal = plans[identity]
+        plan = journal.plan
+        protected = set()
+        for trial in trials:
+            if trial.status == PENDING:
+                latest = plan.latest_checkpoint(trial.node, trial.steps)
+                if latest is not None:
+                    protected.add(latest)
+        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+        decision = collect(plan, trials, protected, policy, metric=metric, mode=mode)
+        if not dry_run:
+            for node, step in sorted(decision.delete):
+                plan.drop_checkpoint(node, step)  # journaled first: no study loads it any more
+                journal.journal.flush()
+                store.delete(identity, node, step)
+        summaries.append(
+            {
+                "identity": identity,
+                "deleted": len(decision.delete),
+                "kept": len(decision.keep),
+                "protected": len(decision.protected),
+                "bytes_before": decision.bytes_before,
+                "bytes_after": decision.bytes_after,
+            }
+        )
+    return summaries

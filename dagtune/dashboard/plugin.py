@@ -1,0 +1,205 @@
+"""The page inside Dask's dashboard, and how a study feeds it.
+
+The coordinator runs in the client process, the dashboard in the scheduler's. A study's
+`Publisher` sends a snapshot (`dagtune.dashboard.snapshot`) whenever something changed, at
+most once per `interval`, with ``Client.log_event`` on topic ``dagtune-dashboard``.
+`DashboardPlugin`, a scheduler plugin, keeps the latest snapshot per study (from its
+``log_event`` hook, and from the scheduler's event log for those sent before it started)
+and adds the "dagtune" page to the scheduler's dashboard, next to Dask's own pages.
+
+The plugin gets there in one of two ways: `register` (what `attach` does for every study on
+Dask, the embedded cluster included) sends it to the scheduler, which must be able to
+import dagtune; or the scheduler starts with it: ``dask scheduler --preload dagtune.dashboard``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+__all__ = ["TOPIC", "DashboardPlugin", "Publisher", "attach", "page_url", "register"]
+
+log = logging.getLogger("dagtune")
+
+TOPIC = "dagtune-dashboard"
+PATH = "dagtune"
+
+
+class DashboardPlugin(SchedulerPlugin):
+    """Serves the "dagtune" page from the scheduler and keeps the snapshots it shows."""
+
+    name = "dagtune-dashboard"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.snapshots: dict[str, dict] = {}
+        self.served = False
+
+    async def start(self, scheduler: Any) -> None:
+        for _, message in scheduler.get_events(TOPIC):
+            self._take(message)
+        self.served = _install_page(scheduler)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic == TOPIC:
+            self._take(msg)
+
+    def _take(self, message: Any) -> None:
+        if isinstance(message, dict) and isinstance(message.get("study"), str):
+            self.snapshots[message["study"]] = message
+
+
+def _install_page(scheduler: Any) -> bool:
+    """Add the page to the scheduler's dashboard; False if it has none (no bokeh, or
+    started without a dashboard)."""
+    http = getattr(scheduler, "http_application", None)
+    if http is None:
+        return False
+    try:
+        from bokeh.server.server import BokehTornado
+        from distributed.dashboard.core import BokehApplication
+        from distributed.dashboard.scheduler import template_variables
+        from tornado.ioloop import IOLoop
+    except ImportError:
+        log.info("dagtune: the Dask dashboard is not available; no dagtune page", exc_info=True)
+        return False
+    dask_app = next((a for a in http.applications if isinstance(a, BokehTornado)), None)
+    prefix = dask_app.prefix if dask_app is not None else ""
+    extra = template_variables(scheduler)
+    if PATH not in extra["pages"]:  # a "dagtune" tab in Dask's navigation bar
+        extra["pages"].append(PATH)
+    app = BokehApplication({f"/{PATH}": _scheduler_doc}, scheduler, prefix=prefix, template_variables=extra)
+    http.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    return True
+
+
+def _scheduler_doc(scheduler: Any, extra: dict, doc: Any) -> None:
+    """The page as one of the Dask dashboard's documents (its template and theme)."""
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    from dagtune.dashboard.page import build_page
+
+    def snapshots() -> dict[str, dict]:
+        plugin = scheduler.plugins.get(DashboardPlugin.name)
+        return dict(plugin.snapshots) if plugin is not None else {}
+
+    build_page(doc, snapshots, title="Dask: dagtune")
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME
+
+
+def page_url(client: Any) -> str | None:
+    """The page's address next to Dask's dashboard link, or None without a dashboard."""
+    try:
+        link = client.dashboard_link
+    except Exception:  # no dashboard service, or a link template naming unknown variables
+        return None
+    if not link:
+        return None
+    base = link[: -len("status")] if link.endswith("status") else link.rstrip("/") + "/"
+    return base + PATH
+
+
+def register(client: Any) -> bool:
+    """Put `DashboardPlugin` on the client's scheduler (once); True if the page is served."""
+    try:
+        client.register_plugin(DashboardPlugin())
+        return bool(client.run_on_scheduler(_served))
+    except Exception as error:  # e.g. the scheduler cannot import dagtune
+        log.warning(
+            "dagtune: no dashboard page on the scheduler (%s); start it with "
+            "`dask scheduler --preload dagtune.dashboard` in an environment with dagtune",
+            error,
+        )
+        return False
+
+
+def _served(dask_scheduler: Any) -> bool:
+    plugin = dask_scheduler.plugins.get(DashboardPlugin.name)
+    return bool(plugin is not None and plugin.served)
+
+
+class Publisher:
+    """Sends a study's snapshots to its scheduler from a daemon thread (see the module
+    docstring); `close` sends the last one and stops."""
+
+    def __init__(self, study: Any, client: Any, interval: float = 1.0):
+        self.study = study
+        self.client = client
+        self.interval = interval
+        self._stop = threading.Event()
+        self._sent: tuple | None = None
+        self._thread = threading.Thread(
+            target=self._loop, name=f"dagtune-dashboard-{study.name}", daemon=True
+        )
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def _state(self) -> tuple:
+        with self.study._lock:
+            coordinator = self.study.coordinator
+            return (
+                coordinator.events_seen,
+                len(coordinator.trials),
+                len(coordinator.running),
+                self.study._metric,
+            )
+
+    def publish(self, force: bool = False) -> bool:
+        """Send a snapshot if anything changed since the last one (or with `force`)."""
+        from dagtune.dashboard.snapshot import live_snapshot
+
+        state = self._state()
+        if state == self._sent and not force:
+            return False
+        self.client.log_event(TOPIC, live_snapshot(self.study))
+        self._sent = state
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            if getattr(self.study, "_closed", False):
+                return
+            try:
+                self.publish()
+            except Exception:  # the page only lags; the study goes on
+                log.debug("dagtune: publishing a dashboard snapshot failed", exc_info=True)
+
+    def close(self) -> None:
+        """Publish the final state and stop (call before the client closes)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            self.publish(force=True)
+        except Exception:
+            log.debug("dagtune: publishing the last dashboard snapshot failed", exc_info=True)
+
+
+def attach(
+    study: Any, *, interval: float = 1.0, announce: Callable[[str], None] | None = print
+) -> Publisher | None:
+    """Feed a study on Dask to the dagtune page and say where the page is.
+
+    Registers the page on the study's scheduler (nothing to do on the embedded cluster),
+    starts a `Publisher` and announces the page next to Dask's dashboard link. Returns the
+    publisher (None for a study without a Dask client, e.g. a simulation).
+    """
+    client = getattr(study, "client", None)
+    if client is None:
+        return None
+    served = register(client)
+    publisher = Publisher(study, client, interval).start()
+    url = page_url(client) if served else None
+    if url and announce is not None:
+        announce(f"dagtune: study {study.name!r} live at {url} (Dask dashboard: {client.dashboard_link})")
+    return publisher

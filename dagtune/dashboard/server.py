@@ -1,0 +1,90 @@
+"""``dagtune dashboard STORAGE``: the dagtune page served from storage, no study running.
+
+A Bokeh server (bokeh's own, on 127.0.0.1 by default) serves the same page as the Dask
+dashboard's (`dagtune.dashboard.page`); its snapshots are read from the studies' records
+and search plans in storage (`dagtune.catalog`) and re-read every `refresh` seconds, so a
+study running elsewhere shows up as its journals are flushed.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dagtune.catalog import StorageError, list_studies, load_study, open_storage, stored_snapshot
+
+__all__ = ["StoredSnapshots", "serve"]
+
+
+class StoredSnapshots:
+    """The latest snapshot of each study in storage (or of `names`), cached `refresh` s."""
+
+    def __init__(self, store: Any, names: list[str] | None = None, refresh: float = 5.0):
+        self.store = store
+        self.names = names
+        self.refresh = refresh
+        self._cache: dict[str, dict] = {}
+        self._read_at = -float("inf")
+
+    def __call__(self) -> dict[str, dict]:
+        if time.monotonic() - self._read_at >= self.refresh:
+            self._read_at = time.monotonic()
+            plans: dict = {}
+            for name in self.names or list_studies(self.store):
+                try:
+                    snapshot = stored_snapshot(load_study(self.store, name, plans))
+                except StorageError:
+                    continue  # created but not written yet
+                previous = self._cache.get(name)
+                if previous is not None and _same(previous, snapshot):
+                    continue  # keep the old time stamp: the page redraws only on change
+                self._cache[name] = snapshot
+        return dict(self._cache)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+def serve(
+    storage: str,
+    *,
+    names: list[str] | None = None,
+    address: str = "127.0.0.1",
+    port: int = 8790,
+    refresh: float = 5.0,
+    storage_options: Mapping[str, Any] | None = None,
+):
+    """Start serving the page for `storage` at ``http://{address}:{port}/dagtune`` (port 0:
+    a free one); returns the started `bokeh.server.server.Server` (``server.io_loop.start()``
+    runs it, ``server.stop()`` stops it). Raises `StorageError` for unreadable storage."""
+    from bokeh.application import Application
+    from bokeh.application.handlers.function import FunctionHandler
+    from bokeh.server.server import Server
+
+    from dagtune.dashboard.page import build_page
+
+    store = open_storage(storage, storage_options)
+    for name in names or ():
+        load_study(store, name)  # a clear error for a study that is not there
+    port = port or free_port(address)
+
+    def make(doc: Any) -> None:
+        build_page(doc, StoredSnapshots(store, names, refresh), period_ms=int(refresh * 1000))
+
+    server = Server(
+        {"/dagtune": Application(FunctionHandler(make))},
+        address=address,
+        port=port,
+        allow_websocket_origin=[f"{address}:{port}", f"localhost:{port}"],
+    )
+    server.start()
+    return server

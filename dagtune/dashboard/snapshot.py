@@ -1,0 +1,358 @@
+"""Snapshots: one compact, JSON-ready picture of a study for every view of it.
+
+A snapshot holds the study's counters (trials by status; trial, unique and executed steps;
+GPU-seconds and what reuse saved), its best trial, the stage tree laid out as pieces
+(`dagtune.dashboard.tree`) and the learning curves of one metric. It is built from a live
+study (`live_snapshot`, with running and queued stages and the critical path), from what a
+study left in storage (`stored_snapshot`) or from a `Result` (`result_snapshot`), and read
+by the Bokeh page, the notebook views and the command line, which therefore all agree.
+
+Columns are lists (not lists of dicts) so a snapshot stays small on its way to the Dask
+scheduler through ``log_event`` (msgpack: plain ints, floats, strings, lists, dicts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dagtune.config import Config
+from dagtune.coordinator import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, Trial
+from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
+from dagtune.sequences import Constant, Steps
+
+__all__ = [
+    "FORMAT",
+    "best_of",
+    "compose",
+    "live_snapshot",
+    "pick_metric",
+    "readable",
+    "result_snapshot",
+]
+
+FORMAT = "dagtune-dashboard/1"
+_STATUSES = (PENDING, COMPLETED, STOPPED, FAILED, DIVERGED)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def readable(sequence: Any) -> str:
+    """A short form of a sequence for tables and labels: ``0.9``, ``64→128@18``, else repr."""
+    if isinstance(sequence, Constant):
+        return f"{sequence.value:g}" if isinstance(sequence.value, float) else repr(sequence.value)
+    if isinstance(sequence, Steps):
+        values = "→".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sequence.values)
+        return f"{values}@{','.join(str(m) for m in sequence.milestones)}"
+    return repr(sequence)
+
+
+def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
+    """The metric to show when no algorithm named one, and its mode: the first validation
+    metric (``val_*``) or else the first, minimized if it looks like a loss or error."""
+    names = sorted(set(names))
+    if not names:
+        return None, "max"
+    chosen = next((n for n in names if n.startswith("val_") and "loss" not in n), None)
+    chosen = chosen or next((n for n in names if n.startswith("val_")), names[0])
+    return chosen, ("min" if "loss" in chosen or "err" in chosen else "max")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
+    """The trial with the best final `metric` (completed trials first, as `Result.best`)."""
+    scored = [t for t in trials if metric and t.metrics and _finite(t.metrics.get(metric))]
+    if not scored:
+        return None
+    pool = [t for t in scored if t.status == COMPLETED] or scored
+    sign = 1.0 if mode == "max" else -1.0
+    return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
+
+
+def _reached(trial: Trial) -> int:
+    return trial.steps if trial.status == COMPLETED else trial.reported
+
+
+def _label(config: Config | None, parent: Config | None) -> str:
+    """What a node changes from its parent (every hyper-parameter for a root)."""
+    if config is None:
+        return ""
+    shown = [
+        f"{name}={readable(seq)}"
+        for name, seq in config.items()
+        if parent is None or name not in parent or repr(parent[name]) != repr(seq)
+    ]
+    return ", ".join(shown)
+
+
+# --------------------------------------------------------------------------- the snapshot
+
+
+def compose(
+    *,
+    study: str,
+    identity: str,
+    source: str,
+    trials: list[Trial],
+    metric: str | None,
+    mode: str,
+    counters: Mapping[str, Any],
+    configs: Mapping[str, Config],
+    trained: Mapping[str, int],
+    running: Iterable[tuple[str, int, int]] = (),
+    queued: Iterable[tuple[str, int, int]] = (),
+    critical: Iterable[tuple[str, int, int]] = (),
+) -> dict:
+    """A snapshot from parts every source can provide.
+
+    `configs` maps plan nodes to their configs (for labels), `trained` to the last step
+    trained on them; `running` and `queued` are spans of running tasks and queued stages.
+    """
+    if metric is None:
+        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+    running, queued = list(running), list(queued)
+
+    def state(node: str, start: int, end: int) -> str:
+        if end <= trained.get(node, -1):
+            return DONE
+        if any(n == node and a < end and start < b for n, a, b in running):
+            return RUNNING
+        if any(n == node and a < end and start < b for n, a, b in queued):
+            return QUEUED
+        return UNTRAINED
+
+    boundaries: dict[str, set[int]] = {}
+    for node, a, b in [*running, *queued]:
+        boundaries.setdefault(node, set()).update((a, b))
+    for node, step in trained.items():
+        boundaries.setdefault(node, set()).add(step)
+    paths = [TrialPath(t.id, t.segments) for t in sorted(trials, key=lambda t: t.id)]
+    tree = layout(paths, state, boundaries=boundaries, critical=critical)
+    labels = {
+        node: _label(configs.get(node), configs.get(parent) if parent else None)
+        for node, parent in tree.parents.items()
+    }
+    best = best_of(trials, metric, mode)
+    curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
+    for trial in sorted(trials, key=lambda t: t.id):
+        points = [(s, m[metric]) for s, m in trial.curve if metric in m and _finite(m[metric])]
+        if not points:
+            continue
+        curves["trial"].append(trial.id)
+        curves["status"].append(trial.status)
+        curves["final"].append(points[-1][1])
+        curves["config"].append(", ".join(f"{n}={readable(s)}" for n, s in trial.config.items()))
+        curves["steps"].append([s for s, _ in points])
+        curves["values"].append([float(v) for _, v in points])
+    return {
+        "format": FORMAT,
+        "study": study,
+        "identity": identity,
+        "source": source,
+        "time": time.time(),
+        "metric": metric,
+        "mode": mode,
+        "hp": sorted({name for t in trials for name in t.config}),
+        "counters": dict(counters),
+        "best": None
+        if best is None
+        else {
+            "trial": best.id,
+            "value": float(best.metrics[metric]),
+            "steps": _reached(best),
+            "status": best.status,
+            "config": {name: readable(seq) for name, seq in best.config.items()},
+        },
+        "tree": {
+            "node": [p.node for p in tree.pieces],
+            "start": [p.start for p in tree.pieces],
+            "end": [p.end for p in tree.pieces],
+            "row": [p.row for p in tree.pieces],
+            "trials": [p.trials for p in tree.pieces],
+            "state": [p.state for p in tree.pieces],
+            "critical": [p.critical for p in tree.pieces],
+            "label": [labels.get(p.node, "") for p in tree.pieces],
+        },
+        "links": {
+            "x": [x for x, _, _ in tree.links],
+            "y0": [y for _, y, _ in tree.links],
+            "y1": [y for _, _, y in tree.links],
+        },
+        "parents": dict(tree.parents),
+        "curves": curves,
+    }
+
+
+def status_counts(trials: Iterable[Trial]) -> dict[str, int]:
+    counts = dict.fromkeys(_STATUSES, 0)
+    for trial in trials:
+        counts[trial.status] = counts.get(trial.status, 0) + 1
+    return counts
+
+
+def _trained_from_trials(trials: Iterable[Trial]) -> dict[str, int]:
+    """The last step known trained on each node, from what the trials reached."""
+    trained: dict[str, int] = {}
+    for trial in trials:
+        reached = _reached(trial)
+        for node, start, end in trial.segments:
+            if reached > start:
+                trained[node] = max(trained.get(node, start), min(end, reached))
+    return trained
+
+
+def _trained_from_plan(plan: Any, nodes: Iterable[str]) -> dict[str, int]:
+    """The last step with metrics or a checkpoint on each node (training is linear along a
+    node, so everything before it was trained)."""
+    trained = {}
+    for node_id in nodes:
+        node = plan.nodes.get(node_id)
+        if node is not None:
+            trained[node_id] = max([*node.metrics, *node.checkpoints], default=node.start)
+    return trained
+
+
+def saved_seconds(report: Mapping[str, Any]) -> float:
+    """GPU-seconds reuse saved: the trial steps not executed, at the measured seconds per step."""
+    executed = report.get("executed_steps") or 0
+    if not executed:
+        return 0.0
+    per_step = report.get("gpu_seconds", 0.0) / executed
+    return max(0, report.get("trial_steps", 0) - executed) * per_step
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def result_snapshot(result: Any, name: str = "result") -> dict:
+    """A snapshot of a `Result` (its trials only: no plan, nothing running)."""
+    trials = list(result._trials)
+    configs: dict[str, Config] = {}
+    for trial in trials:
+        if trial.segments:
+            configs.setdefault(trial.segments[-1][0], trial.config)
+    for trial in trials:
+        for node, _, _ in trial.segments:
+            configs.setdefault(node, trial.config)
+    counters = {**status_counts(trials), **result.report}
+    counters["gpu_seconds_saved"] = saved_seconds(result.report)
+    return compose(
+        study=name,
+        identity="",
+        source="result",
+        trials=trials,
+        metric=result.metric,
+        mode=result.mode,
+        counters=counters,
+        configs=configs,
+        trained=_trained_from_trials(trials),
+    )
+
+
+class _Peek:
+    """`InFlight` for drawing: what running tasks will deliver, without claiming anything
+    (the coordinator's own `claim` records checkpoints for the tasks to save)."""
+
+    def __init__(self, running: Mapping[str, Any]):
+        self.running = running
+
+    def _covering(self, node: str):
+        for key, run in self.running.items():
+            for segment in run.task.segments:
+                if segment.node == node:
+                    yield key, run, segment
+
+    def claim(self, node: str, step: int) -> str | None:
+        for key, run, segment in self._covering(node):
+            if run.progress < step and segment.start < step <= segment.end:
+                return key
+        return None
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for key, run, segment in self._covering(node):
+            if run.progress < segment.end < step and (best is None or segment.end > best[0]):
+                best = (segment.end, key)
+        return best
+
+
+def live_snapshot(study: Any) -> dict:
+    """A snapshot of a running `Study` (read under its lock)."""
+    from dagtune.plan import build_stage_tree
+    from dagtune.scheduling import critical_path_priorities
+
+    with study._lock:
+        coordinator = study.coordinator
+        plan = coordinator.plan
+        trials = list(coordinator.trials.values())
+        report = coordinator.report()
+        running_tasks = dict(coordinator.running)
+        tree = build_stage_tree(plan, _Peek(running_tasks))
+        priority = critical_path_priorities(tree, coordinator.cost, plan)
+        running = []
+        for run in running_tasks.values():
+            for segment in run.task.segments:
+                if segment.end > run.progress:
+                    running.append((segment.node, max(segment.start, run.progress), segment.end))
+        queued = [(s.node, s.start, s.end) for s in tree.stages]
+        critical = _critical_spans(tree, priority, running_tasks, coordinator.cost, plan)
+        nodes = {node for t in trials for node, _, _ in t.segments}
+        configs = {n: plan.nodes[n].config for n in nodes if n in plan.nodes}
+        trained = _trained_from_plan(plan, nodes)
+        metric, mode = study._metric
+        counters = {
+            **status_counts(trials),
+            **report,
+            "gpu_seconds_saved": saved_seconds(report),
+            "running_tasks": len(running_tasks),
+            "queued_stages": len(tree.stages),
+        }
+        return compose(
+            study=study.name,
+            identity=study.identity,
+            source="live",
+            trials=trials,
+            metric=metric,
+            mode=mode,
+            counters=counters,
+            configs=configs,
+            trained=trained,
+            running=running,
+            queued=queued,
+            critical=critical,
+        )
+
+
+def _critical_spans(tree: Any, priority: list[float], running: Mapping[str, Any], cost: Any, plan: Any):
+    """The critical path: from the stage with the longest path below it (and the running
+    task it waits for, if any) down its longest branch; with nothing queued, the running
+    task with the most work left."""
+    spans: list[tuple[str, int, int]] = []
+    roots = [s for s in tree.stages if s.parent is None]
+    if roots:
+        stage = max(roots, key=lambda s: (priority[s.index], -s.index))
+        if stage.source_task in running:
+            spans.extend(_task_spans(running[stage.source_task]))
+        while True:
+            spans.append((stage.node, stage.start, stage.end))
+            if not stage.children:
+                return spans
+            stage = max((tree.stages[c] for c in stage.children), key=lambda s: priority[s.index])
+    if running:
+
+        def left(run: Any) -> float:
+            return sum((b - a) * cost.step_seconds(n, plan) for n, a, b in _task_spans(run))
+
+        spans.extend(_task_spans(max(running.values(), key=left)))
+    return spans
+
+
+def _task_spans(run: Any) -> list[tuple[str, int, int]]:
+    """What a running task still has to train."""
+    return [(s.node, max(s.start, run.progress), s.end) for s in run.task.segments if s.end > run.progress]

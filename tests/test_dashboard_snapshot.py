@@ -1,0 +1,112 @@
+"""Snapshots and the tree layout behind every view (simulated executor, fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import dagtune as dt
+from dagtune import catalog
+from dagtune.algos import GridSearch
+from dagtune.checkpoints import CheckpointStore
+from dagtune.dashboard.snapshot import live_snapshot, pick_metric, readable, result_snapshot
+from dagtune.dashboard.tree import DONE, TrialPath, layout
+from dagtune.gc import GcPolicy
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+SPACE = dt.Grid(
+    {
+        "lr": [dt.Constant(0.1), dt.MultiStep(0.1, [10, 15], 0.1)],
+        "momentum": [0.9, dt.Steps([0.9, 0.5], [6])],
+    }
+)
+
+
+def durable_sim_study(path, name="snap", workers=2) -> dt.Study:
+    store = CheckpointStore(str(path))
+    return dt.Study(
+        SyntheticTrainer, name=name, storage=str(path), executor=SimulatedExecutor(workers, store=store)
+    )
+
+
+def test_layout_cuts_paths_at_branches_and_counts_sharing():
+    trials = [
+        TrialPath(0, [("a", 0, 10)]),
+        TrialPath(1, [("a", 0, 4), ("b", 4, 10)]),
+        TrialPath(2, [("a", 0, 4), ("c", 4, 8)]),
+    ]
+    tree = layout(trials, lambda node, start, end: DONE, critical=[("b", 4, 6)])
+    pieces = {(p.node, p.start, p.end): p for p in tree.pieces}
+    assert set(pieces) == {("a", 0, 4), ("a", 4, 10), ("b", 4, 10), ("c", 4, 8)}
+    assert pieces[("a", 0, 4)].trials == 3 and pieces[("a", 4, 10)].trials == 1
+    assert [p.critical for p in tree.pieces if p.node == "b"] == [True]
+    assert tree.rows["a"] == 0 and sorted(tree.rows.values()) == [0, 1, 2]
+    assert sorted(tree.links) == sorted([(4, 0, tree.rows["b"]), (4, 0, tree.rows["c"])])
+    assert tree.children("a") == sorted(["b", "c"], key=tree.rows.__getitem__)
+
+
+def test_readable_forms_and_metric_choice():
+    assert readable(dt.Constant(0.5)) == "0.5"
+    assert readable(dt.Steps([64, 128], [18])) == "64→128@18"
+    assert readable(dt.MultiStep(0.1, [10], 0.1)) == repr(dt.MultiStep(0.1, [10], 0.1))
+    assert pick_metric(["loss", "val_loss", "val_acc"]) == ("val_acc", "max")
+    assert pick_metric(["loss", "val_loss"]) == ("val_loss", "min")
+    assert pick_metric([]) == (None, "max")
+
+
+def test_live_snapshot_shows_running_queued_and_the_critical_path(tmp_path):
+    study = durable_sim_study(tmp_path)
+    for config in SPACE:
+        study.submit(config, 20)
+    study.coordinator.pump()
+    snapshot = live_snapshot(study)
+    json.dumps(snapshot)  # JSON-ready (and so msgpack-able)
+    states = set(snapshot["tree"]["state"])
+    assert "running" in states
+    assert any(snapshot["tree"]["critical"])
+    assert snapshot["counters"]["pending"] == 4 and snapshot["counters"]["running_tasks"] >= 1
+    assert max(snapshot["tree"]["trials"]) == 4  # steps 0-6 are everyone's
+    result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=20))
+    final = live_snapshot(study)
+    assert set(final["tree"]["state"]) == {"done"}
+    assert final["best"]["value"] == min(t.metrics["val_loss"] for t in study.coordinator.trials.values())
+    assert final["metric"] == "val_loss" and final["mode"] == "min"
+    assert final["counters"]["executed_steps"] == final["counters"]["unique_steps"]
+    assert final["counters"]["gpu_seconds_saved"] > 0
+    mine = result_snapshot(result)
+    assert mine["tree"]["trials"] and set(mine["tree"]["state"]) == {"done"}
+    assert len(mine["curves"]["trial"]) == 4
+    study.close()
+
+    stored = catalog.load_study(catalog.open_storage(str(tmp_path)), "snap")
+    again = catalog.stored_snapshot(stored, "val_loss", "min")
+    assert again["tree"] == {**final["tree"], "critical": [False] * len(final["tree"]["node"])}
+    assert again["curves"] == final["curves"] and again["best"] == final["best"]
+    report = stored.report()
+    assert report["trial_steps"] == final["counters"]["trial_steps"]
+    assert report["unique_steps"] == report["plan_steps"] == final["counters"]["unique_steps"]
+
+
+def test_storage_errors_are_one_line(tmp_path):
+    with pytest.raises(catalog.StorageError, match="does not exist"):
+        catalog.open_storage(str(tmp_path / "nowhere"))
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(catalog.StorageError, match=r"no study 'x' .*studies there: none"):
+        catalog.load_study(catalog.open_storage(str(tmp_path / "runs")), "x")
+
+
+def test_collecting_garbage_from_storage_keeps_what_the_policy_keeps(tmp_path):
+    study = durable_sim_study(tmp_path, "gc")
+    study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=20))
+    study.close()
+    store = catalog.open_storage(str(tmp_path))
+    before = catalog.load_study(store, "gc").report()["checkpoints"]
+    dry = catalog.collect_garbage(store, GcPolicy(keep_best=1), dry_run=True)
+    assert catalog.load_study(store, "gc").report()["checkpoints"] == before
+    (summary,) = catalog.collect_garbage(store, GcPolicy(keep_best=1))
+    assert summary == dry[0] and 0 < summary["deleted"] < before
+    after = catalog.load_study(store, "gc")  # the drops were journaled
+    assert after.report()["checkpoints"] == before - summary["deleted"] == summary["kept"]
+    points = {(node, step) for node, step, _ in store.points(after.identity)}
+    assert points == {(n.id, s) for n in after.plan.nodes.values() for s in n.checkpoints}
