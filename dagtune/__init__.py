@@ -7,7 +7,9 @@ of stages and checkpoints (the Hippo design), scheduled by critical path on Dask
 from dagtune import algos
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
+from dagtune.gc import GcPolicy
 from dagtune.plan import merge_rate, unique_steps
+from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
     Constant,
     Cosine,
@@ -41,6 +43,7 @@ __all__ = [
     "Cosine",
     "Cyclic",
     "Exponential",
+    "GcPolicy",
     "Grid",
     "Linear",
     "MultiStep",
@@ -52,6 +55,7 @@ __all__ = [
     "Sequence",
     "Steps",
     "Study",
+    "StudyResults",
     "Trainer",
     "TrialError",
     "TrialHandle",
@@ -63,6 +67,7 @@ __all__ = [
     "isolated_rng",
     "loguniform",
     "merge_rate",
+    "open_results",
     "randint",
     "restore_rng",
     "run_alone",
