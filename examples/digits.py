@@ -19,6 +19,7 @@ from torch import nn
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.launch import StudySetup
 from dagtune.trainer import ResumableBatches, Trainer
 
 # --------------------------------------------------------------------------- the trainer
@@ -167,6 +168,12 @@ def search_space() -> dt.Grid:
             "weight_decay": [5e-4],
         }
     )
+
+
+def study_setup(epochs: int = 30) -> StudySetup:
+    """What ``dagtune run examples/digits.py`` runs: this grid on the digits CNN."""
+    algorithm = GridSearch(search_space(), metric="val_acc", mode="max", steps=epochs)
+    return StudySetup(trainer=DigitsTrainer, algorithm=algorithm, name="digits")
 
 
 def main(argv: list[str] | None = None) -> dt.Result:

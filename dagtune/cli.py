@@ -1,0 +1,390 @@
+"""The ``dagtune`` command: run a study, inspect storage, collect checkpoints, serve the page.
+
+::
+
+    dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N]
+    dagtune status STORAGE [--study NAME]
+    dagtune tree STORAGE [--study NAME]
+    dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
+    dagtune dashboard STORAGE [--port PORT]
+
+A user's mistake (a bad storage URL, an unreachable scheduler, a script that can't give a
+study) is one ``Error:`` line and a ``Hint:`` line, exit code 2; ``--debug`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from dagtune.catalog import StorageError, StoredStudy, list_studies, load_study, open_storage, stored_snapshot
+
+__all__ = ["main"]
+
+
+class UserError(click.ClickException):
+    """One line saying what is wrong and one saying what to do."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+    def format_message(self) -> str:
+        return self.message + (f"\nHint: {self.hint}" if self.hint else "")
+
+
+def _user_errors(command: Callable) -> Callable:
+    """Turn the known user mistakes into `UserError` (unless --debug)."""
+    from dagtune.launch import SetupError
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if click.get_current_context().find_root().params.get("debug"):
+            return command(*args, **kwargs)
+        try:
+            return command(*args, **kwargs)
+        except SetupError as error:
+            raise UserError(str(error), error.hint) from None
+        except StorageError as error:
+            raise UserError(
+                str(error), "give a directory or fsspec URL (s3://bucket/prefix) that a study wrote to"
+            ) from None
+
+    return wrapper
+
+
+def _console():
+    """Rich output; off a terminal (pipes, CI logs) wide enough not to wrap table cells."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+@click.group()
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="dagtune")
+def main(debug: bool) -> None:
+    """dagtune: hyper-parameter studies on Dask that never train the same prefix twice."""
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _connect(address: str):
+    from distributed import Client
+
+    try:
+        return Client(address, timeout="5s")
+    except (OSError, TimeoutError, ValueError) as error:
+        raise UserError(
+            f"cannot reach the Dask scheduler at {address}: {error}",
+            "start one with `dask scheduler` (and `dask worker ADDRESS`), or drop --scheduler for a local cluster",
+        ) from None
+
+
+def _check_storage(url: str) -> None:
+    """Fail early and clearly on a storage URL no filesystem can open."""
+    from dagtune.checkpoints import CheckpointStore
+
+    try:
+        store = CheckpointStore(url)
+        store.fs.makedirs(store.root, exist_ok=True)
+    except (ValueError, ImportError, OSError) as error:
+        raise UserError(
+            f"cannot use storage {url!r}: {type(error).__name__}: {error}",
+            "give a writable directory or an fsspec URL whose package is installed (s3:// needs s3fs)",
+        ) from None
+
+
+def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
+    resources = {}
+    for value in values:
+        name, sep, amount = value.partition("=")
+        try:
+            resources[name] = float(amount)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise UserError(f"--resources {value!r} is not NAME=AMOUNT", "e.g. --resources GPU=1")
+    return resources or None
+
+
+@main.command()
+@click.argument("target")
+@click.option("--scheduler", metavar="ADDRESS", help="A running `dask scheduler` (default: a local cluster).")
+@click.option("--storage", default="./dagtune-runs", show_default=True, help="Directory or fsspec URL.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), help="Workers of the local cluster (default: one per core)."
+)
+@click.option("--name", help="Study name (default: the setup's).")
+@click.option("--resources", multiple=True, metavar="NAME=AMOUNT", help="Per stage, e.g. GPU=1 (repeatable).")
+@click.option("--timeout", type=float, help="Give up after this many seconds.")
+@_user_errors
+def run(
+    target: str,
+    scheduler: str | None,
+    storage: str,
+    workers: int | None,
+    name: str | None,
+    resources: tuple[str, ...],
+    timeout: float | None,
+) -> None:
+    """Run the study that TARGET sets up (script.py, script.py:func or module:func)."""
+    import dagtune as dt
+    from dagtune.launch import load_setup
+    from dagtune.progress import watch
+
+    setup = load_setup(target)
+    _check_storage(storage)
+    if scheduler and workers:
+        raise UserError(
+            "--workers sizes the local cluster; it can't be used with --scheduler", "drop one of them"
+        )
+    client = _connect(scheduler) if scheduler else None
+    options = dict(setup.options)
+    parsed = _parse_resources(resources)
+    if parsed:
+        options["resources"] = parsed
+    try:
+        study = dt.Study(
+            setup.trainer,
+            setup.trainer_kwargs,
+            name=name or setup.name,
+            storage=storage,
+            client=client,
+            workers=workers,
+            **options,
+        )
+    except ValueError as error:  # e.g. resources no worker offers, a name in use by another model
+        raise UserError(str(error), "see `dagtune status STORAGE` for the studies already there") from None
+    algorithm = setup.algorithm
+    try:
+        with study, watch(study, algorithm.metric, algorithm.mode, show="terminal"):
+            result = study.run(algorithm, timeout=timeout)
+    finally:
+        if client is not None:
+            client.close()
+    _print_result(result)
+
+
+def _print_result(result: Any) -> None:
+    from rich.table import Table
+
+    console = _console()
+    report = result.report
+    best = result.best
+    if best is not None:
+        table = Table(
+            title=f"best: {result.metric} = {best.metrics[result.metric]:.4g} after {best.steps} steps"
+        )
+        table.add_column("hyper-parameter")
+        table.add_column("sequence")
+        for hp, sequence in best.config.items():
+            table.add_row(hp, repr(sequence))
+        console.print(table)
+    console.print(
+        f"{report['trials']} trials: trained {report['executed_steps']} steps for {report['trial_steps']} "
+        f"trial steps (unique {report['unique_steps']}, merge rate {report['merge_rate']:.2f}, "
+        f"reuse {report['reuse']:.2f}x) in {report['makespan_seconds']:.1f} s"
+    )
+
+
+# --------------------------------------------------------------------------- storage views
+
+
+def _studies(storage: str, study: str | None) -> list[StoredStudy]:
+    store = open_storage(storage)
+    names = [study] if study else list_studies(store)
+    if not names:
+        raise UserError(
+            f"no studies in {store.url}", "run one first: `dagtune run SCRIPT --storage " + storage + "`"
+        )
+    plans: dict = {}
+    return [load_study(store, name, plans) for name in names]
+
+
+@main.command()
+@click.argument("storage")
+@click.option("--study", help="Only this study, with its best trials.")
+@click.option("--metric", help="Metric to rank by (default: the first val_* metric).")
+@click.option("--mode", type=click.Choice(["max", "min"]), help="Whether higher or lower is better.")
+@click.option("--top", default=5, show_default=True, help="Best trials listed with --study.")
+@_user_errors
+def status(storage: str, study: str | None, metric: str | None, mode: str | None, top: int) -> None:
+    """Trials, best so far and reuse of the studies in STORAGE."""
+    from rich.table import Table
+
+    console = _console()
+    studies = _studies(storage, study)
+    table = Table(title=f"dagtune studies in {storage}")
+    for column in (
+        "study",
+        "trials",
+        "completed",
+        "pending",
+        "stopped/failed",
+        "best",
+        "trial steps",
+        "unique steps",
+        "merge rate",
+    ):
+        table.add_column(column, justify="left" if column == "study" else "right")
+    snapshots = {}
+    for stored in studies:
+        snapshot = snapshots[stored.name] = stored_snapshot(stored, metric, mode)
+        c, best = snapshot["counters"], snapshot["best"]
+        table.add_row(
+            stored.name,
+            str(c["trials"]),
+            str(c["completed"]),
+            str(c["pending"]),
+            str(c["stopped"] + c["failed"] + c["diverged"]),
+            "—" if best is None else f"{snapshot['metric']} {best['value']:.4g}",
+            str(c["trial_steps"]),
+            str(c["unique_steps"]),
+            f"{c['merge_rate']:.2f}",
+        )
+    console.print(table)
+    if study:
+        (stored,) = studies
+        snapshot = snapshots[stored.name]
+        report = stored.report()
+        console.print(
+            f"reuse: {report['trial_steps']} trial steps need {report['unique_steps']} unique steps "
+            f"(merge rate {report['merge_rate']:.2f}); the search plan of {stored.identity} holds "
+            f"{report['plan_steps']} trained steps and {report['checkpoints']} checkpoints "
+            f"({report['checkpoint_bytes'] / 1e6:.1f} MB) shared by every study of this model"
+        )
+        _print_top(console, stored, snapshot, top)
+        for incident in stored.incidents:
+            console.print(f"[yellow]incident:[/] {incident}")
+
+
+def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
+    from rich.table import Table
+
+    from dagtune.notebook import trials_frame
+
+    metric = snapshot["metric"]
+    frame = trials_frame(stored.trials)
+    if metric is None or metric not in frame or frame.empty:
+        return
+    frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
+    table = Table(title=f"best {len(frame)} trials by {metric}")
+    columns = ["trial_id", "status", "steps", metric, *snapshot["hp"]]
+    for column in columns:
+        table.add_column(column)
+    for _, row in frame.iterrows():
+        table.add_row(*(f"{row[c]:.4g}" if c == metric else str(row[c]) for c in columns))
+    console.print(table)
+
+
+@main.command()
+@click.argument("storage")
+@click.option("--study", help="Only this study.")
+@_user_errors
+def tree(storage: str, study: str | None) -> None:
+    """The stage tree of the studies in STORAGE: shared prefixes and where trials branch."""
+    from rich.tree import Tree
+
+    from dagtune.dashboard.figures import COLORS
+
+    console = _console()
+    for stored in _studies(storage, study):
+        snapshot = stored_snapshot(stored)
+        pieces: dict[str, list[int]] = {}
+        for i, node in enumerate(snapshot["tree"]["node"]):
+            pieces.setdefault(node, []).append(i)
+        ends: dict[str, list[str]] = {}
+        metric = snapshot["metric"]
+        for trial in stored.trials:
+            value = (trial.metrics or {}).get(metric)
+            shown = f"{value:.4g}" if isinstance(value, float) else "—"
+            ends.setdefault(trial.segments[-1][0], []).append(f"#{trial.id} {shown}")
+        root = Tree(f"[bold]{stored.name}[/] ({len(stored.trials)} trials, {metric})")
+        branches: dict[str | None, Any] = {None: root}
+        parents = snapshot["parents"]
+        for node in sorted(parents, key=lambda n: snapshot["tree"]["row"][pieces[n][0]]):
+            t = snapshot["tree"]
+            runs = " ".join(
+                f"[{COLORS.get(t['state'][i], 'white')}]{t['start'][i]}–{t['end'][i]}[/]×{t['trials'][i]}"
+                for i in pieces[node]
+            )
+            label = t["label"][pieces[node][0]]
+            trials = f"  → {', '.join(ends[node])}" if node in ends else ""
+            branches[node] = branches[parents[node]].add(f"{runs}  [dim]{label}[/]{trials}")
+        console.print(root)
+
+
+@main.command()
+@click.argument("storage")
+@click.option(
+    "--keep-best", default=3, show_default=True, help="Keep the latest checkpoints of this many best trials."
+)
+@click.option(
+    "--budget", "budget_bytes", type=int, help="Evict kept checkpoints until they fit in this many bytes."
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@_user_errors
+def gc(storage: str, keep_best: int, budget_bytes: int | None, dry_run: bool) -> None:
+    """Delete the checkpoints of STORAGE that no study keeps (what pending trials resume
+    from is always kept)."""
+    from rich.table import Table
+
+    from dagtune.catalog import collect_garbage
+    from dagtune.gc import GcPolicy
+
+    store = open_storage(storage)
+    summaries = collect_garbage(
+        store, GcPolicy(keep_best=keep_best, budget_bytes=budget_bytes), dry_run=dry_run
+    )
+    table = Table(title="checkpoints" + (" (dry run: nothing deleted)" if dry_run else ""))
+    for column in ("model identity", "deleted", "kept", "protected", "MB before", "MB after"):
+        table.add_column(column, justify="right")
+    for s in summaries:
+        table.add_row(
+            s["identity"],
+            str(s["deleted"]),
+            str(s["kept"]),
+            str(s["protected"]),
+            f"{s['bytes_before'] / 1e6:.1f}",
+            f"{s['bytes_after'] / 1e6:.1f}",
+        )
+    _console().print(table)
+
+
+@main.command()
+@click.argument("storage")
+@click.option("--study", "studies", multiple=True, help="Only these studies (repeatable).")
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8790, show_default=True, help="0: any free port.")
+@click.option("--refresh", default=5.0, show_default=True, help="Seconds between re-reading storage.")
+@_user_errors
+def dashboard(storage: str, studies: tuple[str, ...], address: str, port: int, refresh: float) -> None:
+    """Serve the dagtune page for the studies in STORAGE (no study needs to run)."""
+    from dagtune.dashboard.server import serve
+
+    try:
+        server = serve(storage, names=list(studies) or None, address=address, port=port, refresh=refresh)
+    except OSError as error:
+        raise UserError(
+            f"cannot listen on {address}:{port}: {error}", "choose another --port (0: any free one)"
+        ) from None
+    click.echo(f"dagtune dashboard: http://{address}:{server.port}/dagtune (Ctrl-C stops it)")
+    sys.stdout.flush()
+    try:
+        server.io_loop.start()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+if __name__ == "__main__":  # python -m dagtune.cli
+    main(prog_name="dagtune")

@@ -1,0 +1,141 @@
+"""What ``dagtune run TARGET`` runs: a study setup returned by a function of the user's.
+
+`TARGET` is ``path/to/script.py`` (its function ``study_setup``), ``path/to/script.py:func``
+or ``package.module:func``. The function takes no arguments and returns a `StudySetup` (or
+a dict of its fields): the trainer, the algorithm and what else the `Study` needs. The
+command line adds where it runs (scheduler, storage, workers). A script is imported as a
+module named after its file with its directory on ``sys.path``, so Dask workers started
+from here can import its trainer too (on a remote cluster, its workers must find it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dagtune.algos._base import Algorithm
+from dagtune.trainer import Trainer
+
+__all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]
+
+DEFAULT_FUNCTION = "study_setup"
+
+
+class SetupError(ValueError):
+    """The target can't give a study setup; `hint` says what to do."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass
+class StudySetup:
+    """A study to run: `Study(trainer, trainer_kwargs, name, **options)` then `run(algorithm)`."""
+
+    trainer: type[Trainer]
+    algorithm: Algorithm
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = "study"
+    options: dict[str, Any] = field(default_factory=dict)  # seed, reuse, resources, gc, ...
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trainer, type) or not issubclass(self.trainer, Trainer):
+            raise SetupError(f"trainer must be a dagtune.Trainer subclass, got {self.trainer!r}")
+        if not isinstance(self.algorithm, Algorithm):
+            raise SetupError(f"algorithm must be a dagtune.algos algorithm, got {self.algorithm!r}")
+
+
+def _split(target: str) -> tuple[str, str | None]:
+    """``(module or path, function)``; a Windows drive letter is not a separator."""
+    head, sep, tail = target.rpartition(":")
+    if sep and tail and not (len(head) == 1 and head.isalpha()) and "/" not in tail:
+        return head, tail
+    return target, None
+
+
+def _import_script(path: str):
+    if not os.path.isfile(path):
+        raise SetupError(f"no script {path!r}", "give a path to a .py file, or module:function")
+    directory, name = os.path.split(os.path.abspath(path))
+    module_name = os.path.splitext(name)[0]
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        sys.modules.pop(module_name, None)
+        raise SetupError(*_describe_failure(error, path)) from error
+    return module
+
+
+def _describe_failure(error: BaseException, path: str) -> tuple[str, str]:
+    """Where in the user's file importing it failed, in one line."""
+    if isinstance(error, SyntaxError):
+        return (
+            f"{path}:{error.lineno}: SyntaxError: {error.msg}",
+            "fix the script; `python -m py_compile SCRIPT` checks it",
+        )
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if os.path.abspath(f.filename) == os.path.abspath(path)
+    ]
+    where = f"{path}:{frames[-1].lineno}" if frames else path
+    return (
+        f"{where}: importing the script raised {type(error).__name__}: {error}",
+        "run `python SCRIPT` to see the whole traceback, or add --debug",
+    )
+
+
+def load_setup(target: str) -> StudySetup:
+    """The `StudySetup` that `target`'s function returns (see the module docstring)."""
+    location, function = _split(target)
+    if location.endswith(".py") or os.sep in location:
+        module = _import_script(location)
+        function = function or DEFAULT_FUNCTION
+    else:
+        if function is None:
+            raise SetupError(
+                f"{target!r} is neither a .py script nor module:function",
+                f"e.g. `dagtune run examples/digits.py` or `dagtune run mypackage.tuning:{DEFAULT_FUNCTION}`",
+            )
+        try:
+            module = importlib.import_module(location)
+        except ImportError as error:
+            raise SetupError(
+                f"cannot import {location!r}: {error}", "is it installed, or on PYTHONPATH?"
+            ) from None
+    make = getattr(module, function, None)
+    if not callable(make):
+        raise SetupError(
+            f"{location} has no function {function!r}",
+            f"define `def {function}(): return dagtune.launch.StudySetup(trainer=..., algorithm=...)`",
+        )
+    made = make()
+    if isinstance(made, dict):
+        unknown = sorted(set(made) - {f.name for f in fields(StudySetup)})
+        if unknown:
+            raise SetupError(
+                f"{function}() returned unknown setup keys {unknown}", "see dagtune.launch.StudySetup"
+            )
+        try:
+            made = StudySetup(**made)
+        except TypeError as error:
+            raise SetupError(
+                f"{function}() returned an incomplete setup: {error}", "it needs trainer and algorithm"
+            ) from None
+    if not isinstance(made, StudySetup):
+        raise SetupError(
+            f"{function}() returned {type(made).__name__}, not a StudySetup",
+            "return dagtune.launch.StudySetup(trainer=..., algorithm=...) or a dict of its fields",
+        )
+    return made

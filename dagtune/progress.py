@@ -1,0 +1,181 @@
+"""Progress of a running study: a bar in a terminal, log lines elsewhere, HTML in Jupyter.
+
+`watch(study, ...)` is a context manager around long work (``study.run``): a daemon
+thread reads the study's state every `interval` seconds (under the study's lock, which the
+waiting caller releases) and shows trials finished, steps trained against steps reuse
+saved, and the best metric so far. Where it shows them:
+
+- ``"terminal"``: a rich progress bar when the stream is a terminal, else one plain log
+  line at most every `log_seconds` (and whenever a trial finishes), so CI logs stay short;
+- ``"notebook"``: a live HTML view in Jupyter (`dagtune.notebook.LiveView`), nothing
+  outside Jupyter;
+- ``"auto"``: the notebook view in Jupyter, else the terminal forms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from dagtune.coordinator import PENDING
+
+__all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
+
+
+@dataclass(frozen=True)
+class ProgressState:
+    """What progress displays show."""
+
+    study: str
+    trials: int
+    finished: int
+    trained: int  # executed steps
+    trial_steps: int
+    best: float | None
+    metric: str | None
+    elapsed: float
+
+    @property
+    def saved(self) -> int:
+        """Steps a trial-based system would have trained on top of what was trained."""
+        return max(0, self.trial_steps - self.trained)
+
+    def line(self) -> str:
+        best = f", best {self.metric} {self.best:.4g}" if self.best is not None else ""
+        return (
+            f"dagtune {self.study}: {self.finished}/{self.trials} trials finished, "
+            f"{self.trained} steps trained, {self.saved} saved by reuse{best}, {self.elapsed:.0f} s"
+        )
+
+
+def read_state(study: Any, metric: str | None, mode: str, started: float) -> ProgressState:
+    """The study's progress now (taken under its lock)."""
+    from dagtune.dashboard.snapshot import best_of, pick_metric
+
+    with study._lock:
+        trials = list(study.coordinator.trials.values())
+        report = study.coordinator.report(trials)
+    if metric is None:
+        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+    best = best_of(trials, metric, mode)
+    return ProgressState(
+        study=study.name,
+        trials=len(trials),
+        finished=sum(1 for t in trials if t.status != PENDING),
+        trained=report["executed_steps"],
+        trial_steps=report["trial_steps"],
+        best=None if best is None else float(best.metrics[metric]),
+        metric=metric,
+        elapsed=time.monotonic() - started,
+    )
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _Lines:
+    """Plain log lines: one per finished trial count change, at most every `every` s."""
+
+    def __init__(self, stream: IO[str], every: float):
+        self.stream, self.every = stream, every
+        self._at, self._finished = -float("inf"), -1
+
+    def show(self, state: ProgressState, final: bool = False) -> None:
+        now = time.monotonic()
+        if final or (state.finished != self._finished and now - self._at >= self.every):
+            print(state.line(), file=self.stream, flush=True)
+            self._at, self._finished = now, state.finished
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _Bar:
+    """A rich progress bar over trials, with steps and the best metric beside it."""
+
+    def __init__(self, stream: IO[str]):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("trials · {task.fields[steps]} · {task.fields[best]}"),
+            TimeElapsedColumn(),
+            console=Console(file=stream),
+            transient=False,
+        )
+        self.task = self.progress.add_task("dagtune", total=None, steps="", best="")
+        self.progress.start()
+
+    def show(self, state: ProgressState, final: bool = False) -> None:
+        best = f"best {state.metric} {state.best:.4g}" if state.best is not None else "no result yet"
+        self.progress.update(
+            self.task,
+            description=state.study,
+            completed=state.finished,
+            total=max(state.trials, 1),
+            steps=f"{state.trained} steps trained, {state.saved} saved by reuse",
+            best=best,
+        )
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _display(study: Any, show: str, stream: IO[str], log_seconds: float):
+    if show not in ("auto", "terminal", "notebook"):
+        raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
+    if show in ("auto", "notebook") and in_notebook():
+        from dagtune.notebook import LiveView
+
+        return LiveView(study)
+    if show == "notebook":
+        return None
+    if stream.isatty():
+        return _Bar(stream)
+    return _Lines(stream, log_seconds)
+
+
+@contextlib.contextmanager
+def watch(
+    study: Any,
+    metric: str | None = None,
+    mode: str = "max",
+    *,
+    show: str = "auto",
+    stream: IO[str] | None = None,
+    interval: float = 0.5,
+    log_seconds: float = 10.0,
+) -> Iterator[None]:
+    """Show the study's progress while the block runs (see the module docstring)."""
+    stream = stream or sys.stderr
+    display = _display(study, show, stream, log_seconds)
+    if display is None:
+        yield
+        return
+    started = time.monotonic()
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(interval):
+            display.show(read_state(study, metric, mode, started))
+
+    thread = threading.Thread(target=loop, name=f"dagtune-progress-{study.name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        display.show(read_state(study, metric, mode, started), final=True)
+        display.close()
