@@ -612,9 +612,14 @@ class Study:
         self._closed = True
         if getattr(self, "_driver", None) is not None:
             self._driver.join(timeout=5)
-        if getattr(self, "coordinator", None) is not None:
-            with self._lock:
-                self._tick(force=True)
+        try:
+            if getattr(self, "coordinator", None) is not None:
+                with self._lock:
+                    self._tick(force=True)  # the last journal batch and results
+        finally:
+            self._stop_execution()
+
+    def _stop_execution(self) -> None:
         if getattr(self, "executor", None) is not None:
             self.executor.close()
         if self._owned_cluster is not None:

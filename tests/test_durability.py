@@ -19,9 +19,9 @@ from durable_helpers import SECRET
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.config import config_dumps, normalize_config
+from dagtune.config import config_dumps, config_to_json, normalize_config
 from dagtune.gc import GcPolicy
-from dagtune.plan import SearchPlan
+from dagtune.plan import CheckpointInfo, SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal, encode_line
 from dagtune.results import open_results
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
@@ -256,6 +256,34 @@ def test_corrupt_and_foreign_journal_lines_are_reported_with_their_place_and_ski
         assert reopened.identity == identity
         assert len(reopened.incidents) == 4
         assert reopened.evaluate(config, 6) == final(config, 6)
+
+
+def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(storage):
+    fs, root = storage.fs()
+    directory = f"{root}/journal-merge"
+    builder = SearchPlan()
+    builder.locate(normalize_config({"lr": 0.1}), 6, create=True)
+    child = builder.locate(normalize_config({"lr": dt.Steps([0.1, 0.01], [3])}), 6, create=True)
+    events = []
+    builder.listeners.append(events.append)
+    builder.record_checkpoint(child, 6, CheckpointInfo(10, "ab"))
+    root_event, child_event = (
+        {"e": "node", "id": n.id, "parent": n.parent, "start": n.start, "config": config_to_json(n.config)}
+        for n in builder.nodes.values()
+    )
+    late, early = Journal(fs, directory), Journal(fs, directory)
+    early.append(events[0])  # the child's checkpoint, written first, by a writer that never saw the node
+    early.append(child_event)
+    early.flush()
+    late.append(root_event)
+    late.flush()
+    fs.pipe_file(f"{directory}/notes.txt", b"not a journal")
+    plan = SearchPlan()
+    loader = PlanJournal(plan, Journal(fs, directory))
+    loader.load()
+    assert set(plan.nodes) == set(builder.nodes)
+    assert plan.nodes[child].checkpoints == {6: CheckpointInfo(10, "ab")}
+    assert loader.journal.incidents == [f"{directory}/notes.txt: not a journal file of this format; ignored"]
 
 
 class Exploding(SyntheticTrainer):
