@@ -186,14 +186,14 @@ def trials_frame(trials: Iterable[Any]):
     return pd.DataFrame(rows)
 
 
-def plot_curves(result: Any, **kwargs: Any):
+def plot_curves(result: Any, width: int = 800, height: int = 320):
     """`Result.plot_curves`: a Bokeh figure of the metric's learning curves."""
-    return curves_figure(result_snapshot(result), **kwargs)
+    return curves_figure(result_snapshot(result), width, height)
 
 
-def plot_tree(result: Any, **kwargs: Any):
+def plot_tree(result: Any, width: int = 800, height: int = 360):
     """`Result.plot_tree`: a Bokeh figure of the trials' stage tree."""
-    return tree_figure(result_snapshot(result), **kwargs)
+    return tree_figure(result_snapshot(result), width, height)
 
 
 class LiveView:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any
 
 from bokeh.layouts import column
 from bokeh.models import ColorBar, ColumnDataSource, Div, HoverTool, LinearColorMapper
@@ -228,15 +227,15 @@ class StudyView:
         self.counters.text = counters_html(snapshot)
 
 
-def tree_figure(snapshot: dict, **kwargs: Any):
+def tree_figure(snapshot: dict, width: int = 800, height: int = 360):
     """A static figure of a snapshot's stage tree."""
-    view = StudyView(**kwargs)
+    view = StudyView(width=width, tree_height=height)
     view.update(snapshot)
     return view.tree
 
 
-def curves_figure(snapshot: dict, **kwargs: Any):
+def curves_figure(snapshot: dict, width: int = 800, height: int = 320):
     """A static figure of a snapshot's learning curves."""
-    view = StudyView(**kwargs)
+    view = StudyView(width=width, curves_height=height)
     view.update(snapshot)
     return view.curves_figure

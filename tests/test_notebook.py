@@ -1,0 +1,123 @@
+"""Jupyter: HTML views, figures, the tidy trials table, the live view in a real kernel, and
+examples/quickstart.ipynb run top to bottom with nbclient."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import dagtune as dt
+from dagtune.algos import GridSearch
+from dagtune.checkpoints import CheckpointStore
+from dagtune.notebook import plot_curves, plot_tree, result_html, stage_tree_html, study_html, trials_frame
+from dagtune.plan import build_stage_tree
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+SPACE = dt.Grid(
+    {
+        "lr": [dt.Constant(0.1), dt.MultiStep(0.1, [4], 0.1)],
+        "momentum": [0.9, dt.Steps([0.9, 0.5], [3])],
+    }
+)
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+@pytest.fixture
+def finished(tmp_path):
+    study = dt.Study(
+        SyntheticTrainer,
+        name="nb",
+        storage=str(tmp_path),
+        executor=SimulatedExecutor(2, store=CheckpointStore(str(tmp_path))),
+    )
+    result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8))
+    yield study, result
+    study.close()
+
+
+def test_html_views_show_summary_best_trial_and_tree(finished):
+    study, result = finished
+    page = study_html(study)
+    assert "Study &#x27;nb&#x27;" in page and "32 trial · 21 unique · 21 executed" in page
+    assert "best val_loss" in page and "<svg" in page and "0.9→0.5@3" in page
+    assert "4 completed" in result_html(result)
+
+
+def test_stage_tree_html_lists_stages_under_their_parents(tmp_path):
+    study = dt.Study(
+        SyntheticTrainer,
+        name="t",
+        storage=str(tmp_path),
+        executor=SimulatedExecutor(1, store=CheckpointStore(str(tmp_path))),
+    )
+    for config in SPACE:
+        study.submit(config, 8)
+    tree = build_stage_tree(study.plan)
+    html = stage_tree_html(tree)
+    assert f"{len(tree.stages)} stages, {tree.total_steps} steps to train" in html
+    assert html.count("<tr>") == len(tree.stages) + 1
+    assert "empty stage tree" in stage_tree_html(type(tree)([]))
+
+
+def test_trials_frame_has_one_column_per_hyper_parameter(finished):
+    _, result = finished
+    frame = trials_frame(result._trials)
+    assert list(frame.columns[:3]) == ["trial_id", "status", "steps"]
+    assert {"lr", "momentum", "val_loss"} <= set(frame.columns)
+    assert sorted(frame["momentum"]) == ["0.9", "0.9", "0.9→0.5@3", "0.9→0.5@3"]
+
+
+def test_figures_hold_the_curves_and_the_tree(finished):
+    _, result = finished
+    curves = plot_curves(result)
+    lines = next(r for r in curves.renderers if "xs" in r.data_source.data)
+    assert len(lines.data_source.data["xs"]) == 4 and curves.yaxis[0].axis_label == "val_loss"
+    tree = plot_tree(result)
+    bars = next(r for r in tree.renderers if "state" in r.data_source.data)
+    assert max(bars.data_source.data["trials"]) == 4 and set(bars.data_source.data["state"]) == {"done"}
+
+
+def _execute(notebook, cwd: str):
+    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed")
+    nbclient.NotebookClient(
+        notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": cwd}}
+    ).execute()
+    return [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+
+
+@pytest.mark.slow
+def test_live_view_updates_in_a_real_kernel(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import dagtune as dt\n"
+            "from dagtune.algos import GridSearch\n"
+            "from dagtune.checkpoints import CheckpointStore\n"
+            "from dagtune.progress import watch\n"
+            "from dagtune.sim import SimulatedExecutor, SyntheticTrainer\n"
+            "space = dt.Grid({'lr': [0.1, dt.MultiStep(0.1, [4], 0.1)]})\n"
+            f"study = dt.Study(SyntheticTrainer, name='live', storage={str(tmp_path)!r},\n"
+            f"                 executor=SimulatedExecutor(2, store=CheckpointStore({str(tmp_path)!r})))\n"
+            "with watch(study, 'val_loss', 'min', show='notebook', interval=0.05):\n"
+            "    study.run(GridSearch(space, metric='val_loss', mode='min', steps=8))"
+        )
+    ]
+    (view,) = [o for o in _execute(notebook, str(tmp_path)) if o.output_type == "display_data"]
+    html = view["data"]["text/html"]
+    assert "dagtune live: 2/2 trials finished" in html and "2 completed" in html and "<svg" in html
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs_top_to_bottom():
+    nbformat = pytest.importorskip("nbformat")
+    notebook = nbformat.read(os.path.join(EXAMPLES, "quickstart.ipynb"), as_version=4)
+    outputs = _execute(notebook, EXAMPLES)
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "12 trials, merge rate 1.62" in text and "'executed_steps': 148" in text
+    tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert any("0.5→0.9@5" in table for table in tables)  # the tidy trials table
+    shown = [o for o in outputs if "application/vnd.bokehjs_exec.v0+json" in o.get("data", {})]
+    assert len(shown) == 2  # the curves and the tree
