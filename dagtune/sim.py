@@ -218,11 +218,12 @@ class SyntheticTrainer(Trainer):
             float(self.hp["weight_decay"]),
             self.noise / math.sqrt(float(self.hp["batch_size"]) / 128),
         )
-        rng = np.random.default_rng([self.seed, self.step])
+        noise = scale * np.random.default_rng([self.seed, self.step]).standard_normal(
+            (self.inner, self.w.size)
+        )
         with np.errstate(over="ignore", invalid="ignore"):
-            for _ in range(self.inner):
-                grad = self.curvature * (self.w - self.target) + decay * self.w
-                grad = grad + scale * rng.normal(size=self.w.shape)
+            for k in range(self.inner):
+                grad = self.curvature * (self.w - self.target) + decay * self.w + noise[k]
                 self.v = momentum * self.v + grad
                 self.w = self.w - lr * self.v
         self.step += 1

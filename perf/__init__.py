@@ -1,0 +1,1 @@
+"""dagtune's benchmarks: ``python -m perf`` (see perf/run.py)."""

@@ -1,0 +1,88 @@
+"""Run every benchmark and write perf/RESULTS.md and perf/results.json.
+
+    python -m perf            quick mode (about 10 minutes on 2 cores)
+    python -m perf --full     the larger versions
+    python -m perf --smoke    a minute-long check that every benchmark still runs (writes to
+                              a temporary directory unless --out is given)
+    python -m perf --only paper,dispatch
+
+Timings are ratios measured side by side in one run; the machine is described at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perf.machine import describe
+
+BENCHMARKS = (
+    ("paper", "1. The paper's single studies, simulated at the paper's scale (40 GPUs)"),
+    ("multistudy", "2. Several studies sharing one plan (simulated, 40 GPUs)"),
+    ("raytune", "3. Real training against Ray Tune (2 workers of this machine)"),
+    ("planner_bench", "4. Planner scale"),
+    ("dispatch", "5. Dispatch overhead through Dask"),
+    ("checkpoint_io", "6. Checkpoint I/O"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__.splitlines()[0])
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--full", action="store_true", help="run the larger versions")
+    modes.add_argument("--smoke", action="store_true", help="tiny versions, to check the benchmarks run")
+    parser.add_argument(
+        "--only", help="comma-separated benchmark names: " + ", ".join(n for n, _ in BENCHMARKS)
+    )
+    parser.add_argument("--out", type=Path, help="directory for RESULTS.md and results.json (default: perf/)")
+    args = parser.parse_args(argv)
+    mode = "full" if args.full else "smoke" if args.smoke else "quick"
+    chosen = set(args.only.split(",")) if args.only else {name for name, _ in BENCHMARKS}
+    unknown = chosen - {name for name, _ in BENCHMARKS}
+    if unknown:
+        parser.error(f"unknown benchmark(s) {sorted(unknown)}")
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="dagtune-perf-")) if args.smoke else Path(__file__).parent
+    )
+    out.mkdir(parents=True, exist_ok=True)
+
+    command = "python -m perf" + {"quick": "", "full": " --full", "smoke": " --smoke"}[mode]
+    if args.only:
+        command += f" --only {args.only}"
+    results = {"mode": mode, "command": command, "machine": describe(), "benchmarks": {}}
+    sections = []
+    began = time.perf_counter()
+    for name, title in BENCHMARKS:
+        if name not in chosen:
+            continue
+        print(f"[perf] {title} ...", flush=True)
+        module = importlib.import_module(f"perf.{name}")
+        started = time.perf_counter()
+        result = module.benchmark(mode)
+        result["seconds"] = time.perf_counter() - started
+        results["benchmarks"][name] = result
+        sections.append(
+            f"## {title}\n\n{module.__doc__.strip()}\n\n{module.markdown(result)}\n\n"
+            f"_({result['seconds']:.0f} s)_"
+        )
+        print(f"[perf] done in {result['seconds']:.0f} s", flush=True)
+    results["seconds"] = time.perf_counter() - began
+
+    machine = ", ".join(f"{k} {v}" for k, v in results["machine"].items())
+    header = (
+        f"# dagtune benchmarks\n\nProduced by `{command}` in {results['seconds'] / 60:.1f} minutes on: "
+        f"{machine}.\n\nEvery timing below is a ratio or a side-by-side measurement from this one run."
+    )
+    (out / "RESULTS.md").write_text(header + "\n\n" + "\n\n".join(sections) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"[perf] wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
