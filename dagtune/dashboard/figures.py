@@ -118,6 +118,7 @@ class StudyView:
             {name: [] for name in ("xs", "ys", "trial", "final", "status", "config")}
         )
         sizing = {"sizing_mode": "stretch_width"} if stretch else {}
+        self.min_tree_height = tree_height
         self.counters = Div(text="", name="dagtune-counters", sizing_mode="stretch_width")
 
         tree = figure(
@@ -225,6 +226,8 @@ class StudyView:
         self.curves_figure.yaxis.axis_label = metric
         self.tree.title.text = "Stage tree (width: trials sharing a stage; red glow: critical path)"
         self.counters.text = counters_html(snapshot)
+        rows = max(snapshot["tree"]["row"], default=0) + 1
+        self.tree.height = max(self.min_tree_height, 90 + 18 * rows)  # room for every branch
 
 
 def tree_figure(snapshot: dict, width: int = 800, height: int = 360):
