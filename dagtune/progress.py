@@ -10,6 +10,9 @@ saved, and the best metric so far. Where it shows them:
 - ``"notebook"``: a live HTML view in Jupyter (`dagtune.notebook.LiveView`), nothing
   outside Jupyter;
 - ``"auto"``: the notebook view in Jupyter, else the terminal forms.
+
+Watches don't nest: inside a block already watching a study (``dagtune run`` around
+``Study.run``, which watches for notebooks itself), another watch of it shows nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import IO, Any
 from dagtune.coordinator import PENDING
 
 __all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
+
+_watched: set[int] = set()  # ids of the studies being watched
+_watched_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -158,8 +164,25 @@ def watch(
     log_seconds: float = 10.0,
 ) -> Iterator[None]:
     """Show the study's progress while the block runs (see the module docstring)."""
-    stream = stream or sys.stderr
-    display = _display(study, show, stream, log_seconds)
+    with _watched_lock:
+        nested = id(study) in _watched
+        _watched.add(id(study))
+    if nested:
+        yield
+        return
+    try:
+        with _showing(
+            study, metric, mode, _display(study, show, stream or sys.stderr, log_seconds), interval
+        ):
+            yield
+    finally:
+        with _watched_lock:
+            _watched.discard(id(study))
+
+
+@contextlib.contextmanager
+def _showing(study: Any, metric: str | None, mode: str, display: Any, interval: float) -> Iterator[None]:
+    """Refresh `display` (if any) from a daemon thread while the block runs."""
     if display is None:
         yield
         return

@@ -149,8 +149,13 @@ def test_progress_degrades_to_log_lines_off_a_terminal(tmp_path):
     study = dt.Study(
         SyntheticTrainer, name="p", storage=str(tmp_path), executor=SimulatedExecutor(2, store=store)
     )
-    with watch(study, "val_loss", "min", show="terminal", stream=stream, interval=0.05):
+    inner = io.StringIO()
+    with (
+        watch(study, "val_loss", "min", show="terminal", stream=stream, interval=0.05),
+        watch(study, show="terminal", stream=inner, interval=0.05),  # nested: shows nothing
+    ):
         study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8))
+    assert inner.getvalue() == ""
     last = stream.getvalue().strip().splitlines()[-1]
     assert last.startswith(
         "dagtune p: 4/4 trials finished, 21 steps trained, 11 saved by reuse, best val_loss "
