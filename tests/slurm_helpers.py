@@ -145,6 +145,8 @@ def local_slurm(base: Path, cpus: int = 2, memory_mb: int = 4000) -> Iterator[di
             "PATH": os.path.dirname(tools["sbatch"]) + os.pathsep + os.environ.get("PATH", ""),
         }
     finally:
+        if len(processes) == 3:  # the controller is up: end every job before the daemons
+            _drain(tools, env)
         for process in reversed(processes):
             process.terminate()
         for process in reversed(processes):
@@ -153,6 +155,21 @@ def local_slurm(base: Path, cpus: int = 2, memory_mb: int = 4000) -> Iterator[di
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=5)
+
+
+def _drain(tools: dict[str, str], env: dict[str, str], timeout: float = 60) -> None:
+    """Cancel this Slurm's jobs and wait until none is left (their steps exit with them)."""
+
+    def jobs() -> list[str]:
+        out = subprocess.run([tools["squeue"], "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+        return out.stdout.split()
+
+    pending = jobs()
+    if pending:
+        subprocess.run([tools["scancel"], *pending], env=env, capture_output=True)
+    deadline = time.monotonic() + timeout
+    while jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
