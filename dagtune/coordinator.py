@@ -166,25 +166,14 @@ class Coordinator:
         and resume from the latest committed checkpoint the plan knows."""
         states: dict[int, dict] = {}
         for record in records:
-            kind, trial_id = record.get("r"), record.get("trial")
-            if kind == "submit":
-                states[trial_id] = {
-                    "config": record["config"],
-                    "steps": record["steps"],
-                    "tag": record.get("tag"),
-                }
-                states[trial_id].update(status=PENDING, metrics=None, error=None, reached=0)
-            elif kind == "extend" and trial_id in states:
-                states[trial_id].update(steps=record["steps"], status=PENDING)
-            elif kind == "end" and trial_id in states:
-                states[trial_id].update(
-                    status=record["status"], metrics=record.get("metrics"), error=record.get("error")
-                )
-                states[trial_id]["reached"] = record.get("steps", 0)
+            try:
+                self._fold(states, record)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                self.incidents.append(f"unreadable trial record {record!r} ({error!r}); skipped")
         restored = []
         for trial_id in sorted(states):
             state = states[trial_id]
-            config = config_from_json(state["config"])
+            config = state["config"]
             trial = Trial(trial_id, config, state["steps"], state["tag"], submitted_at=self.executor.now())
             if not self.share:
                 trial.salt = f"{self.name}/{trial.id}"
@@ -203,6 +192,32 @@ class Coordinator:
             trial.status, trial.error = state["status"], state["error"]
             trial.finished_at = trial.submitted_at
         return restored
+
+    @staticmethod
+    def _fold(states: dict[int, dict], record: dict) -> None:
+        """Apply one trial record to the trial states being restored."""
+        kind, trial_id = record.get("r"), record.get("trial")
+        if kind == "submit":
+            if isinstance(trial_id, bool) or not isinstance(trial_id, int) or trial_id < 0:
+                raise ValueError(f"bad trial id {trial_id!r}")
+            states[trial_id] = {
+                "config": config_from_json(record["config"]),
+                "steps": int(record["steps"]),
+                "tag": record.get("tag"),
+                "status": PENDING,
+                "metrics": None,
+                "error": None,
+                "reached": 0,
+            }
+        elif kind == "extend" and trial_id in states:
+            states[trial_id].update(steps=int(record["steps"]), status=PENDING)
+        elif kind == "end" and trial_id in states:
+            states[trial_id].update(
+                status=str(record["status"]),
+                metrics=record.get("metrics"),
+                error=record.get("error"),
+                reached=int(record.get("steps", 0)),
+            )
 
     def _record(self, record: dict) -> None:
         for recorder in self.recorders:

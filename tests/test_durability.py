@@ -126,6 +126,18 @@ def test_the_same_study_name_with_another_model_is_refused(storage):
         study_on(storage, "named", kwargs={"dim": 4})
 
 
+def test_an_unreadable_trial_record_is_reported_and_the_rest_resumes(storage):
+    with study_on(storage, "records") as first:
+        first.submit({"lr": 0.1}, 3).result()
+        directory = f"{first.store.root}/studies/records/journal"
+    fs, _ = storage.fs()
+    Journal(fs, directory).append({"r": "submit", "trial": 7, "steps": 2}, sync=True)  # no config
+    with study_on(storage, "records") as again:
+        assert [t.status for t in again.trials] == ["completed"]
+        (incident,) = again.incidents
+        assert "unreadable trial record" in incident and "'trial': 7" in incident
+
+
 def test_results_are_a_zarr_group_with_learning_curves(storage):
     configs = list(SPACE)[:3]
     with study_on(storage, "zarr", eval_every=2) as study:
