@@ -11,7 +11,9 @@ zarr, xarray or `open_results` (pandas). The group lives at
 
 with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
 name, since a metric name may hold characters an array name can't). Rows are trial ids.
-Writing rewrites only the rows of trials that changed since the last write. Needs zarr>=3.
+Writing rewrites only the rows of trials that changed since the last write. Works with
+zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their two ways of making
+an array and of storing variable-length text.
 """
 
 from __future__ import annotations
@@ -31,7 +33,26 @@ __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 FORMAT = "dagtune-results/1"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_TEXT = np.dtypes.StringDType()  # zarr's variable-length "string" type (fixed-width ones are unspecified)
+
+def _zarr2() -> bool:
+    import zarr
+
+    return int(zarr.__version__.split(".")[0]) < 3
+
+
+def _text(values: list[str]) -> np.ndarray:
+    """Variable-length text: numpy's StringDType for zarr 3, objects for zarr 2's VLenUTF8."""
+    return np.array(values, dtype=object if _zarr2() else np.dtypes.StringDType())
+
+
+def _create(group: Any, name: str, *, shape, dtype, chunks, **kwargs):
+    if not _zarr2():
+        return group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, **kwargs)
+    if np.dtype(dtype) == np.dtype(object):
+        import numcodecs
+
+        kwargs["object_codec"] = numcodecs.VLenUTF8()
+    return group.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks, **kwargs)
 
 
 def results_url(storage: str, name: str) -> str:
@@ -79,10 +100,10 @@ class ResultsWriter:
             {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
         )
         _put(group, "trial_id", np.arange(n, dtype=np.int64))
-        _put(group, "status", np.array([t.status if t else "" for t in ordered], dtype=_TEXT))
+        _put(group, "status", _text([t.status if t else "" for t in ordered]))
         _put(group, "steps", np.array([_reached(t) if t else 0 for t in ordered], dtype=np.int64))
-        _put(group, "config", np.array([config_dumps(t.config) if t else "" for t in ordered], dtype=_TEXT))
-        _put(group, "error", np.array([(t.error or "") if t else "" for t in ordered], dtype=_TEXT))
+        _put(group, "config", _text([config_dumps(t.config) if t else "" for t in ordered]))
+        _put(group, "error", _text([(t.error or "") if t else "" for t in ordered]))
         _put(group, "step", np.arange(1, steps + 1, dtype=np.int64))
         lo, hi = changed[0], changed[-1] + 1
         for metric, key in keys.items():
@@ -118,7 +139,7 @@ def _array(group: Any, name: str, shape: tuple[int, ...]):
             array.resize(tuple(max(a, b) for a, b in zip(array.shape, shape)))
         return array
     chunks = (_CHUNK_TRIALS, _CHUNK_STEPS)[: len(shape)]
-    return group.create_array(name, shape=shape, dtype="float64", chunks=chunks, fill_value=np.nan)
+    return _create(group, name, shape=shape, dtype="float64", chunks=chunks, fill_value=np.nan)
 
 
 def _put(group: Any, name: str, values: np.ndarray) -> None:
@@ -126,8 +147,8 @@ def _put(group: Any, name: str, values: np.ndarray) -> None:
     if name in group and group[name].shape == values.shape and group[name].dtype == values.dtype:
         group[name][...] = values
         return
-    array = group.create_array(
-        name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(len(values), 4096)),), overwrite=True
+    array = _create(
+        group, name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(len(values), 4096)),), overwrite=True
     )
     if len(values):
         array[...] = values
