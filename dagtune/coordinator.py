@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.config import Config, config_from_json, config_to_json
+from dagtune.config import Config, config_first_difference, config_from_json, config_to_json
 from dagtune.executor import Executor
 from dagtune.plan import CheckpointInfo, SearchPlan, Stage, build_stage_tree, unique_steps
 from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
@@ -76,6 +76,9 @@ class TrialListener(Protocol):
 
     def on_end(self, trial: Trial) -> None:
         """The trial stopped, failed or diverged."""
+
+    def on_idle(self, free: int) -> None:
+        """`free` worker slots have nothing to run (optional): time to ask for more work."""
 
 
 @dataclass
@@ -131,6 +134,7 @@ class Coordinator:
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
         self._failures: dict[tuple[str, int], int] = {}
+        self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
         self._dirty = True
@@ -235,6 +239,7 @@ class Coordinator:
             self._forget_request(trial)
         elif trial.status != COMPLETED:
             raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
+        self._paused.get(trial.node, set()).discard(trial.id)
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
         self._request(trial)
@@ -298,6 +303,8 @@ class Coordinator:
                 "error": error,
             }
         )
+        if status == COMPLETED:
+            self._paused.setdefault(trial.node, set()).add(trial.id)
         for listener in list(self.listeners):
             if status == COMPLETED:
                 listener.on_complete(trial)
@@ -440,9 +447,21 @@ class Coordinator:
         return best
 
     def schedule(self) -> None:
-        """Rebuild the stage tree if anything changed, redirect running tasks, fill free slots."""
-        if not self._dirty:
-            return
+        """Rebuild the stage tree if anything changed, redirect running tasks, fill free
+        slots; if slots stay free, tell the listeners (an algorithm may then add work)."""
+        for _ in range(8):  # each round only runs if the listeners added work
+            if not self._dirty:
+                return
+            free = self._schedule_once()
+            if free <= 0:
+                return
+            for listener in list(self.listeners):
+                on_idle = getattr(listener, "on_idle", None)
+                if on_idle is not None:
+                    on_idle(free)
+
+    def _schedule_once(self) -> int:
+        """One rebuild and launch; returns how many slots are still free."""
         self._dirty = False
         for running in self.running.values():
             running.claimed = set()
@@ -451,10 +470,11 @@ class Coordinator:
             self._redirect(key, running)
         free = self.executor.slots() - len(self.running)
         if free <= 0 or not tree.stages:
-            return
+            return free
         priority = critical_path_priorities(tree, self.cost, self.plan)
         for path in self.policy.pick(tree, free, self.cost, self.plan):
             self._launch(path, priority[path[0].index])
+        return self.executor.slots() - len(self.running)
 
     def _redirect(self, key: str, running: _Running) -> None:
         task = running.task
@@ -471,6 +491,8 @@ class Coordinator:
         first = path[0]
         segments = tuple(Segment(s.node, self.plan.nodes[s.node].config, s.start, s.end) for s in path)
         checkpoints = {s.end for s in path}
+        for segment in segments:
+            checkpoints.update(self._branches_of_paused(segment))
         if self.checkpoint_every:
             every = self.checkpoint_every
             checkpoints.update(range((first.start // every + 1) * every, path[-1].end, every))
@@ -487,12 +509,37 @@ class Coordinator:
             topic=self.topic,
         )
         prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
+        if prefer is None and source is not None:  # a task about to end there holds it next
+            prefer = next(
+                (
+                    r.worker
+                    for r in self.running.values()
+                    if r.worker is not None
+                    and r.task.end == source[1]
+                    and r.task.node_at(r.task.end) == source[0]
+                ),
+                None,
+            )
         if prefer is not None:
             self._live[prefer] = None  # that worker is busy now; no second task may count on it
         self.running[key] = _Running(task, priority, progress=first.start)
         for segment in segments:
             self._on_node.setdefault(segment.node, []).append(key)
         self.executor.launch(task, priority, prefer)
+
+    def _branches_of_paused(self, segment: Segment) -> set[int]:
+        """Steps inside `segment` where a completed trial on its node would branch off if it
+        were extended (ASHA pauses trials at a rung and promotes them later): checkpointing
+        there on the way costs a save now instead of retraining the prefix later."""
+        steps = set()
+        for trial_id in self._paused.get(segment.node, ()):
+            trial = self.trials[trial_id]
+            if trial.status != COMPLETED or trial.steps > segment.start:
+                continue
+            branch = config_first_difference(segment.config, trial.config, trial.steps, segment.end)
+            if segment.start < branch < segment.end:
+                steps.add(branch)
+        return steps
 
     # ------------------------------------------------------------------ state
 

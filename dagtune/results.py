@@ -34,6 +34,7 @@ FORMAT = "dagtune-results/1"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+
 def _zarr2() -> bool:
     import zarr
 
@@ -148,7 +149,12 @@ def _put(group: Any, name: str, values: np.ndarray) -> None:
         group[name][...] = values
         return
     array = _create(
-        group, name, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(len(values), 4096)),), overwrite=True
+        group,
+        name,
+        shape=values.shape,
+        dtype=values.dtype,
+        chunks=(max(1, min(len(values), 4096)),),
+        overwrite=True,
     )
     if len(values):
         array[...] = values

@@ -40,7 +40,6 @@ from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
-from dagtune.sequences import Constant
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer
 
@@ -109,23 +108,34 @@ class TrialResult:
     status: str = COMPLETED
 
 
-def describe(sequence: Any) -> str:
-    """A short readable form of a sequence for tables (plain value for a constant)."""
-    return repr(sequence.value) if isinstance(sequence, Constant) else repr(sequence)
+def _as_result(trial: Trial) -> TrialResult:
+    steps = trial.steps if trial.status == COMPLETED else trial.reported
+    return TrialResult(trial.config, steps, dict(trial.metrics or {}), trial.id, trial.status)
 
 
 class Result:
     """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`."""
 
-    def __init__(self, trials: list[Trial], report: dict, metric: str | None, mode: str = "max"):
+    def __init__(
+        self,
+        trials: list[Trial],
+        report: dict,
+        metric: str | None,
+        mode: str = "max",
+        chosen: Trial | None = None,
+    ):
         self._trials = trials
         self.report = report
         self.metric = metric
         self.mode = mode
+        self._chosen = chosen
 
     @property
     def best(self) -> TrialResult | None:
-        """The completed trial with the best final `metric` (longest trials first on ties)."""
+        """The algorithm's answer if it names one (`Algorithm.best_trial`), else the completed
+        trial with the best final `metric` (longest trials first on ties)."""
+        if self._chosen is not None and self._chosen.metrics:
+            return _as_result(self._chosen)
         scored = [
             t
             for t in self._trials
@@ -135,33 +145,32 @@ class Result:
             return None
         completed = [t for t in scored if t.status == COMPLETED] or scored
         sign = 1.0 if self.mode == "max" else -1.0
-        best = max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id))
-        return TrialResult(
-            best.config,
-            best.steps if best.status == COMPLETED else best.reported,
-            dict(best.metrics),
-            best.id,
-            best.status,
-        )
+        return _as_result(max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id)))
 
     @property
     def trials(self):
-        """One row per trial: id, status, steps, final metrics and ``config/<name>`` columns."""
-        import pandas as pd
+        """One row per trial: id, status, steps, final metrics, then one column per
+        hyper-parameter with its sequence in short form (``0.9``, ``64→128@18``)."""
+        from dagtune.notebook import trials_frame
 
-        rows = []
-        for t in self._trials:
-            row = {
-                "trial_id": t.id,
-                "status": t.status,
-                "steps": t.steps if t.status == COMPLETED else t.reported,
-            }
-            row.update(t.metrics or {})
-            row.update({f"config/{name}": describe(seq) for name, seq in t.config.items()})
-            if t.error:
-                row["error"] = t.error
-            rows.append(row)
-        return pd.DataFrame(rows)
+        return trials_frame(self._trials)
+
+    def plot_curves(self, width: int = 800, height: int = 320):
+        """A Bokeh figure of the learning curves of `metric`, coloured by their last value."""
+        from dagtune.notebook import plot_curves
+
+        return plot_curves(self, width, height)
+
+    def plot_tree(self, width: int = 800, height: int = 360):
+        """A Bokeh figure of the trials' stage tree (thickness: trials sharing a stage)."""
+        from dagtune.notebook import plot_tree
+
+        return plot_tree(self, width, height)
+
+    def _repr_html_(self) -> str:
+        from dagtune.notebook import result_html
+
+        return result_html(self)
 
     @property
     def curves(self) -> dict[int, list[tuple[int, dict[str, float]]]]:
@@ -226,6 +235,7 @@ class _Session:
         self.finished = False
         self.started = False  # the algorithm's first decisions are all applied
         self._applying = False
+        self._depth = 0  # nested callbacks: known results arrive while decisions are applied
 
     def _adopt(self, trial: Trial) -> None:
         if trial.id not in self.trials:
@@ -264,16 +274,21 @@ class _Session:
         elif trial.status != PENDING:
             self.on_end(trial)
 
-    def _callback(self, trial: Trial, method: str, *args: Any) -> None:
-        if self._applying:
+    def _callback(self, trial: Trial | None, method: str, *args: Any) -> None:
+        if trial is not None and self._applying:
             self._adopt(trial)
-        if self.error is not None or trial.id not in self.trials:
+        if self.error is not None or (trial is not None and trial.id not in self.trials):
             return
+        self._depth += 1
         try:
-            self.apply(getattr(self.algorithm, method)(trial, *args))
-            self._check_end()
+            decide = getattr(self.algorithm, method)
+            self.apply(decide(*args) if trial is None else decide(trial, *args))
         except BaseException as error:  # surfaced by Study.run in the caller's thread
             self.error = error
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self.error is None:
+            self._check_end()
 
     def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
         self._callback(trial, "on_result", step, metrics)
@@ -284,13 +299,16 @@ class _Session:
     def on_end(self, trial: Trial) -> None:
         self._callback(trial, "on_end")
 
+    def on_idle(self, free: int) -> None:
+        if self.started and not self.finished:
+            self._callback(None, "on_idle", free)
+
     def _check_end(self) -> None:
         if self.algorithm.is_finished():
             for trial in list(self.trials.values()):
                 if trial.status == PENDING:
                     self.study.coordinator.stop(trial.id)
-        if self.started and not any(t.status == PENDING for t in self.trials.values()):
-            self.finished = True
+        self.finished = self.started and not any(t.status == PENDING for t in self.trials.values())
 
 
 # --------------------------------------------------------------------------- the study
@@ -417,6 +435,11 @@ class Study:
         if not self._virtual:
             self._driver = threading.Thread(target=self._drive, name=f"dagtune-{name}", daemon=True)
             self._driver.start()
+        self._dashboard = None
+        if getattr(self, "client", None) is not None:
+            from dagtune.dashboard import attach
+
+            self._dashboard = attach(self)
 
     def _dask_executor(self, client: Any, workers: int | None) -> Executor:
         from distributed import Client, LocalCluster
@@ -576,8 +599,10 @@ class Study:
         """Run a tuning algorithm to its end and return its `Result`."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
+        from dagtune.progress import watch
+
         session = _Session(self, algorithm)
-        with self._lock:
+        with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
@@ -595,7 +620,8 @@ class Study:
         if session.error is not None:
             raise session.error
         trials = list(session.trials.values())
-        return Result(trials, self.coordinator.report(trials, since), algorithm.metric, algorithm.mode)
+        report = self.coordinator.report(trials, since)
+        return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
 
     @property
     def report(self) -> dict:
@@ -620,6 +646,8 @@ class Study:
             self._stop_execution()
 
     def _stop_execution(self) -> None:
+        if getattr(self, "_dashboard", None) is not None:
+            self._dashboard.close()  # sends the final snapshot
         if getattr(self, "executor", None) is not None:
             self.executor.close()
         if self._owned_cluster is not None:
@@ -633,6 +661,11 @@ class Study:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    def _repr_html_(self) -> str:
+        from dagtune.notebook import study_html
+
+        return study_html(self)
 
     def __repr__(self) -> str:
         return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"

@@ -23,8 +23,19 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["benchmarks"]) == {"paper", "multistudy", "raytune", "planner_bench", "dispatch", "checkpoint_io"}
+    assert set(results["benchmarks"]) == {
+        "paper",
+        "multistudy",
+        "raytune",
+        "planner_bench",
+        "dispatch",
+        "checkpoint_io",
+    }
     paper = results["benchmarks"]["paper"]["studies"]
-    assert all(s["runs"]["dagtune critical path"]["executed_steps"] <= s["runs"]["trial-based FIFO"]["executed_steps"] for s in paper)
+    assert all(
+        s["runs"]["dagtune critical path"]["executed_steps"]
+        <= s["runs"]["trial-based FIFO"]["executed_steps"]
+        for s in paper
+    )
     report = (tmp_path / "RESULTS.md").read_text()
     assert "## 1. The paper's single studies" in report and "## 6. Checkpoint I/O" in report

@@ -105,6 +105,17 @@ class Algorithm:
         """A trial stopped, failed or diverged."""
         return None
 
+    def on_idle(self, free: int) -> Iterable[Decision] | None:
+        """`free` worker slots have nothing to run. Trials that share prefixes leave workers
+        idle that a trial-based system would keep busy; an asynchronous algorithm (ASHA) can
+        start more trials here. Called again after every change while slots stay free."""
+        return None
+
+    def best_trial(self) -> Trial | None:
+        """The trial the algorithm considers its answer (`Result.best`), or None to let the
+        result pick the best final metric."""
+        return None
+
     def is_finished(self) -> bool:
         """True to end the run now (pending trials are stopped). The run also ends by itself
         when no trial of the algorithm is pending and the last callbacks decided nothing."""

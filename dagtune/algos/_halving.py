@@ -247,8 +247,9 @@ class ASHA(Algorithm):
     """Asynchronous successive halving (Li et al. 2020, Alg. 2), promotion-based.
 
     Rungs are as in `SuccessiveHalving`: ``r_k = min_steps * eta**k``, capped at `max_steps`.
-    ASHA keeps ``ctx.slots`` trials working. Whenever one completes a rung (or ends), each
-    free slot gets a promotion if there is one, from the highest rung down: a trial among
+    ASHA keeps ``ctx.slots`` trials working, and more while workers are idle (trials sharing
+    prefixes run as fewer stages than trials). Whenever one completes a rung (or ends), or a
+    worker is idle, each free slot gets a promotion if there is one, from the highest rung down: a trial among
     the top ``floor(n_k / eta)`` of the n_k results of rung k so far, not yet promoted, is
     extended to ``r_{k+1}``; otherwise a new config from `space` starts at ``r_0``. Ranks use
     each trial's metrics at the rung's step.
@@ -304,6 +305,18 @@ class ASHA(Algorithm):
     def on_end(self, trial: Trial) -> list[Decision]:
         self._working -= 1
         return self._fill()
+
+    def on_idle(self, free: int) -> list[Decision]:
+        """Workers idle although `ctx.slots` trials work (they share prefixes): like a free
+        worker in ASHA, each gets a promotion or a new config."""
+        decisions: list[Decision] = []
+        for _ in range(free):
+            decision = self._next_decision()
+            if decision is None:
+                break
+            self._working += 1
+            decisions.append(decision)
+        return decisions
 
     def promotable(self, rung: int, at_least: int = 0) -> list[int]:
         """Trials of `rung` in its top ``max(at_least, floor(n / eta))`` so far and not yet

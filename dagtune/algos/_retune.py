@@ -210,6 +210,10 @@ class Retune(Algorithm):
         """The discovered config: the winner's, or None before any round was won."""
         return None if self.winner is None else self.winner.config
 
+    def best_trial(self) -> Trial | None:
+        """The final winner (a losing branch may have ended on a luckily better value)."""
+        return self.winner
+
     # ---- callbacks
 
     def start(self, ctx: Context) -> list[Decision]:

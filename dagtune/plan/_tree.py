@@ -91,6 +91,11 @@ class StageTree:
     def __len__(self) -> int:
         return len(self.stages)
 
+    def _repr_html_(self) -> str:
+        from dagtune.notebook import stage_tree_html
+
+        return stage_tree_html(self)
+
 
 def build_stage_tree(plan: SearchPlan, in_flight: InFlight | None = None) -> StageTree:
     """The stages that serve every active request of `plan` not served yet."""
