@@ -82,7 +82,10 @@ def test_asha_on_digits(client, tmp_path):
     _, result = run(client, tmp_path, "asha", algo)
     report = result.report
     assert report["executed_steps"] == report["unique_steps"] < report["trial_steps"]
-    assert [sum(t.steps >= r for t in algo.trials) for r in (1, 3, 9)] == [8, 2, 1]
+    # promotions are asynchronous: how many reach rung 3 depends on the order results arrive
+    # (the top third of 3..8 results so far), but every config starts and one reaches the top
+    reached = [sum(t.steps >= r for t in algo.trials) for r in (1, 3, 9)]
+    assert reached[0] == 8 and 1 <= reached[1] <= 3 and reached[2] >= 1
     assert result.best.steps == 9 and result.best.metrics["val_acc"] > 0.85
     assert_matches_training_alone(algo.trials[result.best.id])
 
