@@ -15,6 +15,16 @@ sequence length 384, 45% more at 512; BERT trials train data-parallel on 4 GPUs 
 does so for models that do not fit one K80), so the 40 GPUs form 10 worker slots. Saving or loading a checkpoint costs 1 s (ResNet56),
 2 s (MobileNetV2), 20 s (BERT), and starting a task 5 s. The paper trains the best trial 100
 more epochs afterwards; that common tail is left out here.
+
+Two lower bounds on the makespan are reported. The simple one, max(longest root-to-leaf path,
+unique work / GPUs), assumes every step could start at once; it cannot be reached when a study
+starts from a few root stages (the first decays and ramps branch late, so for the first hours
+only a handful of stages exist for 40 GPUs). The precedence bound also respects that a step
+cannot start before the steps before it on its path: max over t of (t + work that cannot start
+before t / GPUs). For the grid studies dagtune's critical-path schedule comes within 5% of the
+precedence bound; what remains is checkpoint and start-up overhead and list scheduling's
+imperfection. SHA and ASHA decide as results arrive, so their bounds are computed for the trials
+they ended up running and are looser still.
 """
 
 from __future__ import annotations

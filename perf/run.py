@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only", help="comma-separated benchmark names: " + ", ".join(n for n, _ in BENCHMARKS)
     )
     parser.add_argument("--out", type=Path, help="directory for RESULTS.md and results.json (default: perf/)")
+    parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from results.json")
     args = parser.parse_args(argv)
+    if args.render:
+        out = args.out or Path(__file__).parent
+        results = json.loads((out / "results.json").read_text())
+        (out / "RESULTS.md").write_text(render(results))
+        return 0
     mode = "full" if args.full else "smoke" if args.smoke else "quick"
     chosen = set(args.only.split(",")) if args.only else {name for name, _ in BENCHMARKS}
     unknown = chosen - {name for name, _ in BENCHMARKS}
@@ -55,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         command += f" --only {args.only}"
     results = {"mode": mode, "command": command, "machine": describe(), "benchmarks": {}}
-    sections = []
     began = time.perf_counter()
     for name, title in BENCHMARKS:
         if name not in chosen:
@@ -66,22 +71,30 @@ def main(argv: list[str] | None = None) -> int:
         result = module.benchmark(mode)
         result["seconds"] = time.perf_counter() - started
         results["benchmarks"][name] = result
-        sections.append(
-            f"## {title}\n\n{module.__doc__.strip()}\n\n{module.markdown(result)}\n\n"
-            f"_({result['seconds']:.0f} s)_"
-        )
         print(f"[perf] done in {result['seconds']:.0f} s", flush=True)
     results["seconds"] = time.perf_counter() - began
-
-    machine = ", ".join(f"{k} {v}" for k, v in results["machine"].items())
-    header = (
-        f"# dagtune benchmarks\n\nProduced by `{command}` in {results['seconds'] / 60:.1f} minutes on: "
-        f"{machine}.\n\nEvery timing below is a ratio or a side-by-side measurement from this one run."
-    )
-    (out / "RESULTS.md").write_text(header + "\n\n" + "\n\n".join(sections) + "\n")
+    (out / "RESULTS.md").write_text(render(results))
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(f"[perf] wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
     return 0
+
+
+def render(results: dict) -> str:
+    """RESULTS.md from the results of a run."""
+    sections = []
+    for name, title in BENCHMARKS:
+        if name in results["benchmarks"]:
+            module = importlib.import_module(f"perf.{name}")
+            result = results["benchmarks"][name]
+            sections.append(
+                f"## {title}\n\n{module.__doc__.strip()}\n\n{module.markdown(result)}\n\n_({result['seconds']:.0f} s)_"
+            )
+    machine = ", ".join(f"{k} {v}" for k, v in results["machine"].items())
+    header = (
+        f"# dagtune benchmarks\n\nProduced by `{results['command']}` in {results['seconds'] / 60:.1f} minutes on: "
+        f"{machine}.\n\nEvery timing below is a ratio or a side-by-side measurement from this one run."
+    )
+    return header + "\n\n" + "\n\n".join(sections) + "\n"
 
 
 if __name__ == "__main__":
