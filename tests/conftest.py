@@ -23,6 +23,18 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+# --------------------------------------------------------------------------- a Dask cluster
+
+
+@pytest.fixture(scope="session")
+def client():
+    """One real 2-worker LocalCluster (each worker offers GPU=1) shared by the integration tests."""
+    from clusters import local_client
+
+    with local_client(resources={"GPU": 1}) as client:
+        yield client
+
+
 # --------------------------------------------------------------------------- durability storage
 
 

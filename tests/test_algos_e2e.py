@@ -7,7 +7,6 @@ starts (conftest does the same; this keeps the module runnable on its own).
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,6 @@ if EXAMPLES not in sys.path:
 
 import pytest  # noqa: E402
 from digits import DigitsTrainer  # noqa: E402
-from distributed import Client, LocalCluster  # noqa: E402
 
 import dagtune as dt  # noqa: E402
 from dagtune.algos._halving import ASHA, Hyperband  # noqa: E402
@@ -40,23 +38,6 @@ SPACE = dt.Grid(
         "weight_decay": [0.0],
     }
 )
-
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            silence_logs=40,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.run(importlib.import_module, "digits")  # warm up: torch loads once per worker
-        yield client
 
 
 def run(client, tmp_path, name, algorithm):

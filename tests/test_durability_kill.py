@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from distributed import Client, LocalCluster
+from clusters import local_client
 from durable_helpers import SlowTrainer
 from durable_study_script import CHECKPOINT_EVERY, SPACE, STEPS, WORKERS
 
@@ -43,17 +43,8 @@ def logged(path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def client():
-    with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            silence_logs=50,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    """A cluster of its own: the test kills one of its workers."""
+    with local_client(warm_up=False, silence_logs=50) as client:
         yield client
 
 

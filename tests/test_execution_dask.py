@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from distributed import Client, LocalCluster
 
 import dagtune as dt
 from dagtune.algos import GridSearch
@@ -11,23 +10,6 @@ from dagtune.sim import SyntheticTrainer
 from dagtune.study import Study, run_alone
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            resources={"GPU": 1},
-            silence_logs=40,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
 
 
 DIGITS_SPACE = dt.Grid(
