@@ -135,6 +135,8 @@ class Coordinator:
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
         self._failures: dict[tuple[str, int], int] = {}
         self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
+        self._prospects: list[Config] = []  # configs an algorithm may submit later
+        self._prospect_branches: dict[tuple[str, int], set[int]] = {}
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
         self._dirty = True
@@ -251,6 +253,13 @@ class Coordinator:
         if trial.status == PENDING:
             self._forget_request(trial)
             self._finish(trial, STOPPED)
+
+    def expect(self, configs: Iterable[Config]) -> None:
+        """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
+        step where one of them would branch off its path saves a checkpoint there, so the later
+        trial trains only its own steps instead of recomputing a shared prefix."""
+        self._prospects = list(configs) if self.share else []
+        self._prospect_branches.clear()
 
     def _request(self, trial: Trial) -> None:
         plan = self.plan
@@ -493,6 +502,7 @@ class Coordinator:
         checkpoints = {s.end for s in path}
         for segment in segments:
             checkpoints.update(self._branches_of_paused(segment))
+            checkpoints.update(self._branches_of_prospects(segment))
         if self.checkpoint_every:
             every = self.checkpoint_every
             checkpoints.update(range((first.start // every + 1) * every, path[-1].end, every))
@@ -540,6 +550,23 @@ class Coordinator:
             if segment.start < branch < segment.end:
                 steps.add(branch)
         return steps
+
+    def _branches_of_prospects(self, segment: Segment) -> set[int]:
+        """Steps inside `segment` where an expected config would branch off its path (a node's
+        config agrees with its whole path, so one comparison from step 0 finds the branch)."""
+        if not self._prospects:
+            return set()
+        key = (segment.node, segment.end)
+        found = self._prospect_branches.get(key)
+        if found is None:
+            node = self.plan.nodes[segment.node]
+            found = set()
+            for config in self._prospects:
+                branch = config_first_difference(node.config, config, 0, segment.end)
+                if node.start < branch < segment.end:
+                    found.add(branch)
+            self._prospect_branches[key] = found
+        return {step for step in found if step > segment.start}
 
     # ------------------------------------------------------------------ state
 

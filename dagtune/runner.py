@@ -111,8 +111,8 @@ class _CorruptError(Exception):
 class PathRunner:
     """Trains one `PathTask`, one step at a time, producing events.
 
-    Iterate `steps()`: each item is the list of events of one step (``step``, ``metrics``,
-    ``checkpoint``) after the first, which also carries ``start`` and ``load``; the last item
+    Iterate `steps()`: each item is the list of events of one step (``metrics``,
+    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``; the last item
     carries ``end``. `update` applies a directive between steps.
     """
 
@@ -227,7 +227,6 @@ class PathRunner:
             seconds = self.clock() - began
             self.position = n = t + 1
             self.executed += 1
-            events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
             wanted = n in task.checkpoints or n in self.directive.checkpoints
             last = n == task.end or n == self.directive.stop_at
             if wanted or last or n % task.eval_every == 0:
@@ -240,6 +239,9 @@ class PathRunner:
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
                 )
+            # ``step`` comes last: a coordinator that has seen it has seen everything the step
+            # produced, so a point it believes passed is never one whose checkpoint is on its way
+            events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
             yield events
             events = []
         end_node = self._owner(self.position)

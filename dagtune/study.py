@@ -608,12 +608,16 @@ class Study:
             self.coordinator.listeners.append(session)
             try:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
+                self.coordinator.expect(
+                    normalize_config(c, owner="prospect") for c in algorithm.prospects()
+                )
                 session.started = True  # known results arriving during start must not end the run
                 session._check_end()
                 self.coordinator.schedule()
                 self._wait(lambda: session.finished or session.error is not None, timeout)
             finally:
                 self.coordinator.listeners.remove(session)
+                self.coordinator.expect(())
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)

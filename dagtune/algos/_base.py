@@ -111,6 +111,15 @@ class Algorithm:
         start more trials here. Called again after every change while slots stay free."""
         return None
 
+    def prospects(self) -> Iterable[Any]:
+        """Configs this algorithm may still submit, asked once when the run starts (optional).
+
+        An algorithm that submits configs lazily (ASHA) and promotes trials later knows more
+        of its space than the search plan does; shared stages save a checkpoint where one of
+        these would branch off, so its trial later trains nothing twice.
+        """
+        return ()
+
     def best_trial(self) -> Trial | None:
         """The trial the algorithm considers its answer (`Result.best`), or None to let the
         result pick the best final metric."""
