@@ -1,25 +1,223 @@
-"""Clusters for studies: a SLURM cluster of GPU workers through dask-jobqueue.
+"""Clusters for studies: adaptive scaling that sees dagtune's queue, and SLURM GPU workers.
 
-`slurm` returns a `dask_jobqueue.SLURMCluster` shaped for dagtune: one Slurm job per
-GPU, each running one Dask worker that offers ``GPU=1`` (what a study with
-``resources={"GPU": 1}`` asks of every stage) with Slurm pinning ``CUDA_VISIBLE_DEVICES``
-through ``--gres=gpu:1``. Workers retire by themselves (``--lifetime``) a little before the
-job's walltime, so Slurm never kills one mid-stage without Dask knowing: the stage it ran is
-planned again from its last checkpoint. Adaptive scaling (on by default) asks for jobs
-while stages queue and gives them back only after a long idle spell, because a GPU job
-waits in Slurm's queue far longer than a stage takes to start. Needs ``dask-jobqueue``
+dagtune submits stages just in time, one task per free worker slot (DESIGN.md), so the
+stages waiting for a slot are not Dask tasks, and Dask's own adaptive target, which counts
+submitted tasks, would never grow a cluster for them (nor start the first worker of one at
+``minimum=0``). So every study on Dask publishes its *demand* — how many stages are ready to
+run without a slot — in its scheduler's metadata under ``["dagtune", "demand", <study>]``
+(`DemandPublisher`, updated when it changes, removed when the study closes), and
+`DemandAdaptive`, an `Adaptive` for any `SpecCluster` (dask-jobqueue's included), aims at
+the workers there are plus the published demand, within its minimum and maximum. A worker
+that joins gets work at once (the study re-plans when its slots grow). A study started on
+an adaptive cluster that has no worker yet waits for the first one patiently (Dask config
+``dagtune.adaptive-wait``, default one hour: a Slurm job can queue that long; other
+clusters: ``dagtune.worker-wait``, default 30 s), asking for one worker meanwhile.
+
+`slurm` returns a `dask_jobqueue.SLURMCluster` shaped for dagtune: one Dask worker process
+per GPU, each offering ``GPU=1`` (what a study with ``resources={"GPU": 1}`` asks of every
+stage). A job with ``gpus=1`` gets its GPU pinned by Slurm (``--gres=gpu:1`` sets
+``CUDA_VISIBLE_DEVICES``); a job with ``gpus=n`` runs ``n`` worker processes and pins each to
+its own GPU of the job (this module is their ``--preload-nanny``, `dask_setup`). Workers
+retire by themselves (``--lifetime``) a little before the job's walltime, so Slurm never
+kills one mid-stage without Dask knowing: the stage it ran is planned again from its last
+checkpoint. Adaptive scaling (on by default, `DemandAdaptive`) asks for jobs while stages
+wait for a GPU and gives them back only after a long idle spell, because a GPU job waits in
+Slurm's queue far longer than a stage takes to start. Needs ``dask-jobqueue``
 (``pip install "dagtune[slurm]"``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
-from collections.abc import Sequence
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["slurm"]
+from distributed.deploy.adaptive import Adaptive
+
+__all__ = ["DemandAdaptive", "DemandPublisher", "dask_setup", "slurm", "study_demand", "total_demand"]
+
+log = logging.getLogger("dagtune")
+
+DEMAND = ("dagtune", "demand")  # scheduler metadata: {study key: stages ready without a slot}
+ADAPTIVE = ("dagtune", "adaptive")  # scheduler metadata: {cluster name: bounds} of DemandAdaptive
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})$")
+
+
+# --------------------------------------------------------------------------- demand
+
+
+def total_demand(published: Any) -> int:
+    """The sum of the demands studies published (anything malformed counts as nothing)."""
+    if not isinstance(published, dict):
+        return 0
+    return sum(
+        int(value)
+        for value in published.values()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    )
+
+
+class DemandAdaptive(Adaptive):
+    """Adaptive scaling that also counts the stages dagtune studies hold back for want of
+    a worker: the target is the larger of Dask's own target and the workers there are plus
+    the published demand, then bounded by `minimum` and `maximum` (as every `Adaptive`).
+
+    Use it as ``cluster.adapt(Adaptive=DemandAdaptive, minimum=..., maximum=...)`` (any
+    `SpecCluster`; `slurm` does it). `history` keeps the last decisions as
+    ``(time, dask_target, demand, workers, target)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.history: deque[tuple[float, int, int, int, int]] = deque(maxlen=1000)
+
+    async def target(self) -> int:
+        base = await super().target()
+        published = await self.scheduler.get_metadata(keys=list(DEMAND), default={})
+        demand = total_demand(published)
+        workers = len(self.observed)
+        target = max(base, workers + demand) if demand else base
+        self.history.append((time.time(), base, demand, workers, target))
+        try:  # tells studies on this scheduler that it adapts (they then wait for workers)
+            bounds = {"minimum": self.minimum, "maximum": None if self.maximum == float("inf") else self.maximum}
+            name = str(getattr(self.cluster, "name", "cluster"))
+            await self.scheduler.set_metadata(keys=[*ADAPTIVE, name], value=bounds)
+        except Exception:  # only a hint for studies
+            log.debug("dagtune: announcing adaptive scaling failed", exc_info=True)
+        return target
+
+
+def adapts(client: Any) -> bool:
+    """Whether `client`'s cluster scales adaptively (its own `Adaptive`, or a
+    `DemandAdaptive` that announced itself on the scheduler)."""
+    adaptive = getattr(getattr(client, "cluster", None), "_adaptive", None)
+    if adaptive is not None and getattr(adaptive, "state", "") in ("starting", "running"):
+        return True
+    try:
+        return bool(client.get_metadata(list(ADAPTIVE), default=None))
+    except Exception:
+        return False
+
+
+def _forget(client: Any, key: list[str]) -> None:
+    """Remove a published demand (the scheduler has no call for it: run one there; if
+    the scheduler refuses to run functions, leave a zero)."""
+
+    def drop(dask_scheduler: Any, keys: tuple = tuple(key)) -> None:
+        entries = dask_scheduler.task_metadata
+        for part in keys[:-1]:
+            entries = entries.get(part, {})
+        if isinstance(entries, dict):
+            entries.pop(keys[-1], None)
+
+    try:
+        client.run_on_scheduler(drop)
+    except Exception:
+        try:
+            client.set_metadata(key, 0)
+        except Exception:  # the scheduler is gone: so is the demand
+            log.debug("dagtune: withdrawing a demand failed", exc_info=True)
+
+
+@contextlib.contextmanager
+def asking_for_a_worker(client: Any) -> Iterator[None]:
+    """Publish a demand of one worker while the block runs (a study waiting for its
+    first worker on a cluster at its minimum of 0)."""
+    key = [*DEMAND, f"waiting-{uuid.uuid4().hex[:8]}"]
+    try:
+        client.set_metadata(key, 1)
+    except Exception:
+        log.debug("dagtune: publishing a demand failed", exc_info=True)
+    try:
+        yield
+    finally:
+        _forget(client, key)
+
+
+def study_demand(study: Any) -> int:
+    """How many of `study`'s stages are ready to run but have no free worker slot."""
+    from dagtune.dashboard.snapshot import _Peek
+    from dagtune.plan import build_stage_tree
+
+    slots = study.executor.slots()
+    with study._lock:
+        coordinator = study.coordinator
+        running = dict(coordinator.running)
+        ready = len(build_stage_tree(coordinator.plan, _Peek(running)).ready())
+    return max(0, ready - max(0, slots - len(running)))
+
+
+class DemandPublisher:
+    """Keeps a study's demand up to date in its scheduler's metadata (a daemon thread that
+    looks every `interval` seconds and recomputes when the study's state changed), and
+    re-plans the study when its worker slots grow, so a worker that joins gets work before
+    the next event. `close` withdraws the demand."""
+
+    def __init__(self, study: Any, client: Any = None, interval: float = 2.0):
+        self.study = study
+        self.client = client if client is not None else study.client
+        self.interval = interval
+        self.key = [*DEMAND, f"{study.name}-{study._token}"]
+        self.published: int | None = None
+        self._state: tuple | None = None
+        self._slots: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"dagtune-demand-{study.name}", daemon=True)
+
+    def start(self) -> DemandPublisher:
+        self._thread.start()
+        return self
+
+    def _watch_slots(self) -> int:
+        slots = self.study.executor.slots()
+        if self._slots is not None and slots > self._slots:
+            with self.study._lock:  # new workers: the driver's next schedule fills them
+                self.study.coordinator.replan()
+                self.study._changed.notify_all()
+        self._slots = slots
+        return slots
+
+    def publish(self, force: bool = False) -> bool:
+        """Recompute and send the demand if the study changed (or with `force`); True if sent."""
+        slots = self._watch_slots()
+        with self.study._lock:
+            coordinator = self.study.coordinator
+            state = (coordinator.events_seen, len(coordinator.trials), len(coordinator.running), slots)
+        if state == self._state and not force:
+            return False
+        self._state = state
+        demand = study_demand(self.study)
+        if demand == self.published and not force:
+            return False
+        self.client.set_metadata(self.key, demand)
+        self.published = demand
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            if getattr(self.study, "_closed", False):
+                return
+            try:
+                self.publish()
+            except Exception:  # scaling only lags; the study goes on
+                log.debug("dagtune: publishing the demand failed", exc_info=True)
+
+    def close(self) -> None:
+        """Stop and withdraw the demand (call before the client closes)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        _forget(self.client, self.key)
+
+
+# --------------------------------------------------------------------------- SLURM
 
 
 def _seconds(walltime: str) -> int:
@@ -29,6 +227,71 @@ def _seconds(walltime: str) -> int:
         raise ValueError(f"walltime must be [D-]HH:MM:SS, got {walltime!r}")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _parse_resources(text: str) -> dict[str, str]:
+    """``"GPU=1,MEM=4e9"`` (or space separated, as `dask worker` reads it) as a dict."""
+    pairs = [p for p in text.replace(",", " ").split() if p]
+    parsed = {}
+    for pair in pairs:
+        name, sep, amount = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"worker_extra_args: --resources {text!r} is not NAME=AMOUNT[,NAME=AMOUNT]")
+        parsed[name] = amount
+    return parsed
+
+
+_OURS = ("--resources", "--lifetime", "--lifetime-stagger")
+
+
+def worker_args(extra: Sequence[str], lifetime: int, stagger: int, pin: bool) -> list[str]:
+    """The worker's arguments: ``--resources GPU=1`` merged with the user's resources,
+    ``--lifetime``/``--lifetime-stagger`` unless the user gave them, then the user's other
+    arguments, then the GPU-pinning preload when a job runs one worker per GPU."""
+    given: dict[str, str] = {}
+    rest: list[str] = []
+    items = list(map(str, extra))
+    i = 0
+    while i < len(items):
+        item = items[i]
+        name, sep, value = item.partition("=")
+        if name in _OURS:
+            if not sep:
+                if i + 1 >= len(items):
+                    raise ValueError(f"worker_extra_args: {item} needs a value")
+                value = items[i + 1]
+                i += 1
+            given[name] = value
+        else:
+            rest.append(item)
+        i += 1
+    resources = {"GPU": "1", **_parse_resources(given.get("--resources", ""))}
+    args = [
+        "--resources",
+        ",".join(f"{k}={v}" for k, v in resources.items()),  # no spaces: the job script does not quote
+        "--lifetime",
+        given.get("--lifetime", f"{lifetime}s"),
+        "--lifetime-stagger",
+        given.get("--lifetime-stagger", f"{stagger}s"),
+        *rest,
+    ]
+    if pin:
+        args += ["--preload-nanny", __name__]
+    return args
+
+
+def dask_setup(nanny: Any) -> None:
+    """``--preload-nanny dagtune.cluster``: before the worker process of a job with several
+    GPUs starts, pin it to its own one: worker ``i`` of the job (``dask worker --nworkers n``
+    names them ``NAME-i``) sees only the job's ``i``-th GPU (of ``CUDA_VISIBLE_DEVICES`` as
+    Slurm set it, else device ``i``)."""
+    env = getattr(nanny, "env", None)
+    if env is None:
+        return  # not a nanny
+    _, _, suffix = str(getattr(nanny, "name", "")).rpartition("-")
+    index = int(suffix) if suffix.isdigit() else 0
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
 
 
 def slurm(
@@ -43,22 +306,30 @@ def slurm(
     maximum: int = 8,
     adapt: bool = True,
     idle_minutes: float = 10.0,
+    adapt_interval: float = 30.0,
     job_extra_directives: Sequence[str] = (),
+    worker_extra_args: Sequence[str] = (),
     **kwargs: Any,
 ):
     """A `SLURMCluster` of GPU workers for dagtune (see the module docstring).
 
-    `cores` and `memory` are per job (one GPU's worker: data loading threads, host memory);
-    `gpus=None` asks Slurm for no GPU (CPU-only partitions, tests) while the worker still
-    offers ``GPU=1`` to Dask, one stage at a time. `minimum`/`maximum` bound the jobs;
-    `idle_minutes` is how long a worker may idle before adaptive scaling releases it.
-    Other keyword arguments go to `SLURMCluster` (``python``, ``interface``,
-    ``job_script_prologue``, ``local_directory``, ...).
+    `cores` and `memory` are per job (data loading threads, host memory), shared by its
+    ``gpus`` worker processes (``--gres=gpu:{gpus}``, one process per GPU, each offering
+    ``GPU=1`` and pinned to its GPU). `gpus=None` asks Slurm for no GPU (CPU-only
+    partitions, tests) while the one worker still offers ``GPU=1``, one stage at a time.
+    `minimum`/`maximum` bound the jobs; adaptive scaling (`DemandAdaptive`) looks every
+    `adapt_interval` seconds and releases a worker after `idle_minutes` idle.
+    `worker_extra_args` are added to the worker's (``--resources`` merged with ``GPU=1``,
+    ``--lifetime``/``--lifetime-stagger`` replacing dagtune's). Other keyword arguments go
+    to `SLURMCluster` (``python``, ``interface``, ``job_script_prologue``, ...).
 
     Use it as ``Study(..., client=Client(cluster), resources={"GPU": 1})``.
     """
     from dask_jobqueue import SLURMCluster
 
+    processes = max(1, gpus or 1)
+    if cores < processes:
+        raise ValueError(f"cores={cores} can't be shared by {processes} worker processes (one per GPU)")
     total = _seconds(walltime)
     margin = min(600, total // 10)  # retire before Slurm's kill, staggered across workers
     lifetime = max(60, total - margin)
@@ -71,25 +342,18 @@ def slurm(
         walltime=walltime,
         cores=cores,
         memory=memory,
-        processes=1,
+        processes=processes,
         job_extra_directives=directives,
-        worker_extra_args=[
-            "--resources",
-            "GPU=1",
-            "--lifetime",
-            f"{lifetime}s",
-            "--lifetime-stagger",
-            f"{max(1, margin // 2)}s",
-        ],
+        worker_extra_args=worker_args(worker_extra_args, lifetime, max(1, margin // 2), pin=processes > 1),
         **kwargs,
     )
     if adapt:
-        interval = 30.0
         cluster.adapt(
+            Adaptive=DemandAdaptive,
             minimum_jobs=minimum,
             maximum_jobs=maximum,
-            interval=f"{interval:g}s",
-            wait_count=max(1, round(idle_minutes * 60 / interval)),
+            interval=f"{adapt_interval:g}s",
+            wait_count=max(1, round(idle_minutes * 60 / adapt_interval)),
             target_duration="5 minutes",
         )
     elif minimum:

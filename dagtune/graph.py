@@ -53,21 +53,38 @@ def run_path(task: PathTask, store: Any, directives: str) -> list[dict]:
     return runner.run(relay)
 
 
-def check_resources(client: Client, resources: dict[str, float] | None, wait: float = 30.0) -> None:
+def check_resources(client: Client, resources: dict[str, float] | None, wait: float | None = None) -> None:
     """Raise a clear error if no worker offers `resources` (such a task would wait forever).
 
-    With no workers at all yet (an adaptive cluster still starting), waits up to `wait`
-    seconds for one.
+    With no workers at all yet, waits for one, asking for it meanwhile (a published demand
+    of one worker, which `dagtune.cluster.DemandAdaptive` scales for even at ``minimum=0``):
+    up to `wait` seconds, by default Dask's config ``dagtune.adaptive-wait`` (1 hour) on an
+    adaptive cluster, whose jobs may queue that long, else ``dagtune.worker-wait`` (30 s).
+    Raises `TimeoutError` if none joined.
     """
-    deadline = time.monotonic() + wait
+    import dask
+    from dask.utils import parse_timedelta
+
+    from dagtune.cluster import adapts, asking_for_a_worker
+
     workers = client.scheduler_info(n_workers=-1)["workers"]
-    while not workers and time.monotonic() < deadline:
-        time.sleep(0.5)
-        workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
-        raise RuntimeError(
-            f"no Dask worker joined the scheduler at {client.scheduler.address} within {wait:.0f} s"
-        )
+        adaptive = adapts(client)
+        if wait is None:
+            setting = "dagtune.adaptive-wait" if adaptive else "dagtune.worker-wait"
+            wait = parse_timedelta(dask.config.get(setting, default="1h" if adaptive else "30s"), "seconds")
+        deadline = time.monotonic() + wait
+        with asking_for_a_worker(client):
+            while not workers and time.monotonic() < deadline:
+                time.sleep(0.5)
+                workers = client.scheduler_info(n_workers=-1)["workers"]
+        if not workers:
+            kind = "adaptive cluster's " if adaptive else ""
+            setting = "dagtune.adaptive-wait" if adaptive else "dagtune.worker-wait"
+            raise TimeoutError(
+                f"no Dask worker joined the {kind}scheduler at {client.scheduler.address} within "
+                f"{wait:.0f} s (Dask config {setting} sets how long to wait)"
+            )
     if not resources:
         return
     offers = [w.get("resources", {}) for w in workers.values()]

@@ -440,6 +440,16 @@ class Study:
             from dagtune.dashboard import attach
 
             self._dashboard = attach(self)
+        self._demand = self._publish_demand()
+
+    def _publish_demand(self) -> Any:
+        """On Dask, keep the study's demand (stages ready without a worker) published for an
+        adaptive cluster (`dagtune.cluster.DemandAdaptive`); None otherwise."""
+        if getattr(self, "client", None) is None:
+            return None
+        from dagtune.cluster import DemandPublisher
+
+        return DemandPublisher(self).start()
 
     def _dask_executor(self, client: Any, workers: int | None) -> Executor:
         from distributed import Client, LocalCluster
@@ -652,6 +662,8 @@ class Study:
     def _stop_execution(self) -> None:
         if getattr(self, "_dashboard", None) is not None:
             self._dashboard.close()  # sends the final snapshot
+        if getattr(self, "_demand", None) is not None:
+            self._demand.close()  # withdraws the demand
         if getattr(self, "executor", None) is not None:
             self.executor.close()
         if self._owned_cluster is not None:
