@@ -25,8 +25,23 @@ def _finite_number(owner: str, name: str, value: Any) -> float:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _frozen(value: Any) -> Any:
+    """A hashable, type-aware stand-in for `value`: lists and tuples become tuples, dicts and
+    sets frozensets, scalars carry their type (``1``, ``1.0`` and ``True`` stay apart)."""
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_frozen(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", frozenset((key, _frozen(item)) for key, item in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(_frozen(item) for item in value))
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return (type(value).__name__, value)
+    return value  # a sequence or a distribution: hashable itself
+
+
 class Distribution(ABC):
-    """A source of random values; immutable and comparable by its parameters."""
+    """A source of random values; immutable, comparable and hashable by its parameters (so a
+    sequence template holding one is hashable too)."""
 
     @abstractmethod
     def draw(self, rng: np.random.Generator) -> Any:
@@ -36,11 +51,14 @@ class Distribution(ABC):
     def _args(self) -> tuple:
         """Constructor arguments, in order (for equality, hashing and repr)."""
 
+    def _key(self) -> tuple:
+        return (type(self).__name__, _frozen(self._args()))
+
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._args() == other._args()
+        return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._args()))
+        return hash(self._key())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._args()))})"
@@ -111,7 +129,10 @@ class choice(Distribution):  # noqa: N801
         return sample(self.options[int(rng.integers(len(self.options)))], rng)
 
     def _args(self) -> tuple:
-        return (list(self.options),)
+        return (self.options,)
+
+    def __repr__(self) -> str:
+        return f"choice({list(self.options)!r})"
 
 
 def sample(obj: Any, rng: np.random.Generator) -> Any:

@@ -134,6 +134,21 @@ def test_random_nested_templates_and_choice_among_sequences():
         lr.to_json()  # sampled: no distribution left
 
 
+def test_templates_and_distributions_are_hashable():
+    template = dt.MultiStep(dt.choice([0.1, 0.2]), [3], 0.1)
+    again = dt.MultiStep(dt.choice((0.1, 0.2)), [3], 0.1)
+    assert template == again and hash(template) == hash(again)
+    assert len({template, again, dt.MultiStep(dt.choice([0.1, 0.3]), [3], 0.1)}) == 2
+    assert repr(template) == "MultiStep(choice([0.1, 0.2]), [3], 0.1)"
+    assert eval(repr(template), vars(dt)) == template
+    # options holding lists, dicts and sequences hash too; type-aware like sequences
+    nested = dt.choice([[30, 45], {"lr": [0.1]}, dt.Cosine(0.1, dt.randint(10, 30))])
+    assert hash(nested) == hash(dt.choice([[30, 45], {"lr": [0.1]}, dt.Cosine(0.1, dt.randint(10, 30))]))
+    assert dt.choice([128]) != dt.choice([128.0]) and dt.choice([1]) != dt.choice([True])
+    space = {"lr": template, "wd": dt.loguniform(1e-5, 1e-3), "bs": dt.choice([64, 128])}
+    assert len({frozenset(space.items()), frozenset(dict(space).items())}) == 1
+
+
 def test_random_where_redraws():
     space = dt.Random({"lr": dt.uniform(0.0, 1.0)}, n=30, seed=0, where=lambda c: c["lr"](0) > 0.5)
     assert all(c["lr"](0) > 0.5 for c in space) and len(list(space)) == 30
