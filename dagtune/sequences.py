@@ -15,6 +15,7 @@ values, because a trainer may treat them differently (a batch size must be an in
 from __future__ import annotations
 
 import bisect
+import inspect
 import itertools
 import json
 import math
@@ -375,14 +376,34 @@ class Sequence(ABC):
 
     @staticmethod
     def from_json(data: dict) -> Sequence:
+        """The sequence `to_json` gave `data` for; a ValueError names the type and the field
+        that is missing or unexpected (fields with a default, like Cosine's ``min_value``, may
+        be left out)."""
         if not isinstance(data, dict) or data.get("type") not in Sequence._registry:
             raise ValueError(f"not a serialized dagtune sequence: {data!r}")
         cls = Sequence._registry[data["type"]]
+        optional = cls._optional_fields()
+        for name in cls._fields:
+            if name not in data and name not in optional:
+                raise ValueError(f"serialized {cls.__name__} is missing field {name!r}: {data!r}")
+        for name in data:
+            if name != "type" and name not in cls._fields:
+                raise ValueError(f"serialized {cls.__name__} has an unexpected field {name!r}: {data!r}")
         return cls._from_json_args(data)
 
     @classmethod
+    def _optional_fields(cls) -> frozenset[str]:
+        """The fields whose constructor argument has a default."""
+        optional = cls.__dict__.get("_optional")
+        if optional is None:
+            parameters = inspect.signature(cls.__init__).parameters.values()
+            optional = frozenset(p.name for p in parameters if p.default is not inspect.Parameter.empty)
+            cls._optional = optional
+        return optional
+
+    @classmethod
     def _from_json_args(cls, data: dict) -> Sequence:
-        return cls(*(_from_json_arg(data[name]) for name in cls._fields))
+        return cls(**{name: _from_json_arg(data[name]) for name in cls._fields if name in data})
 
     def _sample_params(self, rng: np.random.Generator) -> Sequence:
         if not self._is_template:
@@ -623,7 +644,12 @@ class Piecewise(Sequence):
 
     @classmethod
     def _from_json_args(cls, data: dict) -> Sequence:
-        return cls(*((m, Sequence.from_json(s)) for m, s in data["items"]))
+        items = data["items"]
+        if not isinstance(items, list) or not all(isinstance(i, list) and len(i) == 2 for i in items):
+            raise ValueError(
+                f"serialized Piecewise.items must be a list of [milestone, sequence], got {items!r}"
+            )
+        return cls(*((m, Sequence.from_json(s)) for m, s in items))
 
     def _sample_params(self, rng: np.random.Generator) -> Sequence:
         if not self._is_template:

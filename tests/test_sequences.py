@@ -277,6 +277,40 @@ def test_from_json_rejects_garbage():
             dt.Sequence.from_json(bad)
 
 
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"type": "MultiStep", "init": 0.1}, r"serialized MultiStep is missing field 'milestones'"),
+        ({"type": "MultiStep", "init": 0.1, "milestones": [3]}, r"MultiStep is missing field 'gamma'"),
+        ({"type": "Constant"}, r"serialized Constant is missing field 'value'"),
+        ({"type": "Piecewise"}, r"serialized Piecewise is missing field 'items'"),
+        (
+            {"type": "Warmup", "steps": 3, "then": {"type": "Linear", "start": 0.1, "end": 0.0}},
+            r"serialized Linear is missing field 'steps'",
+        ),
+        (
+            {"type": "Constant", "value": 1, "valeu": 2},
+            r"serialized Constant has an unexpected field 'valeu'",
+        ),
+        ({"type": "Piecewise", "items": 3}, r"Piecewise\.items must be a list of \[milestone, sequence\]"),
+        (
+            {"type": "Piecewise", "items": [[0]]},
+            r"Piecewise\.items must be a list of \[milestone, sequence\]",
+        ),
+    ],
+)
+def test_from_json_names_the_type_and_the_bad_field(data, match):
+    with pytest.raises(ValueError, match=match):
+        dt.Sequence.from_json(data)
+
+
+def test_from_json_fills_fields_that_have_a_default():
+    assert dt.Sequence.from_json({"type": "Cosine", "init": 0.1, "period": 10}) == dt.Cosine(0.1, 10)
+    assert dt.Sequence.from_json(
+        {"type": "Cyclic", "base": 0.0, "max_value": 1.0, "step_up": 2}
+    ) == dt.Cyclic(0.0, 1.0, 2, 2)
+
+
 def test_template_cannot_be_evaluated_or_serialized():
     seq = dt.MultiStep(dt.loguniform(1e-3, 1e-1), [30], 0.1)
     with pytest.raises(ValueError, match="distribution"):
