@@ -168,6 +168,61 @@ def test_asha_promotions_continue_from_checkpoints_and_share_prefixes():
         assert [m for _, m in trial.curve] == run_alone(SyntheticTrainer, trial.config, trial.steps)
 
 
+# schedules branching *between* rungs (at 2, 5, 7 and 13 for rungs 1, 3, 9, 27): a trial
+# promoted past such a step before the config branching there is even submitted must leave a
+# checkpoint behind, or that config's own promotion later retrains the shared steps
+BETWEEN_RUNGS = dt.Grid(
+    {
+        "lr": [
+            dt.Steps([0.1, 0.05], [7]),
+            dt.Constant(0.1),
+            dt.Steps([0.1, 0.05], [13]),
+            dt.Steps([0.2, 0.02], [7]),
+            dt.Steps([0.02, 0.2], [7]),
+            dt.Steps([0.03, 0.05], [5]),
+        ],
+        "momentum": [0.0, dt.Steps([0.0, 0.5], [5]), dt.Steps([0.0, 0.9], [2])],
+    }
+)
+
+
+class WithoutProspects(ASHA):
+    def prospects(self):
+        return ()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_asha_trains_nothing_twice_when_configs_branch_between_rungs(workers):
+    algo = ASHA(BETWEEN_RUNGS, "val_loss", "min", max_steps=27, eta=3)
+    assert algo.prospects() == list(BETWEEN_RUNGS)  # nothing submitted yet: the whole space
+    report = sim_study(workers).run(algo).report
+    print(
+        f"{workers} workers: trial/unique/executed {report['trial_steps']}/{report['unique_steps']}/"
+        f"{report['executed_steps']}"
+    )
+    assert report["executed_steps"] == report["unique_steps"] < report["trial_steps"]
+    assert max(t.steps for t in algo.trials) == 27
+    for trial in algo.trials:
+        assert [m for _, m in trial.curve] == run_alone(SyntheticTrainer, trial.config, trial.steps)
+    # the same run without prospects recomputes: the test above could fail
+    baseline = sim_study(workers).run(WithoutProspects(BETWEEN_RUNGS, "val_loss", "min", max_steps=27, eta=3))
+    assert baseline.report["executed_steps"] > baseline.report["unique_steps"]
+
+
+def test_asha_prospects_are_the_configs_not_submitted_yet():
+    space = dt.Random(DISTINCT, n=None, seed=3)
+    algo = ASHA(space, "val_loss", "min", max_steps=9, eta=3, budget=40)
+    first = list(itertools.islice(iter(space), 45))
+    algo.start(dt.algos.Context(slots=2, seed=0))
+    assert algo.prospects() == first[2:40]  # a look-ahead bounded by what the budget affords
+    algo.lookahead = 5
+    assert algo.prospects() == first[2:7]
+    assert [algo.source.next() for _ in range(3)] == first[2:5]  # looking ahead takes nothing
+    finite = ASHA(dt.Random(DISTINCT, n=6, seed=3), "val_loss", "min", max_steps=9, eta=3)
+    finite.start(dt.algos.Context(slots=4, seed=0))
+    assert finite.prospects() == list(dt.Random(DISTINCT, n=6, seed=3))[4:]
+
+
 def test_asha_gets_a_small_space_to_max_steps_by_promoting_each_rungs_best_at_the_end():
     algo = ASHA(dt.Random(DISTINCT, n=8, seed=5), "val_loss", "min", max_steps=9, eta=3)
     sim_study().run(algo)

@@ -7,14 +7,20 @@ from the checkpoint its rung ended at (a request's end always has one). Configs 
 prefix share its training in every rung, and Hyperband's brackets, which run concurrently,
 share prefixes with each other through the search plan.
 
-Promotions add no training beyond the unique steps as long as configs branch at rung steps
-(or at step 0). A config promoted *later* than a config it shares a prefix with, branching
-between two rungs, resumes from the latest checkpoint before its branch step; set the study's
-``checkpoint_every`` to bound that recomputation.
+Promotions add no training beyond the unique steps, wherever configs branch. A stage that
+passes a step where another config branches off saves a checkpoint there, so that config's
+trial, promoted later, resumes at its branch step instead of retraining the shared prefix:
+the coordinator knows the branch steps of the trials paused at a rung, and `ASHA`, which
+draws configs lazily, names the configs it has not submitted yet as its `prospects` (for an
+endless space, the next `ASHA.lookahead` configs it would draw; a config beyond those that
+branches between rungs from a trial promoted earlier resumes from the latest checkpoint
+before its branch step). `SuccessiveHalving` and `Hyperband` submit every config at the
+start, so the search plan sees all their branch steps from the outset.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -51,16 +57,32 @@ class ConfigSource:
         except TypeError:
             self.sized = False
         self._stream: Iterator[Config] = iter(configs_of(space, owner))
+        self._ahead: deque[Config] = deque()  # configs drawn by `peek`, not taken yet
         self._next = next(self._stream, None)
         if self._next is None:
             raise ValueError(f"{owner}: the search space is empty")
 
     def next(self) -> Config | None:
         """The next config, or None once the space is exhausted."""
+        if self._ahead:
+            return self._ahead.popleft()
         config, self._next = self._next, None
         if config is not None:
             self._next = next(self._stream, None)
         return config
+
+    def peek(self, n: int | None = None) -> list[Config]:
+        """The next `n` configs (all that are left for None) without taking them: `next`
+        still returns them, in order. An endless space needs `n`."""
+        if n is None and not self.sized:
+            raise ValueError("an endless search space can only be looked ahead a bounded number of configs")
+        while n is None or len(self._ahead) < n:
+            config, self._next = self._next, None
+            if config is None:
+                break
+            self._next = next(self._stream, None)
+            self._ahead.append(config)
+        return list(self._ahead)[:n]
 
     def take(self, n: int | None = None) -> list[Config]:
         """The next `n` configs (fewer if the space runs out; all of them for None)."""
@@ -261,7 +283,14 @@ class ASHA(Algorithm):
     `SuccessiveHalving` keeps at least one: so even a small space gets a config to
     `max_steps`. The run ends when nothing is promotable and nothing is pending. An endless
     space needs a `budget`.
+
+    Its `prospects` are the configs of `space` it has not submitted yet (of an endless space,
+    the next ``min(lookahead, budget // min_steps)``), so a stage that a promotion trains
+    past the branch step of a config submitted later saves a checkpoint there, and that
+    config's own promotion later trains nothing twice.
     """
+
+    lookahead = 1000  # prospects drawn ahead of an endless space
 
     def __init__(
         self,
@@ -293,6 +322,13 @@ class ASHA(Algorithm):
     def start(self, ctx: Context) -> list[Decision]:
         self._slots = ctx.slots
         return self._fill()
+
+    def prospects(self) -> list[Config]:
+        """The configs not submitted yet (a bounded look-ahead of an endless space)."""
+        if self.source.sized:
+            return self.source.peek()
+        assert self.budget is not None
+        return self.source.peek(min(self.lookahead, (self.budget - self.requested) // self.rungs[0]))
 
     def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
         self.check_metric(metrics)
