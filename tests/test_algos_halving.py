@@ -116,44 +116,66 @@ def test_hyperband_brackets_get_fewer_configs_when_a_finite_space_runs_out():
 
 
 class LoggingASHA(ASHA):
-    """ASHA that records each rung result and each decision in the order they happened."""
+    """ASHA that records each rung result and each decision, with the callback that made it
+    (``start``, ``on_complete``, ``on_end`` or ``on_idle``), in the order they happened."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.log: list[tuple] = []
 
-    def on_complete(self, trial):
-        self.log.append(("result", trial.id, trial.steps, trial.metrics["val_loss"]))
-        decisions = super().on_complete(trial)
-        self.log.extend(("decision", d) for d in decisions)
+    def _logged(self, callback, decisions):
+        pending = sum(t.status == "pending" for t in self.trials)
+        self.log.extend(("decision", d, callback, pending) for d in decisions)
         return decisions
 
+    def start(self, ctx):
+        return self._logged("start", super().start(ctx))
 
-def test_asha_promotes_the_top_fraction_seen_so_far():
+    def on_complete(self, trial):
+        self.log.append(("result", trial.id, trial.steps, trial.metrics["val_loss"]))
+        return self._logged("on_complete", super().on_complete(trial))
+
+    def on_end(self, trial):
+        return self._logged("on_end", super().on_end(trial))
+
+    def on_idle(self, free):
+        return self._logged("on_idle", super().on_idle(free))
+
+
+@pytest.mark.parametrize(
+    ("space", "workers"), [(dt.Random(DISTINCT, n=40, seed=4), 4), (SHARING, 4)], ids=["distinct", "sharing"]
+)
+def test_asha_promotes_the_top_fraction_seen_so_far(space, workers):
     eta = 3
-    algo = LoggingASHA(dt.Random(DISTINCT, n=40, seed=4), "val_loss", "min", max_steps=27, eta=eta)
-    sim_study().run(algo)
+    algo = LoggingASHA(space, "val_loss", "min", max_steps=27, eta=eta)
+    sim_study(workers).run(algo)
     rungs = [1, 3, 9, 27]
     seen: dict[int, dict[int, float]] = {r: {} for r in rungs}
-    promotions = 0
+    promotions: dict[str, int] = {}
     for entry in algo.log:
         if entry[0] == "result":
             _, trial, steps, loss = entry
             seen[steps][trial] = loss
         elif isinstance(entry[1], Extend):
-            decision = entry[1]
+            _, decision, callback, pending = entry
             rung = rungs[rungs.index(decision.steps) - 1]
             ranked = sorted(seen[rung], key=lambda t: (seen[rung][t], t))
-            assert decision.trial in ranked[: len(ranked) // eta]
-            promotions += 1
-    assert promotions == sum(t.steps > 1 for t in algo.trials) + sum(t.steps > 3 for t in algo.trials) + sum(
-        t.steps > 9 for t in algo.trials
-    )
+            if len(ranked) // eta:  # the top floor(n / eta) of the results at the rung so far
+                assert decision.trial in ranked[: len(ranked) // eta], (callback, decision)
+            else:  # too few for a promotion: only the rung's best, once nothing else is left
+                assert decision.trial == ranked[0] and pending == 0, (callback, decision)
+            promotions[callback] = promotions.get(callback, 0) + 1
+    print(f"promotions by callback: {promotions}")
+    assert sum(promotions.values()) == sum(
+        sum(t.steps > r for t in algo.trials) for r in rungs[:-1]
+    )  # every promotion made went through a decision checked above
+    if space is SHARING:  # shared prefixes leave workers idle: ASHA promotes there too
+        assert promotions.get("on_idle", 0) > 0
     # at the end every trial in a rung's top floor(n / eta) has been promoted
     for lower, upper in itertools.pairwise(rungs):
         ranked = sorted(seen[lower], key=lambda t: (seen[lower][t], t))
         assert all(algo.trials[t].steps >= upper for t in ranked[: len(ranked) // eta])
-    assert len(algo.trials) == 40 and all(t.status == "completed" for t in algo.trials)
+    assert len(algo.trials) == len(list(space)) and all(t.status == "completed" for t in algo.trials)
 
 
 def test_asha_promotions_continue_from_checkpoints_and_share_prefixes():
