@@ -21,11 +21,42 @@ from dagtune.coordinator import COMPLETED, PENDING, Trial
 from dagtune.plan import SearchPlan, unique_steps
 from dagtune.plan._journal import Journal, PlanJournal
 
-__all__ = ["StorageError", "StoredStudy", "collect_garbage", "list_studies", "load_study", "open_storage"]
+__all__ = [
+    "UNKNOWN_FROM_STORAGE",
+    "StorageError",
+    "StoredStudy",
+    "StudyNameError",
+    "check_study_name",
+    "collect_garbage",
+    "list_studies",
+    "load_study",
+    "open_storage",
+]
+
+
+#: Why views of stored studies show no executed steps or GPU-seconds.
+UNKNOWN_FROM_STORAGE = (
+    "executed steps and GPU-seconds are not kept in storage (its search plan only tells what "
+    "was trained, by every study of the model together); a running study shows them, and "
+    "`dagtune run` prints them at its end"
+)
 
 
 class StorageError(ValueError):
     """The storage URL can't be read as dagtune storage (the message says why)."""
+
+
+class StudyNameError(StorageError):
+    """A name that no study can have (so it can't name a directory in storage either)."""
+
+
+def check_study_name(name: str) -> str:
+    """`name` if a `Study` could have it (the same rule), else `StudyNameError`."""
+    from dagtune.study import _NAME
+
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise StudyNameError(f"{name!r} is not a study name (1-128 letters, digits, '.', '_' or '-')")
+    return name
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> CheckpointStore:
@@ -52,7 +83,10 @@ def list_studies(store: CheckpointStore) -> list[str]:
         paths = store.fs.ls(base, detail=False)
     except FileNotFoundError:
         return []
-    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+    from dagtune.study import _NAME
+
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+    return sorted(name for name in names if _NAME.match(name))  # no study has another name
 
 
 @dataclass
@@ -100,6 +134,7 @@ def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
 
 def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None = None) -> StoredStudy:
     """Study `name` from `store`; `plans` caches plan journals by identity across calls."""
+    check_study_name(name)
     records = Journal(store.fs, f"{store.root}/studies/{name}/journal")
     entries = [e.record for e in records.read_new()]
     opens = [r for r in entries if r.get("r") == "open"]

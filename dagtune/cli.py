@@ -15,6 +15,7 @@ traceback instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from collections.abc import Callable
@@ -22,7 +23,17 @@ from typing import Any
 
 import click
 
-from dagtune.catalog import StorageError, StoredStudy, list_studies, load_study, open_storage, stored_snapshot
+from dagtune.catalog import (
+    UNKNOWN_FROM_STORAGE,
+    StorageError,
+    StoredStudy,
+    StudyNameError,
+    check_study_name,
+    list_studies,
+    load_study,
+    open_storage,
+    stored_snapshot,
+)
 
 __all__ = ["main"]
 
@@ -40,24 +51,50 @@ class UserError(click.ClickException):
         return self.message + (f"\nHint: {self.hint}" if self.hint else "")
 
 
+def _debug() -> bool:
+    """Whether ``dagtune --debug`` asked for tracebacks instead of one-line errors."""
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and context.find_root().params.get("debug"))
+
+
+@contextlib.contextmanager
+def _mistake(kinds: type[BaseException] | tuple, message: Callable[[Any], str], hint: str):
+    """Turn `kinds` raised in the block into a `UserError` (with --debug: let them through)."""
+    try:
+        yield
+    except kinds as error:
+        if _debug():
+            raise
+        raise UserError(message(error), hint) from None
+
+
 def _user_errors(command: Callable) -> Callable:
     """Turn the known user mistakes into `UserError` (unless --debug)."""
     from dagtune.launch import SetupError
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if click.get_current_context().find_root().params.get("debug"):
+        if _debug():
             return command(*args, **kwargs)
         try:
             return command(*args, **kwargs)
         except SetupError as error:
             raise UserError(str(error), error.hint) from None
+        except StudyNameError as error:
+            raise UserError(f"--study {error}", "`dagtune status STORAGE` lists the studies there") from None
         except StorageError as error:
             raise UserError(
                 str(error), "give a directory or fsspec URL (s3://bucket/prefix) that a study wrote to"
             ) from None
 
     return wrapper
+
+
+def _escape(value: Any) -> str:
+    """`value` as text that rich shows literally (a config value like ``[/]`` is not markup)."""
+    from rich.markup import escape
+
+    return escape(str(value))
 
 
 def _console():
@@ -81,27 +118,25 @@ def main(debug: bool) -> None:
 def _connect(address: str):
     from distributed import Client
 
-    try:
+    with _mistake(
+        (OSError, TimeoutError, ValueError),
+        lambda error: f"cannot reach the Dask scheduler at {address}: {error}",
+        "start one with `dask scheduler` (and `dask worker ADDRESS`), or drop --scheduler for a local cluster",
+    ):
         return Client(address, timeout="5s")
-    except (OSError, TimeoutError, ValueError) as error:
-        raise UserError(
-            f"cannot reach the Dask scheduler at {address}: {error}",
-            "start one with `dask scheduler` (and `dask worker ADDRESS`), or drop --scheduler for a local cluster",
-        ) from None
 
 
 def _check_storage(url: str) -> None:
     """Fail early and clearly on a storage URL no filesystem can open."""
     from dagtune.checkpoints import CheckpointStore
 
-    try:
+    with _mistake(
+        (ValueError, ImportError, OSError),
+        lambda error: f"cannot use storage {url!r}: {type(error).__name__}: {error}",
+        "give a writable directory or an fsspec URL whose package is installed (s3:// needs s3fs)",
+    ):
         store = CheckpointStore(url)
         store.fs.makedirs(store.root, exist_ok=True)
-    except (ValueError, ImportError, OSError) as error:
-        raise UserError(
-            f"cannot use storage {url!r}: {type(error).__name__}: {error}",
-            "give a writable directory or an fsspec URL whose package is installed (s3:// needs s3fs)",
-        ) from None
 
 
 def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
@@ -142,37 +177,62 @@ def run(
     from dagtune.launch import load_setup
     from dagtune.progress import watch
 
-    setup = load_setup(target)
-    _check_storage(storage)
     if scheduler and workers:
         raise UserError(
             "--workers sizes the local cluster; it can't be used with --scheduler", "drop one of them"
         )
+    parsed = _parse_resources(resources)
+    setup = load_setup(target)
+    _check_storage(storage)
     client = _connect(scheduler) if scheduler else None
     options = dict(setup.options)
-    parsed = _parse_resources(resources)
     if parsed:
         options["resources"] = parsed
     try:
-        study = dt.Study(
-            setup.trainer,
-            setup.trainer_kwargs,
-            name=name or setup.name,
-            storage=storage,
-            client=client,
-            workers=workers,
-            **options,
+        with (
+            _mistake(  # e.g. resources no worker offers, a name in use by another model
+                ValueError, str, "see `dagtune status STORAGE` for the studies already there"
+            ),
+            _mistake(  # a scheduler no worker joined
+                TimeoutError,
+                str,
+                "start workers with `dask worker ADDRESS"
+                + "".join(f" --resources {k}={v:g}" for k, v in (parsed or {}).items())
+                + "`, or drop --scheduler for a local cluster",
+            ),
+        ):
+            study = dt.Study(
+                setup.trainer,
+                setup.trainer_kwargs,
+                name=name or setup.name,
+                storage=storage,
+                client=client,
+                workers=workers,
+                **options,
+            )
+        algorithm = setup.algorithm
+        expired = _mistake(
+            TimeoutError,
+            lambda _: (
+                f"the study did not finish within --timeout {timeout:g} s ({_completed(study)} trials completed)"
+            ),
+            f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
+            "every study of this model",
         )
-    except ValueError as error:  # e.g. resources no worker offers, a name in use by another model
-        raise UserError(str(error), "see `dagtune status STORAGE` for the studies already there") from None
-    algorithm = setup.algorithm
-    try:
-        with study, watch(study, algorithm.metric, algorithm.mode, show="terminal"):
+        with study, watch(study, algorithm.metric, algorithm.mode, show="terminal"), expired:
             result = study.run(algorithm, timeout=timeout)
     finally:
         if client is not None:
             client.close()
     _print_result(result)
+
+
+def _completed(study: Any) -> str:
+    from dagtune.coordinator import COMPLETED
+
+    with study._lock:
+        trials = list(study.coordinator.trials.values())
+    return f"{sum(1 for t in trials if t.status == COMPLETED)}/{len(trials)}"
 
 
 def _print_result(result: Any) -> None:
@@ -183,12 +243,12 @@ def _print_result(result: Any) -> None:
     best = result.best
     if best is not None:
         table = Table(
-            title=f"best: {result.metric} = {best.metrics[result.metric]:.4g} after {best.steps} steps"
+            title=f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps"
         )
         table.add_column("hyper-parameter")
         table.add_column("sequence")
         for hp, sequence in best.config.items():
-            table.add_row(hp, repr(sequence))
+            table.add_row(_escape(hp), _escape(repr(sequence)))
         console.print(table)
     console.print(
         f"{report['trials']} trials: trained {report['executed_steps']} steps for {report['trial_steps']} "
@@ -201,6 +261,8 @@ def _print_result(result: Any) -> None:
 
 
 def _studies(storage: str, study: str | None) -> list[StoredStudy]:
+    if study is not None:
+        check_study_name(study)
     store = open_storage(storage)
     names = [study] if study else list_studies(store)
     if not names:
@@ -247,7 +309,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             str(c["completed"]),
             str(c["pending"]),
             str(c["stopped"] + c["failed"] + c["diverged"]),
-            "—" if best is None else f"{snapshot['metric']} {best['value']:.4g}",
+            "—" if best is None else f"{_escape(snapshot['metric'])} {best['value']:.4g}",
             str(c["trial_steps"]),
             str(c["unique_steps"]),
             f"{c['merge_rate']:.2f}",
@@ -263,9 +325,10 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             f"{report['plan_steps']} trained steps and {report['checkpoints']} checkpoints "
             f"({report['checkpoint_bytes'] / 1e6:.1f} MB) shared by every study of this model"
         )
+        console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
         for incident in stored.incidents:
-            console.print(f"[yellow]incident:[/] {incident}")
+            console.print(f"[yellow]incident:[/] {_escape(incident)}")
 
 
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
@@ -278,12 +341,12 @@ def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> N
     if metric is None or metric not in frame or frame.empty:
         return
     frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
-    table = Table(title=f"best {len(frame)} trials by {metric}")
-    columns = ["trial_id", "status", "steps", metric, *snapshot["hp"]]
+    table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
+    columns = ["trial_id", "status", "steps", metric, *(hp for hp in snapshot["hp"] if hp in frame)]
     for column in columns:
-        table.add_column(column)
+        table.add_column(_escape(column))
     for _, row in frame.iterrows():
-        table.add_row(*(f"{row[c]:.4g}" if c == metric else str(row[c]) for c in columns))
+        table.add_row(*(f"{row[c]:.4g}" if c == metric else _escape(row[c]) for c in columns))
     console.print(table)
 
 
@@ -309,7 +372,7 @@ def tree(storage: str, study: str | None) -> None:
             value = (trial.metrics or {}).get(metric)
             shown = f"{value:.4g}" if isinstance(value, float) else "—"
             ends.setdefault(trial.segments[-1][0], []).append(f"#{trial.id} {shown}")
-        root = Tree(f"[bold]{stored.name}[/] ({len(stored.trials)} trials, {metric})")
+        root = Tree(f"[bold]{_escape(stored.name)}[/] ({len(stored.trials)} trials, {_escape(metric)})")
         branches: dict[str | None, Any] = {None: root}
         parents = snapshot["parents"]
         for node in sorted(parents, key=lambda n: snapshot["tree"]["row"][pieces[n][0]]):
@@ -318,7 +381,7 @@ def tree(storage: str, study: str | None) -> None:
                 f"[{COLORS.get(t['state'][i], 'white')}]{t['start'][i]}–{t['end'][i]}[/]×{t['trials'][i]}"
                 for i in pieces[node]
             )
-            label = t["label"][pieces[node][0]]
+            label = _escape(t["label"][pieces[node][0]])
             trials = f"  → {', '.join(ends[node])}" if node in ends else ""
             branches[node] = branches[parents[node]].add(f"{runs}  [dim]{label}[/]{trials}")
         console.print(root)
@@ -372,6 +435,8 @@ def dashboard(storage: str, studies: tuple[str, ...], address: str, port: int, r
     """Serve the dagtune page for the studies in STORAGE (no study needs to run)."""
     from dagtune.dashboard.server import serve
 
+    for name in studies:
+        check_study_name(name)
     try:
         server = serve(storage, names=list(studies) or None, address=address, port=port, refresh=refresh)
     except OSError as error:

@@ -77,9 +77,15 @@ def _import_script(path: str):
     return module
 
 
-def _describe_failure(error: BaseException, path: str) -> tuple[str, str]:
-    """Where in the user's file importing it failed, in one line."""
-    if isinstance(error, SyntaxError):
+def _describe_failure(
+    error: BaseException, path: str, doing: str = "importing the script"
+) -> tuple[str, str]:
+    """Where in the user's file `doing` failed, in one line."""
+    if (
+        isinstance(error, SyntaxError)
+        and error.filename
+        and os.path.abspath(error.filename) == os.path.abspath(path)
+    ):
         return (
             f"{path}:{error.lineno}: SyntaxError: {error.msg}",
             "fix the script; `python -m py_compile SCRIPT` checks it",
@@ -91,9 +97,18 @@ def _describe_failure(error: BaseException, path: str) -> tuple[str, str]:
     ]
     where = f"{path}:{frames[-1].lineno}" if frames else path
     return (
-        f"{where}: importing the script raised {type(error).__name__}: {error}",
-        "run `python SCRIPT` to see the whole traceback, or add --debug",
+        f"{where}: {doing} raised {type(error).__name__}: {_one_line(error)}",
+        "add --debug to see the whole traceback",
     )
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _source(module: Any) -> str:
+    return getattr(module, "__file__", None) or getattr(module, "__name__", "?")
 
 
 def load_setup(target: str) -> StudySetup:
@@ -111,16 +126,27 @@ def load_setup(target: str) -> StudySetup:
         try:
             module = importlib.import_module(location)
         except ImportError as error:
+            if not _missing(error, location):  # the module is there, one of its imports is not
+                raise SetupError(
+                    *_describe_failure(error, _imported_file(location), "importing it")
+                ) from error
             raise SetupError(
                 f"cannot import {location!r}: {error}", "is it installed, or on PYTHONPATH?"
             ) from None
+        except Exception as error:
+            raise SetupError(*_describe_failure(error, _imported_file(location), "importing it")) from error
     make = getattr(module, function, None)
     if not callable(make):
         raise SetupError(
             f"{location} has no function {function!r}",
             f"define `def {function}(): return dagtune.launch.StudySetup(trainer=..., algorithm=...)`",
         )
-    made = make()
+    try:
+        made = make()
+    except SetupError:
+        raise
+    except Exception as error:
+        raise SetupError(*_describe_failure(error, _source(module), f"{function}()")) from error
     if isinstance(made, dict):
         unknown = sorted(set(made) - {f.name for f in fields(StudySetup)})
         if unknown:
@@ -139,3 +165,18 @@ def load_setup(target: str) -> StudySetup:
             "return dagtune.launch.StudySetup(trainer=..., algorithm=...) or a dict of its fields",
         )
     return made
+
+
+def _missing(error: ImportError, location: str) -> bool:
+    """Whether `error` says `location` itself (or a package on its way) is not there."""
+    name = getattr(error, "name", None)
+    return name is None or location == name or location.startswith(name + ".")
+
+
+def _imported_file(location: str) -> str:
+    """The file of module `location` (for messages), even if importing it failed."""
+    try:
+        spec = importlib.util.find_spec(location)
+    except Exception:
+        spec = None
+    return spec.origin if spec is not None and spec.origin else location

@@ -5,8 +5,9 @@ thread reads the study's state every `interval` seconds (under the study's lock,
 waiting caller releases) and shows trials finished, steps trained against steps reuse
 saved, and the best metric so far. Where it shows them:
 
-- ``"terminal"``: a rich progress bar when the stream is a terminal, else one plain log
-  line at most every `log_seconds` (and whenever a trial finishes), so CI logs stay short;
+- ``"terminal"``: a rich progress bar when the stream is a terminal, else plain log lines,
+  so CI logs stay short: one when a trial finishes (at most every `log_seconds`), and a
+  heartbeat at most every `heartbeat_seconds` while steps are trained but no trial finishes;
 - ``"notebook"``: a live HTML view in Jupyter (`dagtune.notebook.LiveView`), nothing
   outside Jupyter;
 - ``"auto"``: the notebook view in Jupyter, else the terminal forms.
@@ -21,7 +22,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -88,17 +89,28 @@ def in_notebook() -> bool:
 
 
 class _Lines:
-    """Plain log lines: one per finished trial count change, at most every `every` s."""
+    """Plain log lines: one when the finished trial count changed, at most every `every` s,
+    and a heartbeat when steps were trained since the last line, at most every `heartbeat`
+    s (long trials). `clock` is injectable for tests."""
 
-    def __init__(self, stream: IO[str], every: float):
-        self.stream, self.every = stream, every
-        self._at, self._finished = -float("inf"), -1
+    def __init__(
+        self,
+        stream: IO[str],
+        every: float,
+        heartbeat: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.stream, self.every, self.heartbeat, self.clock = stream, every, heartbeat, clock
+        self._at, self._finished, self._trained = -float("inf"), -1, -1
 
     def show(self, state: ProgressState, final: bool = False) -> None:
-        now = time.monotonic()
-        if final or (state.finished != self._finished and now - self._at >= self.every):
+        now = self.clock()
+        since = now - self._at
+        finished = state.finished != self._finished and since >= self.every
+        moved = state.trained != self._trained and since >= self.heartbeat
+        if final or finished or moved:
             print(state.line(), file=self.stream, flush=True)
-            self._at, self._finished = now, state.finished
+            self._at, self._finished, self._trained = now, state.finished, state.trained
 
     def close(self) -> None:
         """Nothing to release."""
@@ -107,7 +119,7 @@ class _Lines:
 class _Bar:
     """A rich progress bar over trials, with steps and the best metric beside it."""
 
-    def __init__(self, stream: IO[str]):
+    def __init__(self, stream: IO[str], console: Any = None):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -117,7 +129,7 @@ class _Bar:
             MofNCompleteColumn(),
             TextColumn("trials · {task.fields[steps]} · {task.fields[best]}"),
             TimeElapsedColumn(),
-            console=Console(file=stream),
+            console=console if console is not None else Console(file=stream),
             transient=False,
         )
         self.task = self.progress.add_task("dagtune", total=None, steps="", best="")
@@ -138,7 +150,7 @@ class _Bar:
         self.progress.stop()
 
 
-def _display(study: Any, show: str, stream: IO[str], log_seconds: float):
+def _display(study: Any, show: str, stream: IO[str], log_seconds: float, heartbeat_seconds: float):
     if show not in ("auto", "terminal", "notebook"):
         raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
     if show in ("auto", "notebook") and in_notebook():
@@ -149,7 +161,7 @@ def _display(study: Any, show: str, stream: IO[str], log_seconds: float):
         return None
     if stream.isatty():
         return _Bar(stream)
-    return _Lines(stream, log_seconds)
+    return _Lines(stream, log_seconds, heartbeat_seconds)
 
 
 @contextlib.contextmanager
@@ -162,6 +174,7 @@ def watch(
     stream: IO[str] | None = None,
     interval: float = 0.5,
     log_seconds: float = 10.0,
+    heartbeat_seconds: float = 30.0,
 ) -> Iterator[None]:
     """Show the study's progress while the block runs (see the module docstring)."""
     with _watched_lock:
@@ -171,9 +184,8 @@ def watch(
         yield
         return
     try:
-        with _showing(
-            study, metric, mode, _display(study, show, stream or sys.stderr, log_seconds), interval
-        ):
+        display = _display(study, show, stream or sys.stderr, log_seconds, heartbeat_seconds)
+        with _showing(study, metric, mode, display, interval):
             yield
     finally:
         with _watched_lock:

@@ -43,6 +43,32 @@ SCRIPT = textwrap.dedent(
 
     def wrong():
         return 42
+
+    def explode():
+        data = {}
+        return data["no such dataset"]
+    """
+)
+
+SLOW_SCRIPT = textwrap.dedent(
+    """
+    import time
+
+    import dagtune as dt
+    from dagtune.algos import GridSearch
+    from dagtune.launch import StudySetup
+    from dagtune.sim import SyntheticTrainer
+
+
+    class Sleepy(SyntheticTrainer):
+        def train(self):
+            time.sleep(0.2)
+            return super().train()
+
+
+    def study_setup():
+        space = dt.Grid({"lr": [0.1, 0.05]})
+        return StudySetup(trainer=Sleepy, algorithm=GridSearch(space, metric="val_loss", steps=40), name="slow")
     """
 )
 
@@ -105,6 +131,14 @@ def test_gc_dry_run_then_for_real(storage, tmp_path):
         (["run", "missing.py"], "no script 'missing.py'", "Hint:"),
         (["run", "no_such_module_xyz:setup"], "cannot import 'no_such_module_xyz'", "Hint:"),
         (["run", "justaname"], "neither a .py script nor module:function", "Hint: e.g."),
+        (
+            ["status", "/nonexistent/runs", "--study", "../etc"],
+            "--study '../etc' is not a study name",
+            "Hint: `dagtune status STORAGE` lists",
+        ),
+        (["tree", ".", "--study", "a b"], "--study 'a b' is not a study name", "Hint:"),
+        (["dashboard", ".", "--study", "[x]"], "--study '[x]' is not a study name", "Hint:"),
+        (["run", "x.py", "--resources", "GPU"], "--resources 'GPU' is not NAME=AMOUNT", "Hint: e.g."),
     ],
 )
 def test_user_mistakes_are_one_line_and_a_hint(args, message, hint):
@@ -132,6 +166,106 @@ def test_bad_scripts_say_where(tmp_path, storage):
     assert isinstance(debug.exception.__cause__, RuntimeError)  # --debug: the traceback, chained
 
 
+def one_error(out, message: str, hint: str = "Hint:") -> None:
+    """The command failed with one Error line, then one Hint line, and no traceback (other
+    output, e.g. progress lines, may come before)."""
+    assert out.exit_code == 2, out.output
+    lines = out.output.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("Error: ")]
+    assert len(errors) == 1 and message in lines[errors[0]], out.output
+    assert lines[errors[0] + 1].startswith(hint), out.output
+    assert "Traceback" not in out.output
+
+
+def test_mistakes_in_the_setup_code_are_one_line(tmp_path, monkeypatch, storage):
+    (tmp_path / "good.py").write_text(SCRIPT)
+    line = SCRIPT.splitlines().index('    return data["no such dataset"]') + 1
+    out = CliRunner().invoke(main, ["run", f"{tmp_path / 'good.py'}:explode", "--storage", storage])
+    one_error(out, f"good.py:{line}: explode() raised KeyError: 'no such dataset'", "Hint: add --debug")
+    debug = CliRunner().invoke(main, ["--debug", "run", f"{tmp_path / 'good.py'}:explode"])
+    assert isinstance(debug.exception.__cause__, KeyError)  # --debug: the whole traceback, chained
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "sick.py").write_text("import os\nraise ValueError('bad config file')\n")
+    (package / "needy.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(package))
+    out = CliRunner().invoke(main, ["run", "sick:study_setup"])
+    one_error(out, "sick.py:2: importing it raised ValueError: bad config file")
+    out = CliRunner().invoke(main, ["run", "needy:study_setup"])
+    one_error(
+        out, "needy.py:1: importing it raised ModuleNotFoundError: No module named 'no_such_dependency_xyz'"
+    )
+    debug = CliRunner().invoke(main, ["--debug", "run", "sick:study_setup"])
+    assert isinstance(debug.exception.__cause__, ValueError)
+
+
+def test_bad_storage_and_conflicting_options_on_run(tmp_path):
+    (tmp_path / "good.py").write_text(SCRIPT)
+    out = CliRunner().invoke(main, ["run", str(tmp_path / "good.py"), "--storage", "nosuchproto://x"])
+    one_error(out, "cannot use storage 'nosuchproto://x'", "Hint: give a writable directory")
+    out = CliRunner().invoke(
+        main, ["run", str(tmp_path / "good.py"), "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"]
+    )
+    one_error(out, "--workers sizes the local cluster; it can't be used with --scheduler", "Hint: drop one")
+
+
+@pytest.fixture
+def scheduler_only():
+    """An in-process Dask scheduler with no worker at all."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=0, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address="127.0.0.1:0"
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_a_scheduler_without_workers_is_one_line(tmp_path, scheduler_only):
+    import dask
+
+    (tmp_path / "good.py").write_text(SCRIPT)
+    args = [
+        "run",
+        str(tmp_path / "good.py"),
+        "--scheduler",
+        scheduler_only,
+        "--storage",
+        str(tmp_path / "runs"),
+    ]
+    with dask.config.set({"dagtune.worker-wait": "1s"}):
+        out = CliRunner().invoke(main, [*args, "--resources", "GPU=1"])
+        one_error(
+            out,
+            f"no Dask worker joined the scheduler at {scheduler_only} within 1 s",
+            "Hint: start workers with `dask worker ADDRESS --resources GPU=1`",
+        )
+        debug = CliRunner().invoke(main, ["--debug", *args])
+    assert isinstance(debug.exception, TimeoutError)
+
+
+@pytest.mark.slow
+def test_an_expired_timeout_is_one_line(tmp_path):
+    from distributed import LocalCluster
+
+    (tmp_path / "slow.py").write_text(SLOW_SCRIPT)
+    runs = str(tmp_path / "runs")
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp://",
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+    ) as cluster:
+        args = ["run", str(tmp_path / "slow.py"), "--scheduler", cluster.scheduler_address, "--storage", runs]
+        out = CliRunner().invoke(main, [*args, "--timeout", "1"])
+    one_error(
+        out, "the study did not finish within --timeout 1 s (0/2 trials completed)", "Hint: raise --timeout"
+    )
+    assert f"what was trained is kept in {runs}" in out.output
+
+
 def test_setups_load_from_functions_and_dicts(tmp_path):
     from dagtune.launch import load_setup
 
@@ -139,6 +273,77 @@ def test_setups_load_from_functions_and_dicts(tmp_path):
     setup = load_setup(str(tmp_path / "good.py"))
     assert setup.name == "tiny" and setup.trainer is SyntheticTrainer
     assert load_setup(f"{tmp_path / 'good.py'}:as_dict").algorithm.metric == "val_loss"
+
+
+def test_markup_in_hyper_parameter_values_is_shown_literally(tmp_path):
+    path = str(tmp_path / "runs")
+    space = dt.Grid({"opt": ["[/]", "[bold]x", "plain"], "lr": [0.1]})
+    with dt.Study(
+        SyntheticTrainer,
+        name="marks",
+        storage=path,
+        executor=SimulatedExecutor(2, store=CheckpointStore(path)),
+    ) as study:
+        study.run(GridSearch(space, metric="val_loss", mode="min", steps=4))
+    tree = invoke("tree", path)
+    assert tree.exit_code == 0 and "opt='[/]'" in tree.output and "opt='[bold]x'" in tree.output
+    status = invoke("status", path, "--study", "marks")
+    assert status.exit_code == 0 and "'[/]'" in status.output and "'[bold]x'" in status.output
+
+
+def test_status_says_why_executed_steps_are_unknown(storage):
+    out = invoke("status", storage, "--study", "sim")
+    assert "executed steps and GPU-seconds are not kept in storage" in " ".join(out.output.split())
+
+
+def test_log_lines_have_a_heartbeat_while_steps_move():
+    import io
+
+    from dagtune.progress import _Lines
+
+    now = [0.0]
+    stream = io.StringIO()
+    lines = _Lines(stream, every=10.0, heartbeat=30.0, clock=lambda: now[0])
+
+    def at(t: float, finished: int, trained: int) -> int:
+        now[0] = t
+        lines.show(ProgressState("s", 4, finished, trained, 40, None, None, t))
+        return len(stream.getvalue().splitlines())
+
+    assert at(0, 0, 0) == 1  # the first line
+    assert at(5, 0, 3) == 1  # steps moved, no trial finished: quiet for now
+    assert at(29, 0, 9) == 1
+    assert at(31, 0, 10) == 2  # the heartbeat, 30 s after the last line
+    assert at(70, 0, 10) == 2  # nothing moved: no heartbeat
+    assert at(75, 1, 12) == 3  # a trial finished (10 s since the last line)
+    assert at(80, 2, 14) == 3  # another one, too soon after
+    assert at(86, 2, 14) == 4  # ... shown once 10 s have passed
+    assert "2/4 trials finished, 14 steps trained" in stream.getvalue().splitlines()[-1]
+
+
+def test_the_bar_in_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from dagtune.progress import _Bar, _display
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    bar = _display(None, "terminal", Terminal(), 10.0, 30.0)
+    assert isinstance(bar, _Bar)
+    bar.close()
+    console = Console(file=io.StringIO(), force_terminal=True, record=True, width=140)
+    bar = _Bar(console.file, console=console)
+    bar.show(ProgressState("digits", 4, 1, 10, 25, None, "val_acc", 1.0))
+    bar.show(ProgressState("digits", 4, 3, 21, 32, 0.9312, "val_acc", 2.0), final=True)
+    bar.close()
+    text = console.export_text()
+    assert "digits" in text and "3/4" in text and "trials" in text
+    assert "21 steps trained, 11 saved by reuse" in text and "best val_acc 0.9312" in text
+    assert "\x1b[" in console.file.getvalue()  # drawn for a terminal
 
 
 def test_progress_degrades_to_log_lines_off_a_terminal(tmp_path):
@@ -186,3 +391,23 @@ def test_run_a_script_from_the_command_line(tmp_path):
     assert "4 trials: trained 21 steps for 32 trial steps" in done.stdout
     status = invoke("status", str(runs), "--study", "tiny")
     assert status.exit_code == 0 and "32 trial steps need 21 unique steps" in status.output
+
+
+@pytest.mark.slow
+def test_dashboard_command_serves_the_page(storage):
+    import urllib.request
+
+    command = [sys.executable, "-m", "dagtune.cli", "dashboard", storage, "--port", "0", "--refresh", "0.5"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("dagtune dashboard: http://127.0.0.1:"), first + process.stdout.read()
+        url = first.split()[2]
+        assert url.endswith("/dagtune")
+        with urllib.request.urlopen(url, timeout=30) as response:
+            page = response.read().decode()
+        assert response.status == 200 and "Bokeh" in page and "dagtune" in page
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert process.returncode is not None
