@@ -102,7 +102,9 @@ class Algorithm:
         return None
 
     def on_end(self, trial: Trial) -> Iterable[Decision] | None:
-        """A trial stopped, failed or diverged."""
+        """A trial stopped, failed or diverged. An override should call
+        ``self.check_ended(trial)`` first, as this default does."""
+        self.check_ended(trial)
         return None
 
     def on_idle(self, free: int) -> Iterable[Decision] | None:
@@ -158,6 +160,13 @@ class Algorithm:
                     f"metrics {sorted(metrics)}"
                 )
             self._checked_metric = True
+
+    def check_ended(self, trial: Trial) -> None:
+        """`check_metric` for a trial that ended: a non-finite result never reaches
+        `on_result` (the trial is diverged and `on_end` is called), so if every trial diverges
+        at once only their last metrics, in ``trial.metrics``, show a misspelled metric."""
+        if trial.metrics:
+            self.check_metric(trial.metrics)
 
     @property
     def completed(self) -> list[Trial]:

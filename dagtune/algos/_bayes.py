@@ -154,6 +154,7 @@ class BayesOpt(Algorithm):
         return self._finished(trial)
 
     def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
         return self._finished(trial)
 
     # ---- bookkeeping

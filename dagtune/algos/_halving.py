@@ -186,7 +186,9 @@ class _Synchronous(Algorithm):
     def on_complete(self, trial: Trial) -> list[Decision]:
         return self.brackets[trial.tag].on_done(trial)
 
-    on_end = on_complete
+    def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
+        return self.brackets[trial.tag].on_done(trial)
 
 
 class SuccessiveHalving(_Synchronous):
@@ -339,6 +341,7 @@ class ASHA(Algorithm):
         return self._fill()
 
     def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
         self._working -= 1
         return self._fill()
 

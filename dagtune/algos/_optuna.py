@@ -104,6 +104,7 @@ class OptunaSampler(Algorithm):
         return self._refill()
 
     def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
         state = self._optuna.trial.TrialState
         self.study.tell(
             self._asked.pop(trial.tag), state=state.FAIL if trial.status == FAILED else state.PRUNED

@@ -141,7 +141,9 @@ class PBT(Algorithm):
         self._waiting -= 1
         return self._next_generation() if self._waiting == 0 else []
 
-    on_end = on_complete
+    def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
+        return self.on_complete(trial)
 
     def _generation(self, decisions: list[Decision]) -> list[Decision]:
         self._waiting, self._arrived = len(decisions), []

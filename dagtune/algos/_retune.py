@@ -226,6 +226,7 @@ class Retune(Algorithm):
         return self._on_done(trial)
 
     def on_end(self, trial: Trial) -> list[Decision]:
+        self.check_ended(trial)
         return self._on_done(trial)
 
     def is_finished(self) -> bool:
