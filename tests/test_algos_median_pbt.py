@@ -64,53 +64,95 @@ def distinct(space) -> list[dict]:
 
 
 class LoggingMedian(MedianStopping):
-    """Records every result in the order the algorithm saw it."""
+    """Records every result and every completion in the order the algorithm saw them."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.log: list[tuple[int, int, float]] = []
+        self.log: list[tuple] = []
 
     def on_result(self, trial, step, metrics):
-        self.log.append((trial.id, step, metrics["val_loss"]))
+        self.log.append(("result", trial.id, step, metrics["val_loss"]))
         return super().on_result(trial, step, metrics)
 
+    def on_complete(self, trial):
+        self.log.append(("complete", trial.id))
+        return super().on_complete(trial)
 
-def expected_stops(log, grace: int, min_samples: int, max_steps: int) -> set[tuple[int, int]]:
-    """The median rule replayed on the results in order: (trial, step) pairs to stop at."""
-    seen: dict[int, list[tuple[int, float]]] = {}
+
+def golovin_stops(log, grace: int, min_samples: int, max_steps: int) -> set[tuple[int, int]]:
+    """Golovin et al.'s rule replayed on the events in order: stop trial T at step s if its
+    best objective by s is strictly worse than the median of the running averages, up to s,
+    of the completed trials' objectives. (trial, step) pairs to stop at."""
+    curves: dict[int, list[tuple[int, float]]] = {}
+    completed: list[int] = []
     stops = set()
-    for trial, step, loss in log:
-        seen.setdefault(trial, []).append((step, loss))
-        if not grace <= step < max_steps:
+    for event in log:
+        if event[0] == "complete":
+            completed.append(event[1])
             continue
-        others = [curve for t, curve in seen.items() if t != trial and curve[-1][0] >= step]
-        if len(others) < min_samples:
+        _, trial, step, loss = event
+        curves.setdefault(trial, []).append((step, loss))
+        if not grace <= step < max_steps or len(completed) < min_samples:
             continue
-        median = statistics.median(statistics.fmean(v for s, v in curve if s <= step) for curve in others)
-        if min(v for s, v in seen[trial] if s <= step) > median:  # val_loss: lower is better
+        averages = [statistics.fmean(v for s, v in curves[t] if s <= step) for t in completed]
+        if min(v for s, v in curves[trial] if s <= step) > statistics.median(averages):  # val_loss: min
             stops.add((trial, step))
     return stops
 
 
-def test_median_stopping_stops_exactly_what_the_rule_says():
+def reported_stops(log, grace: int, min_samples: int, max_steps: int) -> set[tuple[int, int]]:
+    """The Ray Tune variant replayed: the median over every other trial that has reported at
+    step s or later."""
+    curves: dict[int, list[tuple[int, float]]] = {}
+    stops = set()
+    for event in log:
+        if event[0] == "complete":
+            continue
+        _, trial, step, loss = event
+        curves.setdefault(trial, []).append((step, loss))
+        if not grace <= step < max_steps:
+            continue
+        others = [curve for t, curve in curves.items() if t != trial and curve[-1][0] >= step]
+        if len(others) < min_samples:
+            continue
+        median = statistics.median(statistics.fmean(v for s, v in curve if s <= step) for curve in others)
+        if min(v for s, v in curves[trial] if s <= step) > median:
+            stops.add((trial, step))
+    return stops
+
+
+@pytest.mark.parametrize(("median_of", "replay"), [(None, golovin_stops), ("reported", reported_stops)])
+def test_median_stopping_stops_exactly_what_the_rule_says(median_of, replay):
     configs = distinct(MEDIAN_SPACE)
     study = sim_study(workers=3)
-    algo = LoggingMedian(configs, "val_loss", "min", max_steps=20, grace=2, min_samples=2)
+    option = {} if median_of is None else {"median_of": median_of}  # Golovin's rule is the default
+    algo = LoggingMedian(configs, "val_loss", "min", max_steps=20, grace=2, min_samples=2, **option)
     report = study.run(algo).report
     for trial in algo.trials:  # the log is the curves, in the order results arrived
         assert [(s, m["val_loss"]) for s, m in trial.curve] == [
-            (s, v) for t, s, v in algo.log if t == trial.id
+            (e[2], e[3]) for e in algo.log if e[0] == "result" and e[1] == trial.id
         ]
     assert all(t.status in ("completed", "stopped") for t in algo.trials)
     stopped = {(t.id, t.reported) for t in algo.trials if t.status == "stopped"}
-    assert stopped == expected_stops(algo.log, grace=2, min_samples=2, max_steps=20)
+    print(f"median of {median_of}: stopped {sorted(stopped)}")
+    assert stopped == replay(algo.log, grace=2, min_samples=2, max_steps=20)
     assert 0 < len(stopped) < len(configs)
+    # the two rules disagree on these results: the replay tells which one ran
+    other = reported_stops if replay is golovin_stops else golovin_stops
+    assert stopped != other(algo.log, grace=2, min_samples=2, max_steps=20)
     assert report["executed_steps"] == report["unique_steps"] < 20 * len(configs)
+    if median_of is None:  # nothing is stopped before min_samples trials completed
+        first_stop = min(i for i, e in enumerate(algo.log) if e[0] == "result" and (e[1], e[2]) in stopped)
+        assert sum(e[0] == "complete" for e in algo.log[:first_stop]) >= 2
 
 
 def test_a_stopped_trial_leaves_the_stage_another_trial_needs_running():
+    # the Ray Tune variant stops early, while trials still share prefixes (Vizier's rule waits
+    # for trials to complete, and here the stopped ones have branched off by then)
     study = sim_study(workers=3)
-    algo = MedianStopping(distinct(MEDIAN_SPACE), "val_loss", "min", max_steps=20, grace=2, min_samples=2)
+    algo = MedianStopping(
+        distinct(MEDIAN_SPACE), "val_loss", "min", max_steps=20, grace=2, min_samples=2, median_of="reported"
+    )
     report = study.run(algo).report
     sharing = [
         (stopped, other)
@@ -164,6 +206,7 @@ def test_median_stopping_with_a_budget_draws_that_many_trials():
         ({"max_steps": 10, "grace": 11}, "grace=11 must not exceed max_steps=10"),
         ({"max_steps": 10, "min_samples": 0}, "min_samples must be a positive int, got 0"),
         ({"max_steps": 10, "budget": 5}, "budget=5 is less than one trial of max_steps=10"),
+        ({"max_steps": 10, "median_of": "all"}, "median_of must be 'completed' or 'reported', got 'all'"),
     ],
 )
 def test_median_stopping_arguments_are_checked(kwargs, message):
