@@ -151,7 +151,27 @@ RENDERED = """(() => {
           states: data(tree).flatMap(d => Array.from(d.state || [])),
           trials: data(tree).flatMap(d => Array.from(d.trials || [])),
           critical: data(tree).map(d => (d.width && !d.state) ? d.x0.length : 0).reduce((a, b) => a + b, 0),
-          canvases: document.querySelectorAll('.bk-Figure, .bk-Column').length};
+          figures: [tree, curves].filter(fig => {
+            const view = Bokeh.index.find_one(fig);
+            return view != null && view.has_finished() && view.frame.bbox.width > 0 && view.frame.bbox.height > 0;
+          }).length};
+})()"""
+
+# JavaScript: where each figure's plotting area (its frame, inside the axes) is on the page,
+# in CSS pixels of the whole page (what a full-page screenshot shows at device scale 1),
+# with the data range shown along x
+FRAMES = """(() => {
+  const doc = Bokeh.documents[0];
+  const out = {scale: window.devicePixelRatio};
+  for (const name of ['dagtune-tree', 'dagtune-curves']) {
+    const view = Bokeh.index.find_one(doc.get_model_by_name(name));
+    const r = view.el.getBoundingClientRect();
+    const f = view.frame.bbox;
+    out[name] = {left: r.left + window.scrollX + f.left, top: r.top + window.scrollY + f.top,
+                 width: f.width, height: f.height,
+                 x_start: view.model.x_range.start, x_end: view.model.x_range.end};
+  }
+  return out;
 })()"""
 
 

@@ -110,3 +110,53 @@ def test_collecting_garbage_from_storage_keeps_what_the_policy_keeps(tmp_path):
     assert after.report()["checkpoints"] == before - summary["deleted"] == summary["kept"]
     points = {(node, step) for node, step, _ in store.points(after.identity)}
     assert points == {(n.id, s) for n in after.plan.nodes.values() for s in n.checkpoints}
+
+
+@pytest.fixture
+def scheduler_client():
+    """A client of an in-process scheduler (no workers) with Dask's dashboard."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=0, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield cluster, client
+
+
+def test_the_scheduler_holds_the_latest_snapshot_per_study(tmp_path, scheduler_client, monkeypatch):
+    from dagtune.dashboard import SNAPSHOTS, Publisher, attach, register, snapshots_on
+    from dagtune.dashboard.page import labels
+
+    cluster, client = scheduler_client
+    assert register(client)  # the page is served there
+    studies = [durable_sim_study(tmp_path / str(i), name="study") for i in range(2)]  # same name
+    publishers = [Publisher(study, client) for study in studies]
+    for config in SPACE:
+        studies[0].submit(config, 20)
+    sent = 0
+    for _ in range(30):  # the study moves on: every change is published
+        studies[0].coordinator.pump()
+        sent += publishers[0].publish()
+    publishers[1].publish()
+    assert sent >= 10
+    held = client.get_metadata(list(SNAPSHOTS))
+    keys = {f"study-{s._token}" for s in studies}
+    assert set(held) == keys  # one snapshot per study, not one per publication
+    latest = held[f"study-{studies[0]._token}"]
+    assert latest["counters"]["executed_steps"] == studies[0].coordinator.report()["executed_steps"]
+    assert not client.get_events("dagtune-dashboard")  # no event log grows with the study
+    shown = snapshots_on(cluster.scheduler)  # what the page reads
+    assert set(shown) == keys
+    assert sorted(label for _, label in labels(shown)) == sorted(f"study ({s._token})" for s in studies)
+    for study in studies:
+        study.close()
+
+    monkeypatch.setattr("dagtune.dashboard.plugin.register", lambda client: False)
+    other = durable_sim_study(tmp_path / "other", name="unserved")
+    other.client = client
+    assert attach(other) is None  # no page there: nothing is published
+    assert set(client.get_metadata(list(SNAPSHOTS))) == keys
+    other.close()

@@ -9,9 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagtune.dashboard.plugin import TOPIC, DashboardPlugin, Publisher, attach, page_url, register
+from dagtune.dashboard.plugin import (
+    SNAPSHOTS,
+    DashboardPlugin,
+    Publisher,
+    attach,
+    page_url,
+    register,
+    snapshots_on,
+)
 
-__all__ = ["TOPIC", "DashboardPlugin", "Publisher", "attach", "dask_setup", "page_url", "register"]
+__all__ = [
+    "SNAPSHOTS",
+    "DashboardPlugin",
+    "Publisher",
+    "attach",
+    "dask_setup",
+    "page_url",
+    "register",
+    "snapshots_on",
+]
 
 
 def dask_setup(scheduler: Any) -> None:

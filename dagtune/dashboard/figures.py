@@ -81,18 +81,30 @@ def counters_html(snapshot: dict) -> str:
     """The counters line: trials by status, steps trained vs shared, GPU-seconds saved, best."""
     c = snapshot["counters"]
     executed = c.get("executed_steps")
+    if executed is None:  # a stored study: say why, and what storage does tell
+        from dagtune.catalog import UNKNOWN_FROM_STORAGE
+
+        note = html.escape(UNKNOWN_FROM_STORAGE, quote=True)
+        executed_html = f'<span title="{note}">— (not kept in storage)</span>'
+    else:
+        executed_html = f"<b>{executed}</b>"
     parts = [
         f"<b>{html.escape(snapshot['study'])}</b>",
         f"trials <b>{c.get('trials', 0)}</b> ({c.get('completed', 0)} completed, "
         f"{c.get('pending', 0)} pending, {c.get('stopped', 0)} stopped, "
         f"{c.get('failed', 0) + c.get('diverged', 0)} failed)",
         f"steps: trial <b>{c.get('trial_steps', 0)}</b> · unique <b>{c.get('unique_steps', 0)}</b> · "
-        f"executed <b>{'—' if executed is None else executed}</b>",
+        f"executed {executed_html}",
         f"merge rate <b>{c.get('merge_rate', 1.0):.2f}</b>",
     ]
     if "gpu_seconds" in c:
         parts.append(
             f"GPU-s <b>{c['gpu_seconds']:.1f}</b>, saved by reuse <b>{c.get('gpu_seconds_saved', 0.0):.1f}</b>"
+        )
+    elif "plan_steps" in c:
+        parts.append(
+            f"the model's search plan holds <b>{c['plan_steps']}</b> trained steps "
+            "(every study of it); GPU-seconds are not kept in storage"
         )
     best = snapshot.get("best")
     if best is not None:

@@ -1,9 +1,11 @@
 """The "dagtune" Bokeh page: a study picker, the counters, the stage tree and the curves.
 
 `build_page` fills a Bokeh document from any source of snapshots (a callable returning the
-latest snapshot per study name) and refreshes it periodically: inside the Dask scheduler
-the source is what studies published to it (`dagtune.dashboard.plugin`), in
-``dagtune dashboard STORAGE`` it is what storage holds (`dagtune.dashboard.server`).
+latest snapshot per study key) and refreshes it periodically: inside the Dask scheduler
+the source is what studies published to it, keyed by name and token
+(`dagtune.dashboard.plugin`), in ``dagtune dashboard STORAGE`` it is what storage holds,
+keyed by name (`dagtune.dashboard.server`). The study picker shows names, with the token
+where two running studies share a name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ _EMPTY = (
 )
 
 
+def labels(snapshots: dict[str, dict]) -> list[tuple[str, str]]:
+    """``(key, label)`` per study for the picker: its name, with its token if another study
+    shown has the same name; sorted by label."""
+    names = [s["study"] for s in snapshots.values()]
+    options = []
+    for key, snapshot in snapshots.items():
+        name, token = snapshot["study"], snapshot.get("token")
+        options.append((key, f"{name} ({token})" if token and names.count(name) > 1 else name))
+    return sorted(options, key=lambda option: (option[1], option[0]))
+
+
 def build_page(doc, snapshots: Snapshots, *, period_ms: int = 1000, title: str = "dagtune") -> None:
     """Add the page to `doc`; it polls `snapshots` every `period_ms` and redraws on change."""
     view = StudyView(stretch=True)
@@ -34,12 +47,12 @@ def build_page(doc, snapshots: Snapshots, *, period_ms: int = 1000, title: str =
 
     def refresh() -> None:
         latest = snapshots()
-        names = sorted(latest)
-        if names != list(select.options):
-            select.options = names
+        options = labels(latest)
+        if options != [tuple(o) if isinstance(o, (list, tuple)) else (o, o) for o in select.options]:
+            select.options = options
         if select.value not in latest:
-            newest = max(latest.values(), key=lambda s: s["time"], default=None)
-            select.value = newest["study"] if newest else ""
+            newest = max(latest, key=lambda key: latest[key]["time"], default=None)
+            select.value = newest or ""
             return  # the value callback redraws
         snapshot = latest[select.value]
         empty.visible = False

@@ -2,10 +2,12 @@
 
 The coordinator runs in the client process, the dashboard in the scheduler's. A study's
 `Publisher` sends a snapshot (`dagtune.dashboard.snapshot`) whenever something changed, at
-most once per `interval`, with ``Client.log_event`` on topic ``dagtune-dashboard``.
-`DashboardPlugin`, a scheduler plugin, keeps the latest snapshot per study (from its
-``log_event`` hook, and from the scheduler's event log for those sent before it started)
-and adds the "dagtune" page to the scheduler's dashboard, next to Dask's own pages.
+most once per `interval`, into the scheduler's metadata under
+``["dagtune", "dashboard", "<name>-<token>"]``: the scheduler holds one snapshot per study,
+the latest (never a log that grows with the study), and two studies of the same name stay
+apart. It publishes only where the page is served. `DashboardPlugin`, a scheduler plugin,
+adds the "dagtune" page to the scheduler's dashboard, next to Dask's own pages; the page
+reads the snapshots there.
 
 The plugin gets there in one of two ways: `register` (what `attach` does for every study on
 Dask, the embedded cluster included) sends it to the scheduler, which must be able to
@@ -21,36 +23,34 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-__all__ = ["TOPIC", "DashboardPlugin", "Publisher", "attach", "page_url", "register"]
+__all__ = ["SNAPSHOTS", "DashboardPlugin", "Publisher", "attach", "page_url", "register", "snapshots_on"]
 
 log = logging.getLogger("dagtune")
 
-TOPIC = "dagtune-dashboard"
+SNAPSHOTS = ("dagtune", "dashboard")  # scheduler metadata: {"<name>-<token>": latest snapshot}
 PATH = "dagtune"
 
 
 class DashboardPlugin(SchedulerPlugin):
-    """Serves the "dagtune" page from the scheduler and keeps the snapshots it shows."""
+    """Serves the "dagtune" page from the scheduler (the snapshots it shows are in the
+    scheduler's metadata, `snapshots_on`)."""
 
     name = "dagtune-dashboard"
     idempotent = True
 
     def __init__(self) -> None:
-        self.snapshots: dict[str, dict] = {}
         self.served = False
 
     async def start(self, scheduler: Any) -> None:
-        for _, message in scheduler.get_events(TOPIC):
-            self._take(message)
         self.served = _install_page(scheduler)
 
-    def log_event(self, topic: str, msg: Any) -> None:
-        if topic == TOPIC:
-            self._take(msg)
 
-    def _take(self, message: Any) -> None:
-        if isinstance(message, dict) and isinstance(message.get("study"), str):
-            self.snapshots[message["study"]] = message
+def snapshots_on(scheduler: Any) -> dict[str, dict]:
+    """The latest snapshot of each study that published to `scheduler`, by key."""
+    found = scheduler.get_metadata(list(SNAPSHOTS), default={})
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, dict) and isinstance(v.get("study"), str)}
 
 
 def _install_page(scheduler: Any) -> bool:
@@ -85,11 +85,7 @@ def _scheduler_doc(scheduler: Any, extra: dict, doc: Any) -> None:
 
     from dagtune.dashboard.page import build_page
 
-    def snapshots() -> dict[str, dict]:
-        plugin = scheduler.plugins.get(DashboardPlugin.name)
-        return dict(plugin.snapshots) if plugin is not None else {}
-
-    build_page(doc, snapshots, title="Dask: dagtune")
+    build_page(doc, lambda: snapshots_on(scheduler), title="Dask: dagtune")
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
@@ -134,6 +130,7 @@ class Publisher:
         self.study = study
         self.client = client
         self.interval = interval
+        self.key = f"{study.name}-{study._token}"
         self._stop = threading.Event()
         self._sent: tuple | None = None
         self._thread = threading.Thread(
@@ -161,7 +158,9 @@ class Publisher:
         state = self._state()
         if state == self._sent and not force:
             return False
-        self.client.log_event(TOPIC, live_snapshot(self.study))
+        snapshot = live_snapshot(self.study)
+        snapshot["key"], snapshot["token"] = self.key, self.study._token
+        self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
         return True
 
@@ -190,16 +189,16 @@ def attach(
 ) -> Publisher | None:
     """Feed a study on Dask to the dagtune page and say where the page is.
 
-    Registers the page on the study's scheduler (nothing to do on the embedded cluster),
-    starts a `Publisher` and announces the page next to Dask's dashboard link. Returns the
-    publisher (None for a study without a Dask client, e.g. a simulation).
+    Registers the page on the study's scheduler (the embedded cluster included), starts a
+    `Publisher` and announces the page next to Dask's dashboard link. Returns the publisher,
+    or None where no page is served (a scheduler without a dashboard, or one that can't
+    import dagtune) and for a study without a Dask client (e.g. a simulation).
     """
     client = getattr(study, "client", None)
-    if client is None:
+    if client is None or not register(client):
         return None
-    served = register(client)
     publisher = Publisher(study, client, interval).start()
-    url = page_url(client) if served else None
+    url = page_url(client)
     if url and announce is not None:
         announce(f"dagtune: study {study.name!r} live at {url} (Dask dashboard: {client.dashboard_link})")
     return publisher
