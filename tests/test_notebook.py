@@ -78,35 +78,59 @@ def test_figures_hold_the_curves_and_the_tree(finished):
     assert max(bars.data_source.data["trials"]) == 4 and set(bars.data_source.data["state"]) == {"done"}
 
 
-def _execute(notebook, cwd: str):
+def _execute(notebook, cwd: str, updates: list | None = None):
+    """Run `notebook` in a real kernel; returns the code cells' outputs. `updates` receives
+    the HTML of every ``update_display_data`` message (in-place updates of a display,
+    which the saved notebook only shows the last of)."""
     nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed")
-    nbclient.NotebookClient(
-        notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": cwd}}
-    ).execute()
+
+    class Recording(nbclient.NotebookClient):
+        def process_message(self, msg, cell, cell_index):
+            if updates is not None and msg["msg_type"] == "update_display_data":
+                updates.append(msg["content"]["data"].get("text/html", ""))
+            return super().process_message(msg, cell, cell_index)
+
+    Recording(notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
     return [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
 
 
 @pytest.mark.slow
-def test_live_view_updates_in_a_real_kernel(tmp_path):
+def test_study_run_updates_its_live_view_in_a_real_kernel(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
         nbformat.v4.new_code_cell(
+            "import time\n"
             "import dagtune as dt\n"
+            "from distributed import Client, LocalCluster\n"
             "from dagtune.algos import GridSearch\n"
-            "from dagtune.checkpoints import CheckpointStore\n"
-            "from dagtune.progress import watch\n"
-            "from dagtune.sim import SimulatedExecutor, SyntheticTrainer\n"
+            "from dagtune.sim import SyntheticTrainer\n"
+            "class Sleepy(SyntheticTrainer):\n"
+            "    def train(self):\n"
+            "        time.sleep(0.1)\n"
+            "        return super().train()\n"
+            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol='tcp://',\n"
+            "                       host='127.0.0.1', dashboard_address='127.0.0.1:0')\n"
+            "client = Client(cluster)"
+        ),
+        nbformat.v4.new_code_cell(  # no watch here: Study.run shows the live view itself
             "space = dt.Grid({'lr': [0.1, dt.MultiStep(0.1, [4], 0.1)]})\n"
-            f"study = dt.Study(SyntheticTrainer, name='live', storage={str(tmp_path)!r},\n"
-            f"                 executor=SimulatedExecutor(2, store=CheckpointStore({str(tmp_path)!r})))\n"
-            "with watch(study, 'val_loss', 'min', show='notebook', interval=0.05):\n"
-            "    study.run(GridSearch(space, metric='val_loss', mode='min', steps=8))"
-        )
+            f"with dt.Study(Sleepy, name='live', storage={str(tmp_path / 'runs')!r}, client=client) as study:\n"
+            "    result = study.run(GridSearch(space, metric='val_loss', mode='min', steps=30))"
+        ),
+        nbformat.v4.new_code_cell("client.close()\ncluster.close()"),
     ]
-    (view,) = [o for o in _execute(notebook, str(tmp_path)) if o.output_type == "display_data"]
-    html = view["data"]["text/html"]
-    assert "dagtune live: 2/2 trials finished" in html and "2 completed" in html and "<svg" in html
+    updates: list[str] = []
+    outputs = _execute(notebook, str(tmp_path), updates)
+    assert not [o for o in outputs if o.output_type == "error"]
+    (view,) = [o for o in notebook.cells[1].outputs if o.output_type == "display_data"]
+    final = view["data"]["text/html"]
+    assert "dagtune live: 2/2 trials finished" in final and "2 completed" in final and "<svg" in final
+    assert "dashboard</a>" in final  # the link to the dagtune page
+    during = [html for html in updates if "dagtune live: " in html and "2/2 trials finished" not in html]
+    assert len(during) >= 3  # it moved while the study ran, not only at its end
+    trained = [int(html.split(" steps trained")[0].rsplit(" ", 1)[-1]) for html in during]
+    assert trained == sorted(trained) and trained[-1] > trained[0]
 
 
 @pytest.mark.slow
