@@ -214,6 +214,29 @@ def check_against_brute_force(sc: Scenario, tree: StageTree) -> None:
         assert not (set(along[stage.index][1:-1]) & available), stage
         if stage.source == "stage":
             assert along[stage.index][0] not in available, stage
+    check_wanted(sc, tree)
+
+
+def check_wanted(sc: Scenario, tree: StageTree) -> None:
+    """`tree.wanted` is exactly what the tree relies on running tasks for: the requests they
+    serve and the points stages start from, each claimed from the task that delivers it."""
+    if sc.in_flight is None:
+        assert tree.wanted == {}
+        return
+    listed = [(task, point) for task, points in tree.wanted.items() for point in points]
+    assert len({point for _, point in listed}) == len(listed), "a point wanted from two tasks"
+    sources = {(s.source_task, s.source_point) for s in tree.stages if s.source == "running"}
+    assert sources <= set(listed)
+    served = {
+        (sc.nodes[i], sc.trials[i][1])
+        for i in sc.active
+        if sc.paths[i][sc.trials[i][1]] in sc.running.values()
+    }
+    assert {point for _, point in listed} == {point for _, point in sources} | served
+    for task, (node, step) in listed:
+        assert (task, node, step) in sc.in_flight.claims
+        assert (node, step) in sc.running  # the task does pass that point
+        assert sc.in_flight.tasks[task][0] == node
 
 
 # ----------------------------------------------------------------------------- properties
@@ -492,6 +515,8 @@ def test_branch_in_a_running_stage_is_claimed_from_the_task():
     tree = build_stage_tree(plan, running)
     assert ("task-A", root, 150) in running.claims  # the task will checkpoint at 150
     assert ("task-A", root, 300) in running.claims  # and still serves trial 1
+    # the tree exposes both as data: the plan wants the running task to deliver them
+    assert tree.wanted == {"task-A": {(root, 150), (root, 300)}}
     assert [(s.node, s.start, s.end, s.source, s.source_task, s.source_point) for s in tree.stages] == [
         (t5, 150, 300, "running", "task-A", (root, 150))
     ]
@@ -515,6 +540,7 @@ def test_branch_behind_a_running_task_recomputes_from_the_latest_checkpoint():
         (150, t5, 300, "stage", None),
     ]
     assert ("task-A", root, 150) not in running.claims
+    assert tree.wanted == {"task-A": {(root, 300)}}  # trial 1 only: the task is past 150
 
 
 def test_request_beyond_a_running_stage_continues_from_its_end():
@@ -526,10 +552,12 @@ def test_request_beyond_a_running_stage_continues_from_its_end():
     assert [(s.start, s.end, s.source, s.source_task) for s in tree.stages] == [
         (100, 160, "running", "task-A")
     ]
+    assert tree.wanted == {"task-A": {(root, 100)}}  # trial 1's metrics, trial 2's state
     # a checkpoint later than the task's end wins
     plan.record_checkpoint(root, 120, CKPT)
     tree = build_stage_tree(plan, running)
     assert [(s.start, s.end, s.source) for s in tree.stages] == [(120, 160, "checkpoint")]
+    assert tree.wanted == {"task-A": {(root, 100)}}  # trial 1's metrics only
 
 
 def test_ranks_follow_request_order():

@@ -7,6 +7,10 @@ served from the latest state available before it on its path: a committed checkp
 is then asked to checkpoint), or the stage that trains up to it. A stage trains one node's
 config over ``[start, end)`` and ends where a request needs metrics or another path branches
 off; requests at the root level are served like any other.
+
+When a trial branches off in the middle of a stage that is already running and has not yet
+passed the branch step, the tree relies on that task to checkpoint there (no recomputation):
+`StageTree.wanted` lists, per running task, every point the tree relies on it to deliver.
 """
 
 from __future__ import annotations
@@ -68,7 +72,17 @@ class Stage:
 
 @dataclass
 class StageTree:
+    """The stages still to run, and what running tasks must deliver for them.
+
+    `wanted` maps a running task (the key `InFlight` answered with) to the points
+    ``(node, step)`` the tree relies on it to deliver, state and metrics: requests it serves,
+    branch points of stages that start from it (which it must checkpoint on its way), and the
+    latest point of its node that a stage continues from. A task not listed is relied on for
+    nothing and may stop at its next step boundary.
+    """
+
     stages: list[Stage]
+    wanted: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
 
     @property
     def roots(self) -> list[Stage]:
@@ -195,7 +209,10 @@ def build_stage_tree(plan: SearchPlan, in_flight: InFlight | None = None) -> Sta
             stage.source, stage.source_point = "checkpoint", (parent, step)
 
     _propagate_rank(plan, stages)
-    return StageTree(stages)
+    by_task: dict[str, set[tuple[str, int]]] = {}
+    for point, task in served_by_task.items():
+        by_task.setdefault(task, set()).add(point)
+    return StageTree(stages, by_task)
 
 
 def _propagate_rank(plan: SearchPlan, stages: list[Stage]) -> None:
