@@ -3,6 +3,26 @@
 The property tests build random plans (random trials, checkpoints, metrics, cancellations and
 running tasks) and check the tree against brute force: the values every trial is trained
 with, step by step, and the set of (prefix of values, step) pairs trained.
+
+The worked example (``TRIAL1`` ... ``TRIAL5``, ``test_figure*``) follows Section 3 of
+../shared/papers/hippo-paper.txt. The text gives the value set {0.1, 0.05, 0.02, 0.01}
+(lines 260-261), trial 1's values (lines 261-265: 0.1 for 200 steps, then 0.01 for 100),
+trial 2's three stages of 100 steps (lines 265-266), that trials 2-4 share 0.1 for their
+first 100 steps (lines 275-277) and that B1 is shared by three trials (lines 288-289), and
+trial 5's split of A2 into A3 (steps 100-150) and A4 (steps 150-200), with its last stage F
+after A3 (lines 308-316; Figure 5's caption, lines 320-325: trial 5 shares A1 and A3 with
+trial 1). The other values are in the figures, which the text extraction lacks. Trial 4's
+values are reconstructed (the paper's text does not give them), and so are the later values
+of trials 2 and 3: B1 = 0.05 over [100, 200) shared by trials 2-4, which then take 0.02,
+0.01 and 0.05, so that the plan has the figures' shape. Trial 5's F = 0.01 is the only
+figure label the thesis extraction keeps (../shared/papers/hippo-thesis.txt, line 502, "A
+0.1 F 0.01").
+
+Our stages end only where a request needs metrics or where another trial branches off, not
+where a trial's own value changes. So Figure 4's A2 (steps 100-200) and trial 1's 0.01 stage
+after it (200-300) are one stage [100, 300) here, and Figure 5's A4 (150-200) and that same
+0.01 stage are one stage [150, 300): the figures draw them split because the paper cuts
+stages at every change of value (lines 271-273), and no trial branches off trial 1 at 200.
 """
 
 from __future__ import annotations
