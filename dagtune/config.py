@@ -17,6 +17,7 @@ from dagtune.sequences import Scalar, Sequence, as_sequence, first_difference, s
 
 __all__ = [
     "Config",
+    "check_config_finite",
     "config_dumps",
     "config_first_difference",
     "config_from_json",
@@ -56,6 +57,16 @@ def normalize_config(config: Mapping[str, Any], owner: str = "config") -> Config
             raise ValueError(f"{owner}[{name!r}] must be a sequence or a JSON scalar, got {value!r}")
         normalized[name] = as_sequence(value, owner, name)
     return normalized
+
+
+def check_config_finite(config: Config, steps: int) -> None:
+    """Raise a ValueError naming the hyper-parameter, the sequence and the step if a value of
+    `config` before `steps` is not finite (it overflows, or is infinite or NaN)."""
+    for name, sequence in config.items():
+        try:
+            sequence.check_finite(steps)
+        except ValueError as error:
+            raise ValueError(f"config[{name!r}]: {error}") from None
 
 
 def config_values(config: Config, step: int) -> dict[str, Scalar]:

@@ -8,6 +8,19 @@ linear ramp, a cosine arc, a triangle wave). Values are always computed through 
 equal primitives guarantee equal values, and comparing two sequences costs one comparison per
 piece rather than one per step: a 30,000-step BERT schedule is three pieces.
 
+Primitives are canonical, so that sequences equal by value but written differently meet as
+equal primitives rather than being compared step by step: a primitive whose value does not
+depend on the step is a constant (a cosine arc or triangle whose two ends are equal, a cosine
+of period 1, a geometric piece with ratio 1 or initial value 0, a ramp between equal ends);
+a cosine arc keeps its origin modulo its period (its value depends on the step only through
+that phase), so SGDR restarted at any multiple of its period is one primitive. A triangle
+does so only when its cycle is a power of two: torch's formula rounds differently at
+different cycles otherwise, and such triangles really differ in the last bit.
+
+Values must be finite: a value that overflows (``Exponential(0.1, 10.0)`` at step 309) or is
+infinite or NaN is a ValueError naming the sequence and the step, on evaluation and when a
+comparison (`first_difference`) covers that step.
+
 Equality of values is exact and type-aware: ``128`` (an int) and ``128.0`` are different
 values, because a trainer may treat them differently (a batch size must be an int).
 """
@@ -20,7 +33,7 @@ import itertools
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Union
 
 import numpy as np
@@ -124,8 +137,25 @@ def _milestones(owner: str, name: str, values: Any, *, first: int = 1) -> tuple[
 # --------------------------------------------------------------------------- primitives
 
 
+def _is_finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _computed(compute: Callable[[], Any]) -> Any:
+    """``compute()``, or ``inf`` where the arithmetic overflows (``10.0 ** 400`` raises)."""
+    try:
+        return compute()
+    except OverflowError:
+        return math.inf
+
+
 class _Primitive(ABC):
-    """A closed-form function of the absolute step; the unit of the canonical form."""
+    """A closed-form function of the absolute step; the unit of the canonical form.
+
+    Primitives are canonical: two equal primitives take equal values at every step, and a
+    primitive whose values do not depend on the step is a `_Const` (see the ``_cosine_arc``,
+    ``_triangle``, ``_geometric_pieces`` and ``_ramp`` constructors).
+    """
 
     __slots__ = ()
 
@@ -138,6 +168,33 @@ class _Primitive(ABC):
 
     @abstractmethod
     def _key(self) -> tuple: ...
+
+    def finite_at(self, t: int) -> bool:
+        try:
+            return _is_finite(self.value(t))
+        except OverflowError:
+            return False
+
+    def first_nonfinite(self, lo: int, hi: int) -> int | None:
+        """The first step in ``[lo, hi)`` (``lo < hi``) whose value is not finite, or None;
+        a few evaluations, not one per step."""
+        return self._first_nonfinite_suffix(lo, hi)
+
+    def _first_nonfinite_suffix(self, lo: int, hi: int) -> int | None:
+        """For a magnitude that is monotone or convex in the step (geometric, linear): the
+        non-finite steps after a finite `lo` form a suffix, found by bisection."""
+        if not self.finite_at(lo):
+            return lo
+        if self.finite_at(hi - 1):
+            return None
+        good, bad = lo, hi - 1
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.finite_at(middle):
+                good = middle
+            else:
+                bad = middle
+        return bad
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._key() == other._key()
@@ -161,6 +218,9 @@ class _Const(_Primitive):
     def shifted(self, by: int) -> _Const:
         return self
 
+    def first_nonfinite(self, lo: int, hi: int) -> int | None:
+        return None if _is_finite(self.v) else lo
+
     def _key(self) -> tuple:
         return ("const", _typed(self.v))
 
@@ -183,10 +243,18 @@ class _Geometric(_Primitive):
         return ("geometric", _typed(self.init), _typed(self.gamma), self.origin)
 
 
-def _geometric(init, gamma, origin: int) -> _Primitive:
-    if gamma == 1:  # init * 1 ** k is the same value at every step
-        return _Const(init * gamma**0)
-    return _Geometric(init, gamma, origin)
+def _geometric_pieces(init, gamma, origin: int) -> Iterator[Piece]:
+    """``init * gamma ** (t - origin)`` from `origin` on, with the degenerate cases constant:
+    ``gamma == 1`` and ``init == 0`` (the same value at every step, ``0.0 * g**k`` being
+    ``0.0`` or ``-0.0``, which are one value), and ``gamma == 0`` (``init`` once, then
+    ``init * 0``). The constant has the type every step has (``1 * 0.5**k`` is a float)."""
+    if gamma == 1 or init == 0:
+        yield origin, _Const(_computed(lambda: init * gamma**0))
+    elif gamma == 0:
+        yield origin, _Const(_computed(lambda: init * gamma**0))
+        yield origin + 1, _Const(_computed(lambda: init * gamma**1))
+    else:
+        yield origin, _Geometric(init, gamma, origin)
 
 
 class _Ramp(_Primitive):
@@ -208,40 +276,90 @@ class _Ramp(_Primitive):
 
 
 def _ramp(start, end, length: int, origin: int) -> _Primitive:
-    if same_value(start, end):  # (end - start) * k / length is 0.0 at every step
-        return _Const(start + (end - start) * 0 / length)
+    if start == end:  # (end - start) * k / length is 0.0 at every step
+        return _Const(_computed(lambda: start + (end - start) * 0 / length))
     return _Ramp(start, end, length, origin)
 
 
-class _CosineArc(_Primitive):
-    """SGDR's ``low + (high - low) * (1 + cos(pi * T / period)) / 2`` with T = t - origin,
-    taken modulo `period` when `periodic` (torch's CosineAnnealingWarmRestarts formula)."""
+class _Bounded(_Primitive):
+    """A periodic primitive ``low + (high - low) * s`` with ``0 <= s <= 1``, largest at the
+    peak ``s = 1``: if the first step and the peak are finite, every step is."""
 
-    __slots__ = ("high", "low", "period", "origin", "periodic")
+    __slots__ = ()
 
-    def __init__(self, high, low, period: int, origin: int, periodic: bool):
-        self.high, self.low, self.period = high, low, period
-        self.origin, self.periodic = origin, periodic
+    @abstractmethod
+    def _peak(self) -> Scalar: ...
+
+    @abstractmethod
+    def _cycle(self) -> int: ...
+
+    def first_nonfinite(self, lo: int, hi: int) -> int | None:
+        if not self.finite_at(lo):
+            return lo
+        try:
+            if _is_finite(self._peak()):
+                return None
+        except OverflowError:
+            pass
+        # values within an ulp of the largest float: look through one cycle, step by step
+        return next((t for t in range(lo, min(hi, lo + self._cycle())) if not self.finite_at(t)), None)
+
+
+class _CosineArc(_Bounded):
+    """SGDR's ``low + (high - low) * (1 + cos(pi * T / period)) / 2`` with T = (t - origin)
+    modulo `period` (torch's CosineAnnealingWarmRestarts formula).
+
+    The value depends on the step only through its phase ``(t - origin) % period``, computed
+    in integers, so `origin` is kept modulo `period`: arcs restarting at any multiple of the
+    period are one primitive. (A single SGDR period of a growing schedule is the same arc,
+    used over one period only.)
+    """
+
+    __slots__ = ("high", "low", "period", "origin")
+
+    def __init__(self, high, low, period: int, origin: int):
+        self.high, self.low, self.period, self.origin = high, low, period, origin % period
 
     def value(self, t: int) -> float:
-        elapsed = t - self.origin
-        if self.periodic:
-            elapsed %= self.period
+        elapsed = (t - self.origin) % self.period
         return self.low + (self.high - self.low) * (1 + math.cos(math.pi * elapsed / self.period)) / 2
 
     def shifted(self, by: int) -> _CosineArc:
-        return _CosineArc(self.high, self.low, self.period, self.origin + by, self.periodic)
+        return _CosineArc(self.high, self.low, self.period, self.origin + by)
+
+    def _peak(self) -> Scalar:
+        return self.low + (self.high - self.low) * (1 + 1.0) / 2
+
+    def _cycle(self) -> int:
+        return self.period
 
     def _key(self) -> tuple:
-        return ("cosine", _typed(self.high), _typed(self.low), self.period, self.origin, self.periodic)
+        return ("cosine", _typed(self.high), _typed(self.low), self.period, self.origin)
 
 
-class _Triangle(_Primitive):
-    """torch's triangular CyclicLR, with ``last_epoch = t - origin``."""
+def _cosine_arc(high, low, period: int, origin: int) -> _Primitive:
+    # equal ends: low + 0.0 at every step; a period of 1 step: always the top of the arc
+    if high == low or period == 1:
+        return _Const(_computed(lambda: low + (high - low) * (1 + 1.0) / 2))
+    return _CosineArc(high, low, period, origin)
+
+
+class _Triangle(_Bounded):
+    """torch's triangular CyclicLR, with ``last_epoch = t - origin``.
+
+    torch computes ``1.0 + last_epoch / cycle - floor(...)``, whose rounding depends on
+    `last_epoch` itself, not only on its phase: two triangles whose origins differ by a
+    multiple of the cycle may differ in the last bit, and are different primitives. When the
+    cycle (``up + down``) is a power of two every step of that computation is exact, the value
+    depends on the phase only, and `origin` is kept modulo the cycle.
+    """
 
     __slots__ = ("base", "peak", "up", "down", "origin")
 
     def __init__(self, base, peak, up: int, down: int, origin: int):
+        total = up + down
+        if total & (total - 1) == 0:  # a power of two
+            origin %= total
         self.base, self.peak, self.up, self.down, self.origin = base, peak, up, down, origin
 
     def value(self, t: int) -> float:
@@ -256,8 +374,20 @@ class _Triangle(_Primitive):
     def shifted(self, by: int) -> _Triangle:
         return _Triangle(self.base, self.peak, self.up, self.down, self.origin + by)
 
+    def _peak(self) -> Scalar:
+        return self.base + (self.peak - self.base) * 1.0 * 1.0
+
+    def _cycle(self) -> int:
+        return self.up + self.down
+
     def _key(self) -> tuple:
         return ("triangle", _typed(self.base), _typed(self.peak), self.up, self.down, self.origin)
+
+
+def _triangle(base, peak, up: int, down: int, origin: int) -> _Primitive:
+    if base == peak:  # base + 0.0 at every step
+        return _Const(_computed(lambda: base + (peak - base) * 0.0 * 1.0))
+    return _Triangle(base, peak, up, down, origin)
 
 
 Piece = tuple[int, _Primitive]
@@ -273,6 +403,18 @@ class Sequence(ABC):
     namespace and ``to_json``/``from_json`` round-trip exactly. Arguments may be
     distributions (``loguniform(...)``), making the sequence a *template* that `dt.Random`
     samples; a template cannot be evaluated.
+
+    ``==`` and ``hash`` compare canonical forms: two sequences are equal when their whole
+    canonical piecewise forms are equal piece by piece, however they were written
+    (``Exponential(0.1, 1.0) == Constant(0.1)``, and
+    ``Piecewise((0, Cosine(0.1, 100)), (100, Cosine(0.1, 100))) == Cosine(0.1, 100)``).
+    Equal forms take equal values at every step. The converse does not hold: sequences equal
+    by value whose canonical forms differ compare unequal, e.g. ``Linear(0.0, 1.0, 2)`` (a
+    ramp) and ``Steps([0.0, 0.5, 1.0], [1, 2])`` (constants), or ``Exponential(0.1, 0.5)``
+    and ``Piecewise((0, Exponential(0.1, 0.5)), (2000, 0.0))`` (the geometric underflows to
+    0.0 long before step 2000). A form that never ends (`Cosine` with ``period_mult > 1``,
+    or a sequence ending in one) and a template compare by type and arguments. The exact
+    comparison by value is `first_difference`; prefix sharing uses it, never ``==``.
     """
 
     _fields: ClassVar[tuple[str, ...]] = ()
@@ -288,6 +430,9 @@ class Sequence(ABC):
         object.__setattr__(self, "_is_template", contains_distribution(self._args()))
         object.__setattr__(self, "_pieces", ())
         object.__setattr__(self, "_horizon", 0)
+        object.__setattr__(self, "_checked", 0)
+        object.__setattr__(self, "_nonfinite", None)
+        object.__setattr__(self, "_identity", None)
         object.__setattr__(self, "_hash", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -310,12 +455,31 @@ class Sequence(ABC):
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        return type(self) is type(other) and _typed(self._args()) == _typed(other._args())
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
         if self._hash is None:
-            object.__setattr__(self, "_hash", hash((type(self).__name__, _typed(self._args()))))
+            object.__setattr__(self, "_hash", hash(self._key()))
         return self._hash
+
+    def _key(self) -> tuple:
+        """What `==` compares: the whole canonical form when it is finite, else (SGDR restarts
+        of growing length, and templates) the type and the arguments."""
+        if self._identity is None:
+            extent = None if self._is_template else self._extent()
+            if extent is None:
+                key = ("written", type(self).__name__, _typed(self._args()))
+            else:
+                key = ("pieces", self.pieces(extent))
+            object.__setattr__(self, "_identity", key)
+        return self._identity
+
+    def _extent(self) -> int | None:
+        """A horizon past which the canonical form has no new piece, or None if it has new
+        pieces forever. The default: the form is one piece."""
+        return 1
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(_repr_arg(a) for a in self._args())})"
@@ -323,14 +487,25 @@ class Sequence(ABC):
     # ---- values
 
     def __call__(self, t: int) -> Scalar:
-        """The value at step `t` (t >= 0)."""
+        """The value at step `t` (t >= 0); a ValueError if it is not finite."""
         if isinstance(t, np.integer):
             t = int(t)
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"step must be an int >= 0, got {t!r}")
+        value = self._computed_value(t)
+        if not _is_finite(value):
+            raise self._nonfinite_error(t, value)
+        return value
+
+    def _computed_value(self, t: int) -> Any:
+        """The value at `t` as computed, ``inf`` where the arithmetic overflows."""
         pieces = self.pieces(t + 1)
         index = bisect.bisect_right(pieces, t, key=lambda piece: piece[0]) - 1
-        return pieces[index][1].value(t)
+        return _computed(lambda: pieces[index][1].value(t))
+
+    def _nonfinite_error(self, t: int, value: Any) -> ValueError:
+        what = "overflows" if value == math.inf else f"is {value!r}"
+        return ValueError(f"{self!r} has no finite value at step {t} (its value {what})")
 
     def values(self, start: int, stop: int) -> list[Scalar]:
         """Values at steps ``start, ..., stop - 1``."""
@@ -357,6 +532,31 @@ class Sequence(ABC):
             object.__setattr__(self, "_pieces", tuple(merged))
             object.__setattr__(self, "_horizon", math.inf if finite else target)
         return self._pieces
+
+    def first_nonfinite(self, stop: int) -> int | None:
+        """The first step before `stop` where the value is not finite (it overflows, or is
+        infinite or NaN), or None. A few evaluations per piece, not one per step."""
+        if self._nonfinite is not None:
+            return self._nonfinite if self._nonfinite < stop else None
+        if stop > self._checked:
+            checked, target = self._checked, max(stop, 2 * self._checked, 64)
+            pieces = self.pieces(target)
+            ends = [start for start, _ in pieces[1:]] + [target]
+            found = None
+            for (start, primitive), end in zip(pieces, ends):
+                lo, hi = max(start, checked), min(end, target)
+                if lo < hi and (found := primitive.first_nonfinite(lo, hi)) is not None:
+                    break
+            object.__setattr__(self, "_checked", target)
+            object.__setattr__(self, "_nonfinite", found)
+        return self.first_nonfinite(stop) if self._nonfinite is not None else None
+
+    def check_finite(self, stop: int) -> None:
+        """Raise a ValueError naming the sequence and the step if a value before `stop` is
+        not finite."""
+        bad = self.first_nonfinite(stop)
+        if bad is not None:
+            raise self._nonfinite_error(bad, self._computed_value(bad))
 
     # whether the pieces `_generate` yielded, having run to its end, may still go on past the
     # horizon (checked after the run: a wrapper asks whether its inner form was complete)
@@ -467,6 +667,9 @@ class Steps(Sequence):
             )
         self._store(values=values, milestones=milestones)
 
+    def _extent(self) -> int | None:
+        return (self.milestones[-1] if self.milestones else 0) + 1
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
         for start, value in zip((0, *self.milestones), self.values):
             yield start, _Const(value)
@@ -484,9 +687,12 @@ class MultiStep(Sequence):
             gamma=_number("MultiStep", "gamma", gamma),
         )
 
+    def _extent(self) -> int | None:
+        return (self.milestones[-1] if self.milestones else 0) + 1
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
         for k, start in enumerate((0, *self.milestones)):  # k = 0 too: 1 * 0.1**0 is 1.0, not 1
-            yield start, _Const(self.init * self.gamma**k)
+            yield start, _Const(_computed(lambda k=k: self.init * self.gamma**k))
 
 
 class Exponential(Sequence):
@@ -497,8 +703,11 @@ class Exponential(Sequence):
     def __init__(self, init, gamma):
         self._store(init=_number("Exponential", "init", init), gamma=_number("Exponential", "gamma", gamma))
 
+    def _extent(self) -> int | None:
+        return 2  # gamma == 0: init, then init * 0
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
-        yield 0, _geometric(self.init, self.gamma, 0)
+        yield from _geometric_pieces(self.init, self.gamma, 0)
 
 
 class Linear(Sequence):
@@ -512,6 +721,9 @@ class Linear(Sequence):
             end=_number("Linear", "end", end),
             steps=_positive_int("Linear", "steps", steps),
         )
+
+    def _extent(self) -> int | None:
+        return self.steps + 1
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
         yield 0, _ramp(self.start, self.end, self.steps, 0)
@@ -533,16 +745,19 @@ class Cosine(Sequence):
         )
 
     @property
-    def _infinite(self) -> bool:  # restarts of growing length never end
-        return self.period_mult > 1
+    def _infinite(self) -> bool:  # restarts of growing length never end (unless all constant)
+        return self.period_mult > 1 and self.init != self.min_value
+
+    def _extent(self) -> int | None:
+        return None if self._infinite else 1
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
         if self.period_mult == 1:
-            yield 0, _CosineArc(self.init, self.min_value, self.period, 0, periodic=True)
+            yield 0, _cosine_arc(self.init, self.min_value, self.period, 0)
             return
         start, period = 0, self.period
         while True:
-            yield start, _CosineArc(self.init, self.min_value, period, start, periodic=False)
+            yield start, _cosine_arc(self.init, self.min_value, period, start)
             if start >= horizon:
                 return
             start, period = start + period, period * self.period_mult
@@ -564,7 +779,7 @@ class Cyclic(Sequence):
         )
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
-        yield 0, _Triangle(self.base, self.max_value, self.step_up, self.step_down, 0)
+        yield 0, _triangle(self.base, self.max_value, self.step_up, self.step_down, 0)
 
 
 class Warmup(Sequence):
@@ -585,6 +800,10 @@ class Warmup(Sequence):
     @property
     def _infinite(self) -> bool:  # `then`'s form was cut at the horizon
         return self.then._horizon != math.inf
+
+    def _extent(self) -> int | None:
+        extent = self.then._extent()
+        return None if extent is None else self.steps + extent
 
     def _generate(self, horizon: int) -> Iterator[Piece]:
         yield 0, _ramp(self.start, self.then(0), self.steps, 0)
@@ -632,6 +851,11 @@ class Piecewise(Sequence):
     def _infinite(self) -> bool:  # the last part's form was cut at the horizon
         return self.items[-1][1]._horizon != math.inf
 
+    def _extent(self) -> int | None:
+        milestone, last = self.items[-1]
+        extent = last._extent()
+        return None if extent is None else milestone + extent
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
         bounds = [m for m, _ in self.items[1:]] + [None]
         for (offset, part), stop in zip(self.items, bounds):
@@ -665,10 +889,18 @@ def first_difference(a: Sequence, b: Sequence, lo: int, hi: int) -> int:
 
     Walks both canonical forms piece by piece; only where two pieces have different
     primitives are steps evaluated, and the scan stops at the first difference (almost always
-    the first step of the piece).
+    the first step of the piece). This is the exact comparison by value; ``==`` on sequences
+    is a cheaper, coarser one (see `Sequence`).
+
+    Raises a ValueError if `a` or `b` has a value that is not finite before `hi`: no prefix
+    of such a sequence is trainable.
     """
-    if a is b or lo >= hi:
+    if lo >= hi:
         return hi
+    a.check_finite(hi)
+    if a is b:
+        return hi
+    b.check_finite(hi)
     pieces_a, pieces_b = a.pieces(hi), b.pieces(hi)
     i = bisect.bisect_right(pieces_a, lo, key=lambda piece: piece[0]) - 1
     j = bisect.bisect_right(pieces_b, lo, key=lambda piece: piece[0]) - 1

@@ -20,7 +20,7 @@ from dagtune.sequences import same_value
 # few distinct values, so that sequences written differently often agree
 NUMBERS = st.sampled_from([0.1, 0.05, 0.01, 0.0, 1.0, 0.5, 1, 2, 0, 128])
 FLOATS = st.sampled_from([0.1, 0.05, 0.01, 1.0, 0.5])
-GAMMAS = st.sampled_from([0.1, 0.5, 0.9, 1, 1.0, 2])
+GAMMAS = st.sampled_from([0.1, 0.5, 0.9, 1, 1.0, 2, 0, 0.0, -0.5])
 SCALARS = st.one_of(NUMBERS, st.sampled_from(["sgd", "adam", True, False, None, 256]))
 
 
@@ -103,8 +103,8 @@ def reference_value(seq: dt.Sequence, t: int):
         elapsed, period = t, seq.period
         while elapsed >= period:  # SGDR restarts
             elapsed, period = elapsed - period, period * seq.period_mult
-        cos = (1 + math.cos(math.pi * elapsed / period)) / 2
-        return seq.min_value + (seq.init - seq.min_value) * cos
+        # torch's order of operations: (init - min) * (1 + cos) may overflow before the / 2
+        return seq.min_value + (seq.init - seq.min_value) * (1 + math.cos(math.pi * elapsed / period)) / 2
     if isinstance(seq, dt.Cyclic):  # torch.optim.lr_scheduler.CyclicLR, mode "triangular"
         total = seq.step_up + seq.step_down
         ratio = seq.step_up / total

@@ -17,6 +17,7 @@ from strategies import brute_first_difference, numeric_sequences, reference_valu
 
 import dagtune as dt
 from dagtune import sequences as seqmod
+from dagtune.config import normalize_config
 from dagtune.sequences import first_difference, same_value
 
 # ----------------------------------------------------------------------------- semantics
@@ -248,6 +249,62 @@ def test_equality_and_hash_are_typed():
     assert dt.Constant(-0.0) == dt.Constant(0.0)
 
 
+def test_equality_compares_canonical_forms():
+    equal = [
+        (dt.Exponential(0.1, 1.0), dt.Constant(0.1)),
+        (dt.MultiStep(0.1, [10], 1.0), dt.Constant(0.1)),
+        (dt.Steps([0.1, 0.1, 0.2], [5, 9]), dt.Steps([0.1, 0.2], [9])),
+        (dt.Piecewise((0, dt.Cosine(0.1, 100)), (100, dt.Cosine(0.1, 100))), dt.Cosine(0.1, 100)),
+        (dt.Cosine(0.1, 30, min_value=0.1), dt.Constant(0.1)),
+        (dt.Cosine(0.1, 30, min_value=0.1, period_mult=2), dt.Constant(0.1)),  # constant: a finite form
+        (dt.Warmup(5, 0.1), dt.Piecewise((0, dt.Linear(0.0, 0.1, 5)), (5, 0.1))),
+        (dt.Exponential(128, 1), dt.Constant(128)),
+        (dt.Piecewise((0, 0.1)), dt.Constant(0.1)),
+    ]
+    for a, b in equal:
+        assert a == b and b == a and hash(a) == hash(b), (a, b)
+        assert first_difference(a, b, 0, 1000) == 1000
+        assert len({a, b}) == 1
+    # type-aware, like values
+    assert dt.Exponential(128, 1.0) != dt.Constant(128)
+    assert dt.Constant(0.1) != 0.1 and dt.Constant(0.1) != "x"
+    # configs equal by value dedupe in a set (plain values become Constant)
+    configs = [
+        {"lr": dt.Exponential(0.1, 1.0), "bs": 128},
+        {"lr": 0.1, "bs": dt.Steps([128, 128], [10])},
+        {"bs": dt.MultiStep(128, [5], 1), "lr": dt.Piecewise((0, 0.1), (7, 0.1))},
+        {"lr": 0.1, "bs": 128.0},
+    ]
+    assert len({tuple(normalize_config(c).items()) for c in configs}) == 2
+
+
+def test_equality_limits_are_the_documented_ones():
+    # equal by value, different canonical forms: unequal, and first_difference is exact
+    ramp, steps = dt.Linear(0.0, 1.0, 2), dt.Steps([0.0, 0.5, 1.0], [1, 2])
+    assert ramp != steps and first_difference(ramp, steps, 0, 10_000) == 10_000
+    decay = dt.Exponential(0.1, 0.5)
+    flushed = dt.Piecewise((0, dt.Exponential(0.1, 0.5)), (2000, 0.0))
+    assert decay != flushed and first_difference(decay, flushed, 0, 3000) == 3000
+    # forms that never end compare as written
+    sgdr = dt.Cosine(0.1, 10, period_mult=2)
+    assert sgdr == dt.Cosine(0.1, 10, 0.0, 2) and hash(sgdr) == hash(dt.Cosine(0.1, 10, 0.0, 2))
+    assert (
+        dt.Piecewise((0, sgdr)) != sgdr and first_difference(dt.Piecewise((0, sgdr)), sgdr, 0, 5000) == 5000
+    )
+    assert dt.Piecewise((0, sgdr)) == dt.Piecewise((0, dt.Cosine(0.1, 10, period_mult=2)))
+
+
+@given(sequences, sequences)
+def test_equal_sequences_have_equal_values_and_hashes(a, b):
+    if a == b:
+        assert hash(a) == hash(b)
+        assert first_difference(a, b, 0, 400) == 400
+    # a sequence is equal to itself written as a one-part Piecewise (when its form ends)
+    wrapped = dt.Piecewise((0, a))
+    assert (wrapped == a) == (a._extent() is not None)
+    assert first_difference(wrapped, a, 0, 400) == 400
+
+
 @given(sequences)
 def test_repr_round_trips(seq):
     again = eval(repr(seq), vars(dt))
@@ -338,6 +395,25 @@ def test_first_difference_finds_a_change_inside_a_long_agreement(seq, at, width,
     assert first_difference(seq, other, 0, at + 1) == at + 1
 
 
+@pytest.mark.parametrize(
+    ("up", "down"), [(1, 1), (2, 2), (1, 3), (8, 8), (5, 11), (3, 3), (5, 5), (2, 5), (7, 13)]
+)
+@pytest.mark.parametrize("cycles", [1, 3, 40])
+def test_restarted_triangles_compare_exactly(up, down, cycles):
+    # torch's triangle rounds with the cycle count: a restart at a multiple of the cycle is
+    # the same value at every step only when the cycle is a power of two (then it is the same
+    # primitive); otherwise first_difference finds the last-bit differences step by step
+    total = up + down
+    plain = dt.Cyclic(0.1, 0.7, up, down)
+    restarted = dt.Piecewise(
+        (0, dt.Cyclic(0.1, 0.7, up, down)), (cycles * total, dt.Cyclic(0.1, 0.7, up, down))
+    )
+    hi = (cycles + 3) * total
+    assert first_difference(plain, restarted, 0, hi) == brute_first_difference(plain, restarted, 0, hi)
+    if total & (total - 1) == 0:
+        assert plain.pieces(hi) == restarted.pieces(hi) and plain == restarted
+
+
 @pytest.fixture
 def count_evaluations(monkeypatch):
     """Counts every evaluation of a canonical-form primitive."""
@@ -353,32 +429,76 @@ def count_evaluations(monkeypatch):
     return counter
 
 
-def test_long_schedule_comparison_evaluates_few_steps(count_evaluations):
-    bert = dt.Warmup(3000, dt.Linear(5e-5, 0, 27000))
-    cases = [
-        # equal values written differently: zero evaluations
-        (dt.Piecewise((0, dt.Linear(0.0, 5e-5, 3000)), (3000, dt.Linear(5e-5, 0, 27000))), 30000),
-        (dt.Warmup(3000, dt.Linear(5e-5, 0, 27000)), 30000),
-        # differences: found at the first step of the differing piece
-        (dt.Linear(5e-5, 0, 30000), 0),
-        (dt.Warmup(3000, dt.Linear(5e-5, 1e-6, 27000)), 3001),
-        (dt.Warmup(3000, dt.Linear(5e-5, 0, 20000)), 3001),
-        (dt.Warmup(3000, dt.Linear(5e-5, 0, 27000), start=1e-7), 0),
-    ]
-    for other, expected in cases:
-        bert.pieces(30000), other.pieces(30000)  # building a canonical form may evaluate then(0)
+LONG = 30_000
+
+
+def bert():
+    return dt.Warmup(3000, dt.Linear(5e-5, 0, 27000))
+
+
+def cosine_restarted(at, period=100):
+    return dt.Piecewise((0, dt.Cosine(0.1, period)), (at, dt.Cosine(0.1, period)))
+
+
+# (a, b, first difference in [0, LONG)), built afresh for each test run
+LONG_PAIRS = [
+    # equal values written differently
+    (bert, lambda: dt.Piecewise((0, dt.Linear(0.0, 5e-5, 3000)), (3000, dt.Linear(5e-5, 0, 27000))), LONG),
+    (bert, bert, LONG),
+    # degenerate primitives are constants
+    (lambda: dt.Cosine(0.1, LONG, min_value=0.1), lambda: dt.Constant(0.1), LONG),
+    (lambda: dt.Cosine(0.1, 1), lambda: dt.Constant(0.1), LONG),
+    (lambda: dt.Cyclic(0.1, 0.1, 100), lambda: dt.Constant(0.1), LONG),
+    (lambda: dt.Exponential(0.0, 0.5), lambda: dt.Constant(0.0), LONG),
+    (lambda: dt.Exponential(0.1, 0), lambda: dt.Steps([0.1, 0.0], [1]), LONG),
+    (lambda: dt.Linear(0.5, 0.5, 100), lambda: dt.Constant(0.5), LONG),
+    # periodic pieces compare by phase: a restart at a multiple of the period is no change
+    (lambda: dt.Cosine(0.1, 100), lambda: cosine_restarted(100), LONG),
+    (lambda: dt.Cosine(0.1, 100), lambda: cosine_restarted(300), LONG),
+    (lambda: dt.Warmup(50, dt.Cosine(0.1, 100)), lambda: dt.Warmup(50, cosine_restarted(2000)), LONG),
+    (
+        lambda: dt.Cyclic(0.1, 0.2, 4),
+        lambda: dt.Piecewise((0, dt.Cyclic(0.1, 0.2, 4)), (800, dt.Cyclic(0.1, 0.2, 4))),
+        LONG,
+    ),
+    # differences: found at the first step of the differing piece
+    (bert, lambda: dt.Linear(5e-5, 0, 30000), 0),
+    (bert, lambda: dt.Warmup(3000, dt.Linear(5e-5, 1e-6, 27000)), 3001),
+    (bert, lambda: dt.Warmup(3000, dt.Linear(5e-5, 0, 20000)), 3001),
+    (bert, lambda: dt.Warmup(3000, dt.Linear(5e-5, 0, 27000), start=1e-7), 0),
+    (lambda: dt.Cosine(0.1, 100), lambda: cosine_restarted(150), 150),  # not at a multiple
+    (lambda: dt.Cosine(0.1, 100, min_value=0.1), lambda: dt.Constant(0.1000001), 0),
+]
+
+
+@pytest.mark.parametrize(("make_a", "make_b", "expected"), LONG_PAIRS)
+def test_long_schedule_comparison_evaluates_few_steps(count_evaluations, make_a, make_b, expected):
+    a, b = make_a(), make_b()
+    # cold: building the canonical forms and checking their values are finite costs a few
+    # evaluations per piece, once per sequence
+    count_evaluations["n"] = 0
+    assert first_difference(a, b, 0, LONG) == expected
+    assert count_evaluations["n"] <= 24, count_evaluations["n"]
+    # warm: equal primitives are never evaluated; a difference costs the first steps of the
+    # differing piece only (the counter works: it sees those)
+    for x, y in ((a, b), (b, a)):
         count_evaluations["n"] = 0
-        assert first_difference(bert, other, 0, 30000) == expected
-        if expected == 30000:  # equal primitives are never evaluated
-            assert count_evaluations["n"] == 0, other
-        else:  # the counter works, and only the first steps of the differing piece are evaluated
-            assert 1 <= count_evaluations["n"] <= 6, (other, count_evaluations["n"])
+        assert first_difference(x, y, 0, LONG) == expected
+        if expected == LONG:
+            assert count_evaluations["n"] == 0, (x, y)
+        else:
+            assert 1 <= count_evaluations["n"] <= 6, (x, y, count_evaluations["n"])
+    assert (a == b) == (expected == LONG)  # all these equal pairs have equal canonical forms
+    if a == b:
+        assert hash(a) == hash(b)
 
 
 def test_comparison_cost_does_not_grow_with_the_horizon(count_evaluations):
     a = dt.Piecewise((0, dt.Cosine(0.1, 50)), (10_000, dt.Exponential(0.1, 0.999)))
     b = dt.Piecewise((0, dt.Cosine(0.1, 50)), (10_000, dt.Exponential(0.1, 0.99)))
-    a.pieces(10**6), b.pieces(10**6)
+    count_evaluations["n"] = 0
+    a.check_finite(10**6), b.check_finite(10**6)  # once per sequence: a few per piece
+    assert count_evaluations["n"] <= 12
     count_evaluations["n"] = 0
     assert first_difference(a, b, 0, 10**6) == 10_001
     assert 1 <= count_evaluations["n"] <= 4
@@ -398,6 +518,102 @@ def test_sequences_agree_after_random_query_orders():
 
 
 # ----------------------------------------------------------------------------- validation
+
+
+# ----------------------------------------------------------------------------- finite values
+
+
+def brute_first_nonfinite(seq, stop):
+    """The first step before `stop` whose value, computed from the formulas, is not finite."""
+    for t in range(stop):
+        try:
+            value = reference_value(seq, t)
+        except OverflowError:
+            return t
+        if isinstance(value, float) and not math.isfinite(value):
+            return t
+    return None
+
+
+@pytest.mark.parametrize(
+    ("seq", "step", "match"),
+    [
+        (
+            dt.Exponential(0.1, 10.0),
+            400,
+            r"Exponential\(0\.1, 10\.0\) has no finite value at step 400 \(.*overflows",
+        ),
+        (dt.Exponential(1e300, 10), 9, r"Exponential\(1e\+300, 10\) has no finite value at step 9"),
+        (
+            dt.Linear(1e308, -1e308, 4),
+            1,
+            r"Linear\(1e\+308, -1e\+308, 4\) has no finite value at step 1 .*-inf",
+        ),
+        (dt.Linear(1e308, -1e308, 4), 0, r"no finite value at step 0 .*nan"),
+        (
+            dt.MultiStep(1e300, [1, 2], 1e10),
+            2,
+            r"MultiStep\(1e\+300, \[1, 2\], 10000000000\.0\) has no finite value at step 2",
+        ),
+        (dt.Cosine(1e308, 10, min_value=-5e307), 20, r"Cosine\(.*\) has no finite value at step 20"),
+        (dt.Warmup(3, dt.Exponential(1.0, 10.0)), 400, r"Warmup\(.*\) has no finite value at step 400"),
+    ],
+)
+def test_a_value_that_is_not_finite_is_a_value_error(seq, step, match):
+    with pytest.raises(ValueError, match=match):
+        seq(step)
+
+
+def test_finite_steps_of_an_overflowing_sequence_still_evaluate():
+    assert dt.Exponential(0.1, 10.0)(5) == 0.1 * 10.0**5
+    assert dt.Exponential(1e300, 10)(5) == 1e300 * 10**5
+    assert dt.Linear(1e308, -1e308, 4)(4) == -1e308  # `end` itself from step 4 on
+    assert dt.Piecewise((0, dt.Exponential(0.1, 10.0)), (100, 0.5))(50) == 0.1 * 10.0**50
+    assert dt.Exponential(0.0, 10.0)(400) == 0.0  # 0.0 at every step: no overflow to hit
+
+
+@pytest.mark.parametrize(
+    "seq",
+    [
+        dt.Exponential(0.1, 10.0),
+        dt.Exponential(-0.1, -10.0),
+        dt.Exponential(1e300, 10),
+        dt.Exponential(0.1, 0.5),
+        dt.Linear(1e308, -1e308, 4),
+        dt.Linear(0.0, 1e308, 4),
+        dt.MultiStep(1e300, [1, 2], 1e10),
+        dt.Cosine(1e308, 10, min_value=-5e307),
+        dt.Cosine(1e308, 10, min_value=-5e307, period_mult=2),
+        dt.Cyclic(-1e308, 1e308, 3),
+        dt.Warmup(3, dt.Exponential(1.0, 10.0)),
+        dt.Piecewise((0, 0.1), (50, dt.Exponential(1e300, 10.0))),
+        dt.Piecewise((0, dt.Exponential(0.1, 10.0)), (200, 0.1), (400, dt.Exponential(0.1, 10.0))),
+        dt.Piecewise((0, dt.Exponential(0.1, 10.0)), (300, 0.1)),
+    ],
+)
+def test_first_nonfinite_matches_brute_force(seq):
+    for stop in (1, 10, 100, 700):
+        assert seq.first_nonfinite(stop) == brute_first_nonfinite(seq, stop), (seq, stop)
+    bad = seq.first_nonfinite(700)
+    if bad is not None:
+        with pytest.raises(ValueError, match=f"has no finite value at step {bad} "):
+            seq.check_finite(700)
+        seq.check_finite(bad)  # everything before is finite
+
+
+def test_comparisons_over_a_non_finite_range_raise():
+    big = dt.Exponential(0.1, 10.0)  # 0.1 * 10.0**309 overflows
+    assert first_difference(big, dt.Exponential(0.1, 10.0), 0, 309) == 309
+    for a, b in ((big, big), (big, dt.Exponential(0.1, 10.0)), (dt.Constant(0.1), big)):
+        with pytest.raises(ValueError, match=r"Exponential\(0\.1, 10\.0\) has no finite value at step 309"):
+            first_difference(a, b, 0, 400)
+    with pytest.raises(
+        ValueError, match=r"config\['lr'\]: Exponential\(0\.1, 10\.0\) has no finite value at step 309"
+    ):
+        dt.unique_steps([({"lr": big}, 400)])
+    with pytest.raises(ValueError, match=r"Piecewise\(.*\) has no finite value at step 609"):
+        dt.unique_steps([({"lr": 0.1}, 400), ({"lr": dt.Piecewise((0, 0.1), (300, big))}, 700)])
+    assert dt.unique_steps([({"lr": big}, 300), ({"lr": dt.Exponential(0.1, 10.0)}, 309)]) == 309
 
 
 @pytest.mark.parametrize(

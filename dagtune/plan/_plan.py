@@ -25,6 +25,7 @@ from typing import Any
 
 from dagtune.config import (
     Config,
+    check_config_finite,
     config_dumps,
     config_first_difference,
     config_from_json,
@@ -139,7 +140,9 @@ class SearchPlan:
         no such path (and `create` is false). With `create`, the missing node is added.
 
         A non-empty `salt` makes a private root that nothing else shares (trial-based runs).
+        A config with a value that is not finite before `steps` is a ValueError.
         """
+        check_config_finite(config, steps)
         if salt:
             if not create:
                 return None
