@@ -197,6 +197,14 @@ def test_unique_steps_and_merge_rate_of_a_grid():
     assert dt.unique_steps(same) == 50 and dt.merge_rate(same) == pytest.approx(120 / 50)
 
 
+def test_merge_rate_of_no_trials_is_an_error():
+    with pytest.raises(ValueError, match="no trials"):
+        dt.merge_rate([])
+    with pytest.raises(ValueError, match="no trials"):
+        dt.merge_rate(c for c in [])
+    assert dt.unique_steps([]) == 0  # a sum of nothing is 0
+
+
 def test_unique_steps_rejects_configs_of_different_hyper_parameters():
     with pytest.raises(ValueError, match=r"must name the same hyper-parameters.*\['lr'\].*\['lr', 'wd'\]"):
         dt.unique_steps([({"lr": 0.1}, 10), ({"lr": 0.1, "wd": 0.0}, 10)])

@@ -305,10 +305,12 @@ def trial_steps(trials) -> int:
 
 def merge_rate(trials) -> float:
     """Trial steps / unique steps: how many times over a trial-based system trains the
-    average step (Hippo's p; over several studies' trials, q)."""
+    average step (Hippo's p; over several studies' trials, q). No trials is a ValueError:
+    the rate of nothing is undefined."""
     trials = list(trials)
-    unique = unique_steps(trials)
-    return trial_steps(trials) / unique if unique else 1.0
+    if not trials:
+        raise ValueError("merge_rate needs trials, got no trials")
+    return trial_steps(trials) / unique_steps(trials)  # > 0: every trial has steps > 0
 
 
 def _check_steps(steps: Any) -> int:
