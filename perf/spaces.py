@@ -1,24 +1,25 @@
-"""Reusable search spaces for benchmarks, starting with ResNet56 on CIFAR-10 (Hippo, Table 2).
+"""Search spaces for the benchmarks: Hippo's (Tables 1-4) and ResNet56-like random spaces.
 
-Hippo's Table 2 gives *examples* of the ResNet56 space, not the space itself: five learning-rate
-functions, batch size 128 or 128 -> 256 at epoch 70, momentum 0.9 or 0.7 -> 0.8 -> 0.9 at 40
-and 80, weight decay 1e-4 or 1e-3, and the optimizer (Adam, vanilla SGD, SGD with momentum).
-Table 1 reports the full space as 448 trials with merge rate p = 2.447 at 120 epochs; the
-paper (and the thesis, Table 6.1) do not list the other sequences. So:
+Hippo's Tables 2-4 give *examples* of each study's space (the families of sequences), not
+the spaces themselves; Table 1 gives each space's size and merge rate p. So there are three
+kinds of spaces here:
 
-* `resnet56_table2()` is exactly the Table 2 examples, with momentum tuned only for
-  SGD-with-momentum (Adam and vanilla SGD get momentum 0.0, i.e. none): 80 trials,
+* `resnet56_table2()` is exactly Table 2's examples as a grid, with momentum tuned only
+  for SGD-with-momentum (Adam and vanilla SGD get momentum 0.0, i.e. none): 80 trials,
   **merge rate 1.423** at 120 epochs (unique steps 6,744).
-* `resnet56_grid()` is a 448-trial extension in the same spirit: seven learning-rate
-  families (Table 2's five, plus linear decay with and without warm-up, which the paper's
-  text names) with four values of their decay parameter each, times the same batch size,
-  momentum, weight decay and optimizer choices. It has the paper's trial count but its
-  **merge rate is 1.688** (unique steps 31,848), not 2.447: the variants were chosen as
-  natural parameter sweeps, not fitted to the paper's number. Reaching 2.447 needs on average
-  about 49 unique epochs per 120-epoch trial, i.e. larger groups of trials sharing most of
-  their first 90 epochs than Table 2's examples suggest; we did not guess at them.
+* `resnet56_grid()` is a 448-trial extension of Table 2 with natural parameter sweeps
+  (seven learning-rate families x four values of their decay parameter, times Table 2's
+  other choices). It has the paper's trial count but **merge rate 1.688**, not 2.447: its
+  sweeps were not chosen to match the paper.
+* The spaces the benchmarks use, at the end of this file, **are fitted to Table 1**:
+  `resnet56_paper()` (448 trials, merge rate 2.487; paper 2.447), `mobilenetv2_paper()`
+  (240 trials, 3.190; paper 3.144) and `bert_paper()` (40 trials, 2.039; paper 2.045). They
+  keep the families of Tables 2-4 and choose the parameter sweeps (first milestones, decay
+  factors, initial values, ramp points) so that the trial count equals Table 1's and the
+  merge rate comes within 5% of it. The sweeps are ours, picked for that purpose: the
+  closest stand-ins we can build from what the paper publishes, not the paper's spaces.
 
-Both are measured by ``python perf/spaces.py``.
+``python perf/spaces.py`` measures them all.
 
 Warm-up and step decay: ``Warmup(5, MultiStep(0.1, [90, 135], 0.1))`` restarts the
 MultiStep's clock after the warm-up, as torch's ``SequentialLR`` (and the GradualWarmupScheduler
@@ -142,10 +143,13 @@ def main() -> None:
         )
     trials = [(config, MAX_EPOCHS) for config in resnet56_random(10_000, seed=0)]
     print(f"resnet56_random(10000): merge rate {dt.merge_rate(trials):.3f} at {MAX_EPOCHS} epochs")
-
-
-if __name__ == "__main__":
-    main()
+    for name, space, steps in (
+        ("resnet56_paper", resnet56_paper(), MAX_EPOCHS),
+        ("mobilenetv2_paper", mobilenetv2_paper(), MAX_EPOCHS),
+        ("bert_paper", bert_paper(), BERT_STEPS),
+    ):
+        trials = [(config, steps) for config in space]
+        print(f"{name}: {len(trials)} trials, merge rate {dt.merge_rate(trials):.3f} at {steps} steps")
 
 
 # --------------------------------------------------------------------------- the paper's studies
@@ -238,3 +242,7 @@ def bert_paper() -> dt.Grid:
             "seq_len": [384, *(dt.Steps([384, 512], [m // BERT_STEP]) for m in (21_000, 24_000, 10_000))],
         }
     )
+
+
+if __name__ == "__main__":
+    main()
