@@ -86,7 +86,10 @@ class DemandAdaptive(Adaptive):
         target = max(base, workers + demand) if demand else base
         self.history.append((time.time(), base, demand, workers, target))
         try:  # tells studies on this scheduler that it adapts (they then wait for workers)
-            bounds = {"minimum": self.minimum, "maximum": None if self.maximum == float("inf") else self.maximum}
+            bounds = {
+                "minimum": self.minimum,
+                "maximum": None if self.maximum == float("inf") else self.maximum,
+            }
             name = str(getattr(self.cluster, "name", "cluster"))
             await self.scheduler.set_metadata(keys=[*ADAPTIVE, name], value=bounds)
         except Exception:  # only a hint for studies
@@ -160,7 +163,7 @@ class DemandPublisher:
     re-plans the study when its worker slots grow, so a worker that joins gets work before
     the next event. `close` withdraws the demand."""
 
-    def __init__(self, study: Any, client: Any = None, interval: float = 2.0):
+    def __init__(self, study: Any, client: Any = None, interval: float = 1.0):
         self.study = study
         self.client = client if client is not None else study.client
         self.interval = interval

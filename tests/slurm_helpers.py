@@ -1,7 +1,9 @@
 """A real single-node Slurm on this machine for one test: munged, slurmctld and slurmd
 configured for this host in a temporary directory (nothing under /etc is touched), started
-as child processes and stopped by their own pids. `SlurmUnavailableError` says exactly why it
-could not start (the test then skips with that reason)."""
+as child processes and stopped by their own pids. The daemons listen on loopback only
+(``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny``, the node and the controller at
+127.0.0.1). `SlurmUnavailableError` says exactly why it could not start (the test then
+skips with that reason)."""
 
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def _config(base: Path, host: str, cpus: int, memory_mb: int, socket_path: Path)
     return "\n".join(
         [
             "ClusterName=dagtune-test",
-            f"SlurmctldHost={host}",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",  # bind 127.0.0.1, not every interface
             "SlurmUser=root",
             "SlurmdUser=root",
             f"SlurmctldPort={_free_port()}",
@@ -170,6 +173,32 @@ def _drain(tools: dict[str, str], env: dict[str, str], timeout: float = 60) -> N
     deadline = time.monotonic() + timeout
     while jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
+
+
+def slurm_ports(conf: Path) -> list[int]:
+    """The ports slurmctld and slurmd listen on, from their slurm.conf."""
+    settings = dict(line.split("=", 1) for line in conf.read_text().splitlines() if line.count("=") == 1)
+    return [int(settings["SlurmctldPort"]), int(settings["SlurmdPort"])]
+
+
+def listening(port: int) -> set[str]:
+    """The local addresses with a TCP socket listening on `port` (from /proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                if len(address) == 8:
+                    found.add(socket.inet_ntop(socket.AF_INET, bytes.fromhex(address)[::-1]))
+                else:
+                    words = b"".join(bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, 32, 8))
+                    found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found
 
 
 def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -1,25 +1,30 @@
 """Studies on real clusters: a `dask scheduler` with two `dask worker --resources GPU=1`
-processes on loopback (the page preloaded), and a single-node Slurm through dask-jobqueue."""
+processes on loopback (the page preloaded), adaptive scaling driven by dagtune's demand (a
+local cluster, and a single-node Slurm through dask-jobqueue), and the pieces behind them
+without any cluster: `DemandAdaptive`'s target, `slurm()`'s job script, GPU pinning."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
+import dask
 import pytest
-from distributed import Client
+from distributed import Client, LocalCluster
+from durable_helpers import SlowTrainer
 from slurm_helpers import spawn
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.cluster import DEMAND, DemandAdaptive, dask_setup, total_demand
 from dagtune.dashboard import page_url
 from dagtune.sim import SyntheticTrainer
-
-pytestmark = pytest.mark.slow
 
 SPACE = dt.Grid(
     {
@@ -29,24 +34,179 @@ SPACE = dt.Grid(
 )
 
 
-def run_grid(client: Client, storage: Path, name: str) -> tuple[dict, set[str]]:
+def run_grid(
+    client: Client, storage: Path, name: str, trainer: type = SyntheticTrainer, **trainer_kwargs
+) -> tuple[dict, set[str]]:
     """Run the grid with GPU=1 per stage; returns the report and the workers that trained."""
-    with dt.Study(SyntheticTrainer, name=name, storage=storage, client=client, resources={"GPU": 1}) as study:
+    with dt.Study(
+        trainer, trainer_kwargs, name=name, storage=storage, client=client, resources={"GPU": 1}
+    ) as study:
         result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8), timeout=240)
         events = client.get_events(study.coordinator.topic)
     workers = {msg["worker"] for _, msg in events if msg.get("kind") == "start"}
     return result.report, workers
 
 
+def dask_command(*args: str) -> list[str]:
+    """The `dask` console script of this environment (``python -m dask`` if it has none)."""
+    script = Path(sys.executable).with_name("dask")
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+
+class FakeScheduler:
+    """What `Adaptive` asks of the scheduler: its own target and the metadata."""
+
+    def __init__(self, base: int, published: object):
+        self.base, self.published, self.metadata = base, published, {}
+
+    async def adaptive_target(self, target_duration=None) -> int:
+        return self.base
+
+    async def get_metadata(self, keys, default=None):
+        assert list(keys) == list(DEMAND)
+        return self.published
+
+    async def set_metadata(self, keys, value) -> None:
+        self.metadata[tuple(keys)] = value
+
+    async def workers_to_close(self, target, **kwargs) -> list[str]:
+        return [f"w{i}" for i in range(target, 100)]
+
+
+class FakeCluster:
+    name = "fake"
+
+    def __init__(self, workers: int, planned: int, base: int, published: object):
+        self.scheduler_comm = FakeScheduler(base, published)
+        self.observed = {f"w{i}" for i in range(workers)}
+        self.plan = self.requested = {f"w{i}" for i in range(planned)}
+
+
+@pytest.mark.parametrize(
+    ("workers", "planned", "base", "published", "minimum", "maximum", "target", "decision"),
+    [
+        (0, 0, 0, {}, 0, 4, 0, "same"),  # nothing to do: nothing asked
+        (0, 0, 0, {"a-1": 2}, 0, 4, 2, "up"),  # dagtune's queue alone starts workers (Dask sees no task)
+        (1, 1, 1, {"a-1": 3}, 0, 2, 2, "up"),  # the workers there are + the demand, within the maximum
+        (1, 2, 1, {"a-1": 1}, 0, 4, 2, "same"),  # one more is on its way already
+        (2, 2, 1, {"a-1": 1, "b-2": 2}, 0, 8, 5, "up"),  # studies' demands add up
+        (0, 0, 0, {"a": -2, "b": True, "c": "x", "d": 1}, 1, 4, 1, "up"),  # malformed ones count as nothing
+        (3, 3, 5, {"a-1": 1}, 0, 8, 5, "up"),  # Dask's own target when it is larger
+        (2, 2, 0, {}, 1, 4, 1, "same"),  # no demand: Dask decides (scale down after wait_count)
+    ],
+)
+def test_demand_adaptive_targets_workers_plus_demand(
+    workers, planned, base, published, minimum, maximum, target, decision
+):
+    cluster = FakeCluster(workers, planned, base, published)
+    adaptive = DemandAdaptive(cluster, interval=0, minimum=minimum, maximum=maximum, wait_count=3)
+    assert asyncio.run(adaptive.safe_target()) == target
+    assert asyncio.run(adaptive.recommendations(target))["status"] == decision
+    assert adaptive.history[-1][2] == total_demand(published)
+    assert cluster.scheduler_comm.metadata[("dagtune", "adaptive", "fake")]["maximum"] == maximum
+
+
+def test_slurm_job_script_without_slurm():
+    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed")
+    from dagtune.cluster import slurm
+
+    local = {"scheduler_options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    with slurm(
+        queue="gpu",
+        account="proj",
+        walltime="12:00:00",
+        cores=8,
+        memory="64GB",
+        gpus=2,
+        maximum=4,
+        worker_extra_args=["--no-dashboard", "--resources", "MEM=4e9", "--lifetime-stagger=60s"],
+        **local,
+    ) as cluster:
+        script = cluster.job_script()
+        adaptive = cluster._adaptive
+    for line in ("#SBATCH -p gpu", "#SBATCH -A proj", "#SBATCH -t 12:00:00", "#SBATCH --gres=gpu:2"):
+        assert line in script
+    # two worker processes, one per GPU, each offering GPU=1 and pinned to its GPU
+    assert "--nworkers 2" in script and "--nthreads 4" in script
+    assert "--preload-nanny dagtune.cluster" in script
+    assert script.count("--resources") == 1 and "--resources GPU=1,MEM=4e9" in script  # merged
+    assert "--lifetime 42600s" in script  # 10 minutes before the walltime
+    assert "--lifetime-stagger 60s" in script and "--lifetime-stagger 300s" not in script  # the user's
+    assert "--no-dashboard" in script
+    assert isinstance(adaptive, DemandAdaptive)
+    assert (adaptive.minimum, adaptive.maximum) == (0, 8)  # 4 jobs of 2 workers
+    assert adaptive.interval == 30 and adaptive.wait_count == 20  # 10 idle minutes
+
+    with slurm(walltime="01:00:00", adapt=False, minimum=0, **local) as cluster:
+        script = cluster.job_script()
+        assert getattr(cluster, "_adaptive", None) is None
+    assert "--gres=gpu:1" in script and "--nworkers" not in script and "--preload-nanny" not in script
+    assert (
+        "--resources GPU=1 " in script
+        and "--lifetime 3240s" in script
+        and "--lifetime-stagger 180s" in script
+    )
+    with pytest.raises(ValueError, match="can't be shared by 4 worker processes"):
+        slurm(cores=2, gpus=4)
+
+
+def test_each_worker_of_a_job_gets_its_own_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    nanny = SimpleNamespace(name="SLURMCluster-3-1", env={})
+    dask_setup(nanny)
+    assert nanny.env["CUDA_VISIBLE_DEVICES"] == "5"  # the job's second GPU
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    first = SimpleNamespace(name="SLURMCluster-3-0", env={})
+    dask_setup(first)
+    assert first.env["CUDA_VISIBLE_DEVICES"] == "0"
+    dask_setup(SimpleNamespace(name="a worker, not a nanny"))  # nothing to pin, no error
+
+
+# --------------------------------------------------------------------------- real clusters
+
+
+@pytest.mark.slow
+def test_a_local_cluster_scales_for_dagtunes_demand(tmp_path):
+    space = dt.Grid({"lr": [0.1, 0.05, 0.02, 0.01]})  # four trials, apart from step 0
+    with (
+        LocalCluster(
+            n_workers=0,
+            processes=False,
+            protocol="tcp://",
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            resources={"GPU": 1},
+        ) as cluster,
+        Client(cluster) as client,
+        dask.config.set({"dagtune.adaptive-wait": "60s"}),  # fail, not hang, if no worker comes
+    ):
+        adaptive = cluster.adapt(
+            Adaptive=DemandAdaptive, minimum=0, maximum=3, interval="200ms", wait_count=50
+        )
+        with dt.Study(
+            SlowTrainer, {"delay": 0.1}, name="grow", storage=tmp_path, client=client, resources={"GPU": 1}
+        ) as study:  # no worker yet: the study waits for one, asking for it
+            assert len(client.scheduler_info()["workers"]) >= 1
+            result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=20), timeout=120)
+            events = client.get_events(study.coordinator.topic)
+        assert client.get_metadata(list(DEMAND)) == {}  # withdrawn on close
+    assert result.report["executed_steps"] == result.report["unique_steps"] == 80
+    assert len({msg["worker"] for _, msg in events if msg.get("kind") == "start"}) == 3
+    _, base, demand, workers, _ = next(h for h in adaptive.history if h[-1] >= 3)
+    assert demand > 0 and base <= workers  # it grew for dagtune's demand: Dask alone would not have
+
+
+@pytest.mark.slow
 def test_dask_scheduler_and_two_gpu_workers(tmp_path):
     scheduler_file = tmp_path / "scheduler.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     processes = [
         spawn(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_scheduler",
+            dask_command(
+                "scheduler",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -57,7 +217,7 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
                 str(scheduler_file),
                 "--preload",
                 "dagtune.dashboard",
-            ],
+            ),
             tmp_path / "scheduler.log",
             env,
         )
@@ -73,10 +233,8 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
         for i in range(2):
             processes.append(
                 spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "distributed.cli.dask_worker",
+                    dask_command(
+                        "worker",
                         address,
                         "--resources",
                         "GPU=1",
@@ -87,7 +245,7 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
                         "--name",
                         f"gpu{i}",
                         "--no-dashboard",
-                    ],
+                    ),
                     tmp_path / f"worker{i}.log",
                     {**env, "CUDA_VISIBLE_DEVICES": str(i)},
                 )
@@ -107,9 +265,10 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
             process.wait(timeout=30)
 
 
-def test_slurm_cluster_through_dask_jobqueue(tmp_path):
+@pytest.mark.slow
+def test_slurm_cluster_scales_adaptively_through_dask_jobqueue(tmp_path):
     pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed")
-    from slurm_helpers import SlurmUnavailableError, local_slurm
+    from slurm_helpers import SlurmUnavailableError, listening, local_slurm, slurm_ports
 
     from dagtune.cluster import slurm
 
@@ -122,26 +281,39 @@ def test_slurm_cluster_through_dask_jobqueue(tmp_path):
     saved = {k: os.environ.get(k) for k in slurm_env}
     os.environ.update(slurm_env)
     try:
+        for port in slurm_ports(Path(slurm_env["SLURM_CONF"])):
+            assert listening(port) == {"127.0.0.1"}  # loopback only, not every interface
         cluster = slurm(
             walltime="00:30:00",
             cores=1,
             memory="1GB",
             gpus=None,
-            adapt=False,
+            minimum=1,
+            maximum=2,
+            adapt_interval=1.0,
             python=sys.executable,
             log_directory=str(tmp_path / "jobs"),
             job_script_prologue=[f"export PYTHONPATH={os.pathsep.join(sys.path)}"],
             scheduler_options={"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"},
-            interface=None,
+            interface="lo",  # the workers listen on loopback
+            worker_extra_args=["--no-dashboard"],
         )
         script = cluster.job_script()
         assert "--resources GPU=1" in script and "--lifetime 1620s" in script
-        with cluster, Client(cluster) as client:
-            cluster.scale(jobs=2)
-            client.wait_for_workers(2, timeout=120)
-            report, workers = run_grid(client, tmp_path / "runs", "slurm")
-            assert report["executed_steps"] == report["unique_steps"] == 21
-            assert len(workers) == 2
+        assert "--interface lo" in script and "--no-dashboard" in script
+        with cluster, Client(cluster) as client, dask.config.set({"dagtune.adaptive-wait": "180s"}):
+            # the study waits for the minimum's job, then asks for more as its stages branch
+            report, workers = run_grid(client, tmp_path / "runs", "slurm", SlowTrainer, delay=1.0)
+            jobs = len(cluster.workers)
+            history = list(cluster._adaptive.history)
+            scaled = [r["n"] for _, r in cluster._adaptive.log if r["status"] == "up"]
+            worker_hosts = {w["host"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+        assert report["executed_steps"] == report["unique_steps"] == 21
+        assert len(workers) == 2  # the second job's worker trained too
+        assert jobs == 2 and scaled == [1, 2]  # from its minimum of one job to two
+        _, base, demand, workers, _ = next(h for h in history if h[-1] >= 2)
+        assert demand > 0 and base <= workers == 1  # for dagtune's demand: Dask's own target said one
+        assert worker_hosts == {"127.0.0.1"}
     finally:
         for key, value in saved.items():
             if value is None:
