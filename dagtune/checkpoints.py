@@ -28,8 +28,10 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
 import re
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -194,6 +196,35 @@ class CheckpointStore:
             if marker is not None:  # deleted meanwhile
                 yield node, step, CheckpointInfo(marker["nbytes"], marker["sha256"])
 
+    def sweep(self, identity: str, keep: set[tuple[str, int]], older_than: float) -> list[tuple[str, int]]:
+        """Delete checkpoint directories of `identity` that are not in `keep` and whose newest
+        file is older than `older_than` seconds: checkpoints no search plan knows (committed
+        just before a coordinator died, or dropped from the plan but not deleted) and data
+        files whose commit never happened. Returns the points deleted."""
+        _check_id("identity", identity)
+        self.fs  # noqa: B018 - opens the filesystem, which sets the root
+        base = f"{self._root}/{identity}/checkpoints"
+        self.fs.invalidate_cache(base)
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return []
+        newest: dict[tuple[str, int], float] = {}
+        for path, details in found.items():
+            parts = path.rstrip("/").split("/")
+            if len(parts) < 4 or parts[-4] != "checkpoints":
+                continue
+            node, step = parts[-3], parts[-2]
+            if not (_ID.match(node) and _STEP_DIR.match(step) and int(step) > 0):
+                continue
+            point = (node, int(step))
+            newest[point] = max(newest.get(point, -math.inf), _modified(details))
+        cutoff = time.time() - older_than
+        swept = [p for p, modified in sorted(newest.items()) if p not in keep and modified < cutoff]
+        for node, step in swept:
+            self.delete(identity, node, step)
+        return swept
+
     def _read_marker(self, directory: str) -> dict | None:
         path = f"{directory}/{MARKER}"
         try:
@@ -313,6 +344,21 @@ class CheckpointStore:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
         self.fs.invalidate_cache(path)
+
+
+def _modified(details: Mapping[str, Any]) -> float:
+    """A file's modification time in seconds since the epoch, from fsspec's details (local:
+    ``mtime``; S3: ``LastModified``; memory: ``created``); +inf if unknown, so an unknown
+    age never makes a file look old enough to delete."""
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        value = details.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        with contextlib.suppress(TypeError, ValueError):
+            return float(value)
+    return math.inf
 
 
 def _write_synced(path: str, data: bytes) -> None:

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, config_first_difference, config_from_json, config_to_json
 from dagtune.executor import Executor
-from dagtune.plan import CheckpointInfo, SearchPlan, Stage, build_stage_tree, unique_steps
-from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
+from dagtune.plan import CheckpointInfo, SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
+from dagtune.scheduling import CostModel, Pausable, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 __all__ = ["Coordinator", "Trial", "TrialListener"]
@@ -90,6 +90,7 @@ class _Running:
     progress: int = 0
     claimed: set[int] = field(default_factory=set)
     directive: Directive = field(default_factory=Directive)
+    pause_at: int | None = None
 
 
 class Coordinator:
@@ -418,8 +419,17 @@ class Coordinator:
             return
         if running.worker is not None:
             self._live[running.worker] = None
-        if event.get("lost"):
-            return  # the worker died: the stage is simply planned again
+        if event.get("lost") and not event.get("killed"):
+            return  # the worker went away: the stage is simply planned again
+        if event.get("killed"):  # Dask gave up after the task took down several workers
+            first = running.task.segments[0]
+            event = {
+                **event,
+                "node": first.node,
+                "step": running.task.start + 1,
+                "traceback": f"{event.get('error')}\nThe Dask workers running this stage died; the "
+                "trainer may exhaust the worker's memory or crash in native code.",
+            }
         point = (event["node"], event["step"])
         self._failures[point] = failures = self._failures.get(point, 0) + 1
         if failures > self.max_retries:
@@ -474,16 +484,51 @@ class Coordinator:
         self._dirty = False
         for running in self.running.values():
             running.claimed = set()
+            running.pause_at = None
         tree = build_stage_tree(self.plan, self)
+        free = self.executor.slots() - len(self.running)
+        paths: list[list[Stage]] = []
+        if tree.stages:
+            priority = critical_path_priorities(tree, self.cost, self.plan)
+            if free > 0:
+                paths = self.policy.pick(tree, free, self.cost, self.plan)
+            launched = {path[0].index for path in paths}
+            waiting = [s for s in tree.ready() if s.index not in launched]
+            if waiting and self.running:
+                pausable = self._pausable(tree, priority)
+                for key, step in self.policy.preempt(waiting, priority, pausable).items():
+                    self.running[key].pause_at = step
         for key, running in self.running.items():
             self._redirect(key, running)
-        free = self.executor.slots() - len(self.running)
-        if free <= 0 or not tree.stages:
-            return free
-        priority = critical_path_priorities(tree, self.cost, self.plan)
-        for path in self.policy.pick(tree, free, self.cost, self.plan):
+        for path in paths:
             self._launch(path, priority[path[0].index])
         return self.executor.slots() - len(self.running)
+
+    def _pausable(self, tree: StageTree, priority: list[float]) -> list[Pausable]:
+        """Running tasks with a stage boundary still ahead, and the longest chain each would
+        leave behind by pausing there: the rest of its path, then what hangs below the points
+        it delivers (stages sourced from it)."""
+        below: dict[str, list[tuple[int, float]]] = {}
+        for stage in tree.stages:
+            if stage.source == "running" and stage.source_task is not None and stage.source_point:
+                below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
+        found = []
+        for key, running in self.running.items():
+            task = running.task
+            step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
+            if step is None:
+                continue
+            own = self._seconds(task, step, task.end)
+            hanging = [self._seconds(task, step, at) + p for at, p in below.get(key, ()) if at > step]
+            found.append(Pausable(key, step, max([own, *hanging])))
+        return found
+
+    def _seconds(self, task: PathTask, start: int, end: int) -> float:
+        """Estimated seconds of training `task`'s steps ``[start, end)``."""
+        return sum(
+            max(0, min(s.end, end) - max(s.start, start)) * self.cost.step_seconds(s.node, self.plan)
+            for s in task.segments
+        )
 
     def _redirect(self, key: str, running: _Running) -> None:
         task = running.task
@@ -491,6 +536,7 @@ class Coordinator:
         directive = Directive(
             frozenset(running.claimed - task.checkpoints),
             None if stop_at >= task.end else stop_at,
+            running.pause_at,
         )
         if directive != running.directive:
             running.directive = directive
@@ -590,6 +636,16 @@ class Coordinator:
             latest = self.plan.latest_checkpoint(node, step)
             if latest is not None:
                 points.add(latest)
+        return points
+
+    def latest_of_completed(self) -> set[tuple[str, int]]:
+        """The latest checkpoint of each completed trial (where an extension resumes)."""
+        points = set()
+        for trial in self.trials.values():
+            if trial.status == COMPLETED and trial.node:
+                latest = self.plan.latest_checkpoint(trial.node, trial.steps)
+                if latest is not None:
+                    points.add(latest)
         return points
 
     @property

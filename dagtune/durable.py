@@ -7,6 +7,7 @@ Layout under the storage URL (a directory, ``s3://bucket/prefix``, any fsspec UR
     {identity}/plan/{writer}-{seq:08d}.jsonl       (object stores: numbered segments instead)
     studies/{name}/journal/...                     the study's trial records, same format
     studies/{name}/results.zarr                    trials and learning curves (dagtune.results)
+    {identity}/leases/{writer}.json                checkpoints a live study needs (Leases)
 
 Every study of one model identity (trainer, its arguments, seed, version) shares the plan:
 what any of them trained, the next one reuses. A study's own records (one ``open`` record
@@ -17,17 +18,109 @@ driver loop for the periodic work (flushes, picking up other writers' plan event
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Coordinator, Trial
+from dagtune.coordinator import COMPLETED, PENDING, Coordinator, Trial
 from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal
 from dagtune.results import ResultsWriter, results_url
 
-__all__ = ["Persistence"]
+__all__ = ["Leases", "Persistence", "needed_by_stored_studies"]
+
+log = logging.getLogger("dagtune")
+
+Point = tuple[str, int]
+
+
+class Leases:
+    """The checkpoints live studies of one model identity need, so that garbage collection by
+    any study (or `dagtune gc`) never deletes them: one small JSON file per writer, renewed
+    while the study lives and removed when it closes. A lease older than its ``ttl`` belongs
+    to a study that died; it no longer protects anything."""
+
+    def __init__(self, store: CheckpointStore, identity: str, writer: str, *, ttl_seconds: float = 600.0):
+        self.store = store
+        self.directory = f"{store.root}/{identity}/leases"
+        self.path = f"{self.directory}/{writer}.json"
+        self.writer = writer
+        self.ttl_seconds = ttl_seconds
+        self.points: frozenset[Point] | None = None
+        self.renewed = -float("inf")
+
+    def renew(self, points: Iterable[Point]) -> None:
+        """Write the lease for `points` (sorted, with the time)."""
+        points = frozenset(points)
+        payload = {
+            "writer": self.writer,
+            "written": time.time(),
+            "ttl": self.ttl_seconds,
+            "points": sorted([node, step] for node, step in points),
+        }
+        self.store.fs.makedirs(self.directory, exist_ok=True)
+        self.store.fs.pipe_file(self.path, json.dumps(payload).encode())
+        self.points, self.renewed = points, time.monotonic()
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.store.fs.rm_file(self.path)
+        self.points = None
+
+    @staticmethod
+    def held(store: CheckpointStore, identity: str, *, exclude: str | None = None) -> set[Point]:
+        """Every point a live lease of `identity` holds (all writers but `exclude`)."""
+        directory = f"{store.root}/{identity}/leases"
+        store.fs.invalidate_cache(directory)
+        try:
+            paths = store.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return set()
+        now, points = time.time(), set()
+        for path in paths:
+            try:
+                lease = json.loads(store.fs.cat_file(path))
+                if lease["writer"] == exclude or now > float(lease["written"]) + float(lease["ttl"]):
+                    continue
+                points.update((str(node), int(step)) for node, step in lease["points"])
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (ValueError, KeyError, TypeError) as error:
+                log.warning("dagtune: unreadable lease %s (%r); ignored", path, error)
+        return points
+
+
+def needed_by_stored_studies(store: CheckpointStore, identity: str, plan: SearchPlan, exclude: str) -> set[Point]:
+    """Checkpoints the other studies of `identity` kept in `store` still need, read from
+    their trial records: each completed trial's latest checkpoint (it may be extended) and
+    the latest checkpoint before each pending trial's point (it resumes there)."""
+    from dagtune.catalog import list_studies
+
+    needed: set[Point] = set()
+    for name in list_studies(store):
+        if name == exclude:
+            continue
+        records = [e.record for e in Journal(store.fs, f"{store.root}/studies/{name}/journal").read_new()]
+        if not any(r.get("r") == "open" and r.get("identity") == identity for r in records):
+            continue
+        states: dict[int, dict] = {}
+        for record in records:
+            try:
+                Coordinator._fold(states, record)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue  # reported by that study when it resumes
+        for state in states.values():
+            if state["status"] not in (COMPLETED, PENDING):
+                continue
+            node = plan.locate(state["config"], state["steps"])
+            latest = None if node is None else plan.latest_checkpoint(node, state["steps"])
+            if latest is not None:
+                needed.add(latest)
+    return needed
 
 
 class Persistence:
@@ -64,6 +157,7 @@ class Persistence:
             results_url(store.url, name), store.storage_options, study=name, identity=identity
         )
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
+        self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._refreshed = self._results_at = clock()
 
     @property
@@ -106,6 +200,7 @@ class Persistence:
         if force or now - self._refreshed >= self.refresh_seconds:
             self._refreshed = now
             coordinator.absorb(self.plan_journal.refresh())
+        self._renew_lease(coordinator, force)
         if force or now - self._results_at >= self.results_seconds:
             self._results_at = now
             self.results.write(coordinator.trials)
@@ -115,3 +210,23 @@ class Persistence:
         else:
             self.plan_journal.journal.maybe_flush()
             self.records.maybe_flush()
+
+    def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
+        """Publish what this study needs kept, at most once a second (its heartbeat a quarter
+        of the lease's ttl), unless nothing changed."""
+        since = time.monotonic() - self.leases.renewed
+        if not force and since < 1.0:
+            return
+        points = coordinator.protected_points() | coordinator.latest_of_completed()
+        if force or points != self.leases.points or since >= self.leases.ttl_seconds / 4:
+            self.leases.renew(points)
+
+    def needed_elsewhere(self) -> set[Point]:
+        """Checkpoints other studies of this model need: live ones' leases, and what the
+        trial records of every other study in storage may resume or extend from."""
+        held = Leases.held(self.store, self.identity, exclude=self.leases.writer)
+        return held | needed_by_stored_studies(self.store, self.identity, self.plan, exclude=self.name)
+
+    def close(self) -> None:
+        """The study ends: its lease goes (what it keeps is in its trial records)."""
+        self.leases.release()

@@ -36,7 +36,13 @@ class GcPolicy:
     """What to keep. `metric`/`mode` rank trials for `keep_best` (default: those of the
     algorithm the study ran last). `interval_seconds` makes collection automatic while a
     study runs (at most that often, and after every `Study.run`); None collects only when
-    `Study.gc` is called or a run ends."""
+    `Study.gc` is called or a run ends. `orphan_seconds`: checkpoint files no search plan
+    references (committed just before a coordinator died, or never committed) are deleted
+    once they are that old; None keeps them.
+
+    `Study.gc` applies the policy to the study's own trials; what other studies of the same
+    model need (their live leases, their completed trials' latest checkpoints and their
+    pending trials' resume points) is always kept. `dagtune gc` applies it to every study."""
 
     keep_best: int = 3
     metric: str | None = None
@@ -44,12 +50,15 @@ class GcPolicy:
     keep_latest: bool = True
     budget_bytes: int | None = None
     interval_seconds: float | None = 60.0
+    orphan_seconds: float | None = 3600.0
 
     def __post_init__(self) -> None:
         if self.keep_best < 0:
             raise ValueError(f"keep_best must be >= 0, got {self.keep_best!r}")
         if self.mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {self.mode!r}")
+        if self.orphan_seconds is not None and self.orphan_seconds < 0:
+            raise ValueError(f"orphan_seconds must be >= 0, got {self.orphan_seconds!r}")
         if self.budget_bytes is not None and self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {self.budget_bytes!r}")
 

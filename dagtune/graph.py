@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from distributed import Client, Future, Variable, get_worker
+from distributed import Client, Future, KilledWorker, Variable, get_worker
 from distributed.client import FutureCancelledError
 
 from dagtune.executor import Executor
@@ -160,7 +160,20 @@ class DaskExecutor(Executor):
             self._events.put(
                 {"kind": "error", "task": key, "node": "", "step": 0, "lost": True, "error": "cancelled"}
             )
-        except Exception as error:  # e.g. KilledWorker: the stage is planned again
+        except KilledWorker as error:  # it took down allowed-failures workers: the trainer's fault
+            self._events.put(
+                {
+                    "kind": "error",
+                    "task": key,
+                    "node": "",
+                    "step": 0,
+                    "lost": True,
+                    "killed": True,
+                    "error": f"KilledWorker: {error}",
+                    "time": time.time(),
+                }
+            )
+        except Exception as error:  # e.g. the scheduler restarted: the stage is planned again
             self._events.put(
                 {
                     "kind": "error",

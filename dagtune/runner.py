@@ -3,9 +3,10 @@
 The Dask executor, the simulated executor and `run_alone` all train through `PathRunner`,
 so a trial trained alone and the same trial trained in shared stages see exactly the same
 calls: ``setup`` with every value when training starts or resumes and with the changed
-values before a later step where something changed, one ``train`` per step, ``evaluate``
-inside an isolated RNG so evaluating more often never changes training, and RNG states saved
-and restored with every checkpoint.
+values before a later step where something changed, one ``train`` per step (its metrics go
+with the step's validation metrics; a non-finite one makes the step evaluated, so divergence
+shows at once), ``evaluate`` inside an isolated RNG so evaluating more often never changes
+training, and RNG states saved and restored with every checkpoint.
 
 A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that resumes
 from exactly that point continues in memory without reading storage.
@@ -17,6 +18,7 @@ and the coordinator plans the work again from an earlier one.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import traceback
@@ -135,6 +137,7 @@ class PathRunner:
         self.directive = Directive()
         self.position = task.start  # steps trained so far along the path
         self.executed = 0
+        self.halted = False  # set by `halt`: no further step, whatever later directives say
 
     def update(self, directive: Directive) -> list[dict]:
         """Take a new directive; returns ``declined`` events for wanted checkpoints already
@@ -229,10 +232,12 @@ class PathRunner:
             self.executed += 1
             wanted = n in task.checkpoints or n in self.directive.checkpoints
             last = n == task.end or n == self.directive.stop_at
-            if wanted or last or n % task.eval_every == 0:
+            diverging = not all(math.isfinite(v) for v in train_metrics.values())
+            if wanted or last or diverging or n % task.eval_every == 0:
                 with isolated_rng():
                     metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
-                events.append(self._event("metrics", segment.node, n, metrics=metrics))
+                # training metrics go with the step's validation metrics (which win a name clash)
+                events.append(self._event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
             if wanted and self.store is not None:
                 state = {"trainer": trainer.state_dict(), "rng": capture_rng()}
                 info = self.store.save(task.trainer.identity, segment.node, n, state)
@@ -261,7 +266,20 @@ class PathRunner:
             for t in range(max(segment.start, self.position), segment.end):
                 if self.directive.stop_at is not None and self.position >= self.directive.stop_at:
                     return
+                if self.paused or self.halted:
+                    return
                 yield segment, t
+
+    def halt(self) -> None:
+        """Train no further step (an executor that has decided this task ends now: the
+        simulated one charges virtual time before a step runs, so it must not run one it
+        did not charge)."""
+        self.halted = True
+
+    @property
+    def paused(self) -> bool:
+        """At the boundary the coordinator asked to pause at (its checkpoint is saved)."""
+        return self.position == self.directive.pause_at and self.task.start < self.position < self.task.end
 
     def _owner(self, step: int) -> str | None:
         """The node owning point `step` of this path (None for a fresh trainer at step 0)."""

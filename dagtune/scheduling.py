@@ -8,16 +8,31 @@ in memory between its stages. Breadth-first (one stage at a time, shallowest fir
 FIFO (the oldest request's whole path first, what a trial-based system does) are kept for
 comparison.
 
+Committing a worker to a whole path has one cost: when every worker is busy and a stage
+with a longer chain below it becomes ready, it waits for a path to end. So the critical-path
+policy may also *pause* a running path at its next stage boundary (where a checkpoint is
+saved anyway) when a waiting ready stage has more work below it than the path would leave
+behind: Hu's highest-level-first rule, applied at stage ends. Ties never pause.
+
 Policies are pure functions of the stage tree: they return decisions, they do not act.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from dagtune.plan import SearchPlan, Stage, StageTree
 
-__all__ = ["BreadthFirst", "CostModel", "CriticalPath", "Fifo", "SchedulingPolicy", "policy_named"]
+__all__ = [
+    "BreadthFirst",
+    "CostModel",
+    "CriticalPath",
+    "Fifo",
+    "Pausable",
+    "SchedulingPolicy",
+    "policy_named",
+]
 
 
 class CostModel:
@@ -80,10 +95,28 @@ def _bottom_up(tree: StageTree) -> list[Stage]:
     return order
 
 
+@dataclass(frozen=True)
+class Pausable:
+    """A running path that could pause at the stage boundary `step` ahead of it, leaving
+    `remaining` estimated seconds of longest chain (its own rest and what hangs below) for
+    later."""
+
+    task: str
+    step: int
+    remaining: float
+
+
 class SchedulingPolicy(ABC):
-    """Chooses up to `slots` paths of ready stages to start now."""
+    """Chooses up to `slots` paths of ready stages to start now, and which running paths
+    to pause for the ready stages left waiting (none by default)."""
 
     name: str
+
+    def preempt(
+        self, waiting: list[Stage], priority: list[float], pausable: list[Pausable]
+    ) -> dict[str, int]:
+        """Running tasks to pause, as task key -> boundary step."""
+        return {}
 
     @abstractmethod
     def pick(
@@ -116,6 +149,20 @@ class CriticalPath(SchedulingPolicy):
                 )
             paths.append(path)
         return paths
+
+    def preempt(
+        self, waiting: list[Stage], priority: list[float], pausable: list[Pausable]
+    ) -> dict[str, int]:
+        """Pair the longest waiting stages with the running paths that leave the least behind,
+        while the waiting chain is strictly longer."""
+        shortest = sorted(pausable, key=lambda p: (p.remaining, p.task))
+        pauses: dict[str, int] = {}
+        for stage in sorted(waiting, key=lambda s: (-priority[s.index], s.rank, s.index)):
+            if not shortest or priority[stage.index] <= shortest[0].remaining:
+                break
+            victim = shortest.pop(0)
+            pauses[victim.task] = victim.step
+        return pauses
 
 
 class BreadthFirst(SchedulingPolicy):

@@ -138,11 +138,13 @@ class SimulatedExecutor(Executor):
         runner = slot.runner
         task, position, stop = runner.task, runner.position, runner.directive.stop_at
         slot.charged = 0.0
-        if position < task.end and (stop is None or position < stop):
+        if position < task.end and (stop is None or position < stop) and not runner.paused:
             segment = next(s for s in task.segments if s.start <= position < s.end)
             slot.charged = self.step_cost(config_values(segment.config, position))
             if position + 1 in task.checkpoints or position + 1 in runner.directive.checkpoints:
                 overhead += self.save_seconds
+        else:
+            runner.halt()  # what is decided now holds, even if a later directive would continue
         self._sequence += 1
         heapq.heappush(self._heap, (self._clock + overhead + slot.charged, self._sequence, key))
 

@@ -566,13 +566,15 @@ class Study:
 
     def _collect(self, policy: GcPolicy) -> dict:
         self._gc_at = time.monotonic()
+        protected = self.coordinator.protected_points()
         if self._persistence is not None:
             self.coordinator.absorb(self._persistence.plan_journal.refresh())
+            protected |= self._persistence.needed_elsewhere()
         metric, mode = self._metric
         decision = collect(
             self.plan,
             self.coordinator.trials.values(),
-            self.coordinator.protected_points(),
+            protected,
             policy,
             self.coordinator.cost,
             metric=metric,
@@ -584,8 +586,13 @@ class Study:
                 self.store.delete(self.identity, node, step)
         if decision.delete:
             self.coordinator.replan()
+        swept: list[tuple[str, int]] = []
+        if isinstance(self.store, CheckpointStore) and policy.orphan_seconds is not None:
+            known = {(n.id, s) for n in self.plan.nodes.values() for s in n.checkpoints}
+            swept = self.store.sweep(self.identity, known | protected, policy.orphan_seconds)
         return {
             "deleted": len(decision.delete),
+            "swept": len(swept),
             "kept": len(decision.keep),
             "bytes_before": decision.bytes_before,
             "bytes_after": decision.bytes_after,
@@ -606,7 +613,10 @@ class Study:
         return self.submit(config, step).result(timeout)
 
     def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
-        """Run a tuning algorithm to its end and return its `Result`."""
+        """Run a tuning algorithm to its end and return its `Result`.
+
+        If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
+        stopped (what they trained stays in the plan) and the error is raised."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         from dagtune.progress import watch
@@ -628,6 +638,10 @@ class Study:
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
+                if not session.finished:  # an error, a timeout or an interrupt: nobody waits for them
+                    for trial in session.trials.values():
+                        self.coordinator.stop(trial.id)
+                    self.coordinator.schedule()
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
@@ -656,6 +670,8 @@ class Study:
             if getattr(self, "coordinator", None) is not None:
                 with self._lock:
                     self._tick(force=True)  # the last journal batch and results
+                    if self._persistence is not None:
+                        self._persistence.close()
         finally:
             self._stop_execution()
 

@@ -75,16 +75,19 @@ class PathTask:
 @dataclass(frozen=True)
 class Directive:
     """Changes to a running task: extra checkpoints wanted on its way (trials that branched
-    off while it ran) and the step to stop at (its later work was cancelled)."""
+    off while it ran), the step to stop at (its later work was cancelled), and a stage
+    boundary to pause at if it has not passed it yet (a longer stage waits for its worker;
+    the rest of the path runs later from the checkpoint saved there)."""
 
     checkpoints: frozenset[int] = field(default_factory=frozenset)
     stop_at: int | None = None
+    pause_at: int | None = None
 
     def to_dict(self) -> dict:
-        return {"checkpoints": sorted(self.checkpoints), "stop_at": self.stop_at}
+        return {"checkpoints": sorted(self.checkpoints), "stop_at": self.stop_at, "pause_at": self.pause_at}
 
     @staticmethod
     def from_dict(data: dict | None) -> Directive:
         if not data:
             return Directive()
-        return Directive(frozenset(data.get("checkpoints", ())), data.get("stop_at"))
+        return Directive(frozenset(data.get("checkpoints", ())), data.get("stop_at"), data.get("pause_at"))

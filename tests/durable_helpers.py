@@ -34,6 +34,16 @@ class SlowTrainer(SyntheticTrainer):
         return super().train()
 
 
+class CrashingTrainer(SyntheticTrainer):
+    """`SyntheticTrainer` that takes its whole worker process down (as running out of memory
+    or a crash in native code would) on the third step of a learning rate of 1 or more."""
+
+    def train(self) -> dict:
+        if float(self.hp["lr"]) >= 1.0 and self.step == 2:
+            os._exit(3)
+        return super().train()
+
+
 @dataclass
 class Storage:
     """A place to keep studies: `url` and the `options` s3fs needs (empty locally)."""

@@ -383,6 +383,57 @@ def test_gc_with_a_budget_evicts_the_cheapest_to_recompute_and_never_what_runs(s
         assert handle.result() == final(branch, 30)
 
 
+def test_gc_of_one_study_never_deletes_what_other_studies_of_the_model_need(storage):
+    configs = list(SPACE)
+    with study_on(storage, "a", checkpoint_every=2) as a:
+        a.run(GridSearch(configs[:2], metric="val_loss", mode="min", steps=STEPS))
+        settle(a)
+        a_finals = {(t.node, STEPS) for t in a.coordinator.trials.values()}
+    # study a is closed: its completed trials' finals are kept for it (they may be extended)
+    with study_on(storage, "b", checkpoint_every=2) as b:
+        b.run(GridSearch(configs[2:], metric="val_loss", mode="min", steps=STEPS))
+        settle(b)
+        b.gc(GcPolicy(keep_best=0, keep_latest=False))
+        assert a_finals <= stored_points(b)
+        assert stored_points(b) == a_finals  # b's own checkpoints went, as its policy says
+        # a live study's lease protects what its running task needs
+        with study_on(storage, "c", checkpoint_every=2, workers=1) as c:
+            branch = {**configs[0], "lr": dt.Steps([0.1, 0.01], [STEPS])}
+            handle = c.submit(branch, 2 * STEPS)
+            while c.coordinator.executed_steps < 3:
+                c.coordinator.pump()
+            c._tick(force=True)  # the driver loop's periodic lease renewal
+            needed = c.coordinator.protected_points() & stored_points(c)
+            assert needed  # the task's source (a's final) and its first checkpoint
+            b.gc(GcPolicy(keep_best=0, keep_latest=False, budget_bytes=0))
+            assert needed <= stored_points(b)
+            assert handle.result() == final(branch, 2 * STEPS)
+        fs = storage.fs()[0]
+        fs.invalidate_cache(c._persistence.leases.directory)
+        assert not fs.exists(c._persistence.leases.path)  # released on close
+        assert fs.exists(b._persistence.leases.path)  # b still lives
+
+
+def test_gc_sweeps_checkpoint_files_no_plan_knows_once_they_are_old_enough(storage):
+    with study_on(storage, "orphans", checkpoint_every=2) as study:
+        study.submit({"lr": 0.1, "batch_size": 128}, 4).result()
+        settle(study)
+        known_end = max(plan_points(study.plan), key=lambda p: p[1])
+        orphan = ("0123456789abcdef", 3)  # committed by a coordinator that died before journaling
+        study.store.save(study.identity, *orphan, {"w": [1.0]})
+        fs, _ = storage.fs()
+        unfinished = study.store.directory(study.identity, "fedcba9876543210", 5)
+        fs.makedirs(unfinished, exist_ok=True)
+        fs.pipe_file(f"{unfinished}/state-0000000000000000.pt", b"half a checkpoint")  # never committed
+        assert study.gc(GcPolicy(keep_best=0))["swept"] == 0  # too young to be sure
+        assert orphan in stored_points(study)
+        outcome = study.gc(GcPolicy(keep_best=0, orphan_seconds=0))
+        assert outcome["swept"] == 2
+        assert stored_points(study) == plan_points(study.plan) == {(known_end[0], 4)}
+        fs.invalidate_cache(unfinished)
+        assert not fs.exists(unfinished)
+
+
 def test_automatic_gc_runs_after_each_run(storage):
     with study_on(
         storage, "auto", checkpoint_every=2, gc=GcPolicy(keep_best=2, interval_seconds=None)

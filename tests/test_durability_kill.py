@@ -14,15 +14,16 @@ import subprocess
 import sys
 import time
 
+import dask
 import pytest
 from clusters import local_client
-from durable_helpers import SlowTrainer
+from durable_helpers import CrashingTrainer, SlowTrainer
 from durable_study_script import CHECKPOINT_EVERY, SPACE, STEPS, WORKERS
 
 import dagtune as dt
 from dagtune.config import config_from_json
 from dagtune.sim import SyntheticTrainer
-from dagtune.study import Study, run_alone
+from dagtune.study import Study, TrialError, run_alone
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +83,24 @@ def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(cl
     assert str(pid) in pids and len(set(pids)) == 2  # trained partly by the killed process
     assert loads["storage"] >= 1  # the rerun resumed from a committed checkpoint
     assert steps <= len(pids) <= steps + every  # at most the steps since that checkpoint again
+
+
+def test_a_trainer_that_kills_its_workers_fails_its_trial_after_the_retries(tmp_path):
+    # Dask gives up on a task (KilledWorker) after it took down `allowed-failures` + 1 workers;
+    # 0 here keeps the test short: each attempt costs one worker process
+    healthy_config = {"lr": dt.Steps([0.1, 0.05], [2])}
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        local_client(warm_up=False, silence_logs=50) as client,
+        Study(CrashingTrainer, name="crash", storage=tmp_path, client=client, max_retries=1) as study,
+    ):
+        crashing = study.submit({"lr": dt.Steps([0.1, 5.0], [2])}, 6)
+        healthy = study.submit(healthy_config, 6)
+        with pytest.raises(TrialError, match="Dask workers running this stage died"):
+            crashing.result(timeout=180)
+        assert healthy.result(timeout=180) == run_alone(SyntheticTrainer, healthy_config, 6)[-1]
+        assert crashing.status == "failed"
+        assert "KilledWorker" in crashing.trial.error
 
 
 def run_script(storage, out, log) -> subprocess.Popen:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 import dagtune as dt
-from dagtune.algos import GridSearch
+from dagtune.algos import Algorithm, GridSearch, Submit
 from dagtune.config import normalize_config
-from dagtune.plan import SearchPlan, build_stage_tree
-from dagtune.scheduling import CostModel, critical_path_priorities
+from dagtune.plan import SearchPlan, Stage
+from dagtune.scheduling import BreadthFirst, CriticalPath, Pausable
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, TrialError, run_alone
 
@@ -72,43 +73,118 @@ def test_known_metrics_return_without_training():
     assert study.report["executed_steps"] == executed
 
 
-def test_with_one_worker_the_critical_path_runs_first():
-    rng = random.Random(3)
-    configs = random_configs(rng, 20, 40)
-    configs.append({"lr": dt.Steps([0.1, 0.01], [5]), "batch_size": 128})  # a lone long branch
-    study = sim_study(workers=1)
+def launches_of(study: Study) -> list:
+    """Record the tasks `study` launches, in order."""
     launched = []
     launch = study.executor.launch
     study.executor.launch = lambda task, priority=0.0, prefer=None: (
         launched.append(task),
         launch(task, priority, prefer),
     )
-    study.run(GridSearch(configs, metric="val_loss", mode="min", steps=40))
+    return launched
+
+
+class SubmitAll(Algorithm):
+    """Every (config, steps) at once, so the scheduler sees all of them before choosing."""
+
+    def __init__(self, trials):
+        super().__init__("val_loss", "min")
+        self.wanted = trials
+
+    def start(self, ctx):
+        return [Submit(config, steps) for config, steps in self.wanted]
+
+
+# five short trials sharing [0, 3) and one long lone trial; the short ones are requested first
+UNEVEN = [({"lr": dt.Steps([0.1, lr], [3]), "batch_size": 128}, 10) for lr in (0.05, 0.02, 0.01, 0.005, 0.002)]
+UNEVEN.append(({"lr": 0.2, "batch_size": 128}, 80))
+
+
+@pytest.mark.parametrize("scheduler", ["critical_path", "breadth_first", "fifo"])
+def test_with_one_worker_the_critical_path_runs_first(scheduler):
+    study = sim_study(workers=1, scheduler=scheduler)
+    launched = launches_of(study)
+    report = study.run(SubmitAll(UNEVEN)).report
+    first = launched[0]
+    runs_longest_first = (first.start, first.end) == (0, 80)
+    # only the critical-path policy starts with the longest chain; the others are the control
+    assert runs_longest_first == (scheduler == "critical_path")
+    assert report["executed_steps"] == report["unique_steps"] == 3 + 5 * 7 + 80
+
+
+def makespan_bounds(configs: list[dict], steps: int, workers: int) -> tuple[float, float]:
+    """Lower bounds on the makespan with unit-time steps: the simple one, max(longest path,
+    unique work / workers), and the precedence one, which also respects that a step cannot
+    start before the steps before it on its path: max over t of (t + work that cannot start
+    before t / workers)."""
     plan = SearchPlan()
     for i, config in enumerate(configs):
-        plan.add_request(normalize_config(config), 40, i)
-    tree = build_stage_tree(plan)
-    priority = critical_path_priorities(tree, CostModel())
-    longest = max(priority)
-    first = launched[0]
-    assert first.start == 0
-    assert sum(s.end - s.start for s in first.segments) == longest  # a whole root-to-leaf critical path
+        plan.add_request(normalize_config(config), steps, i)
+    earliest: dict[str, int] = {}
+    starts: list[int] = []  # earliest start of every unique step
+    for node_id in plan.order:
+        node = plan.nodes[node_id]
+        begin = 0 if node.parent is None else earliest[node.parent] + node.start - plan.nodes[node.parent].start
+        earliest[node_id] = begin
+        end = max(max(node.requests, default=node.start), max(node.children, default=node.start))
+        starts.extend(begin + t for t in range(end - node.start))
+    longest, total = max(starts) + 1, len(starts)
+    precedence, after = 0.0, total
+    for start in sorted(starts):
+        precedence = max(precedence, start + after / workers)
+        after -= 1
+    return max(longest, total / workers), max(precedence, longest)
 
 
-@pytest.mark.parametrize("workers", [2, 4])
-def test_makespan_is_close_to_the_lower_bound(workers):
-    ratios = []
+@pytest.mark.parametrize("workers", [2, 4, 8, 16, 32])
+def test_makespan_is_close_to_the_lower_bound(workers, record_property):
+    """Within 10% of max(longest path, unique work / W) while W leaves parallel work to
+    spare. With W >= 16 these random trees (3 roots, 40 trials of 60 steps) hold more chains
+    of equal length near the end than workers, and finishing them all at the bound would
+    need time-slicing between chains; the ratios are reported, and critical path must still
+    beat trial-based execution order."""
+    simple_ratios, precedence_ratios = [], []
     for seed in range(4):
         configs = random_configs(random.Random(seed), 40, 60)
-        plan = SearchPlan()
-        for i, config in enumerate(configs):
-            plan.add_request(normalize_config(config), 60, i)
-        longest = max(critical_path_priorities(build_stage_tree(plan), CostModel()))
+        simple, precedence = makespan_bounds(configs, 60, workers)
         report = sim_study(workers).run(GridSearch(configs, metric="val_loss", mode="min", steps=60)).report
         assert report["executed_steps"] == report["unique_steps"]
-        ratios.append(report["makespan_seconds"] / max(longest, report["unique_steps"] / workers))
-    print(f"makespan / lower bound with {workers} workers: {[round(r, 3) for r in ratios]}")
-    assert max(ratios) <= 1.10
+        simple_ratios.append(round(report["makespan_seconds"] / simple, 3))
+        precedence_ratios.append(round(report["makespan_seconds"] / precedence, 3))
+        if workers > 8:
+            fifo = sim_study(workers, scheduler="fifo")
+            trial_order = fifo.run(GridSearch(configs, metric="val_loss", mode="min", steps=60)).report
+            assert report["makespan_seconds"] <= trial_order["makespan_seconds"]
+    record_property("makespan_over_simple_bound", simple_ratios)  # in the junit XML; and with -s:
+    record_property("makespan_over_precedence_bound", precedence_ratios)
+    print(f"{workers} workers: makespan / simple bound {simple_ratios}, / precedence bound {precedence_ratios}")
+    if workers <= 8:
+        assert max(simple_ratios) <= 1.10
+
+
+def test_critical_path_pauses_a_running_path_only_for_a_longer_waiting_chain():
+    policy = CriticalPath()
+    waiting = [Stage(0, "a", 10, 20, "checkpoint"), Stage(1, "b", 5, 8, "checkpoint")]
+    priority = [50.0, 3.0]
+    pausable = [Pausable("long", 30, 40.0), Pausable("short", 12, 8.0), Pausable("tie", 9, 50.0)]
+    # the 50-step chain displaces the path that leaves least behind; the 3-step one displaces nothing
+    assert policy.preempt(waiting, priority, pausable) == {"short": 12}
+    assert policy.preempt(waiting[:1], priority, [Pausable("tie", 9, 50.0)]) == {}  # ties never pause
+    assert BreadthFirst().preempt(waiting, priority, pausable) == {}
+
+
+def test_paused_paths_resume_where_they_paused_and_results_are_unchanged():
+    configs = random_configs(random.Random(0), 40, 60)
+    study = sim_study(8)
+    ends = []
+    handle = study.coordinator.handle
+    study.coordinator.handle = lambda event: (ends.append(event) if event["kind"] == "end" else None, handle(event))
+    report = study.run(GridSearch(configs, metric="val_loss", mode="min", steps=60)).report
+    paused = [e for e in ends if e["reason"] == "stopped"]
+    assert paused  # this tree makes the critical path pause running paths
+    assert report["executed_steps"] == report["unique_steps"]  # a pause recomputes nothing
+    for trial in study.coordinator.trials.values():
+        assert [m for _, m in trial.curve] == run_alone(SyntheticTrainer, trial.config, 60)
 
 
 def test_trial_branching_from_a_running_stage_gets_its_checkpoint_on_the_way():
@@ -128,6 +204,34 @@ def test_trial_branching_from_a_running_stage_gets_its_checkpoint_on_the_way():
         second.result()
         == run_alone(SyntheticTrainer, {"lr": dt.Steps([0.1, 0.01], [60]), "batch_size": 128}, 100)[-1]
     )
+
+
+class OneEventAtATime(SimulatedExecutor):
+    """Hands the coordinator one event per poll, as a Dask topic stream may split the events
+    of one step across polls."""
+
+    def __init__(self, workers: int):
+        super().__init__(workers)
+        self.backlog: list[dict] = []
+
+    def poll(self, timeout=None):
+        if not self.backlog:
+            self.backlog = super().poll(timeout)
+        return [self.backlog.pop(0)] if self.backlog else []
+
+
+def test_a_trial_branching_where_a_finished_trial_ended_never_recomputes_its_prefix():
+    """The trial's last metrics arrive before the checkpoint at the same step: a re-plan in
+    between must count on that checkpoint (it is on its way), not train the prefix again."""
+    study = Study(SyntheticTrainer, executor=OneEventAtATime(2))
+    first = {"lr": 0.1, "batch_size": 128}
+    study.submit(first, 4).result()  # returns as soon as the metrics at step 4 arrive
+    assert study.coordinator.running  # its checkpoint and end are still on their way
+    branch = {"lr": dt.Steps([0.1, 0.01], [4]), "batch_size": 128}
+    assert study.submit(branch, 8).result() == run_alone(SyntheticTrainer, branch, 8)[-1]
+    while study.coordinator.running:  # the last step events are still queued
+        study.coordinator.pump()
+    assert study.report["executed_steps"] == study.report["unique_steps"] == 8
 
 
 def test_branching_behind_a_running_stage_recomputes_from_the_latest_checkpoint():
@@ -198,6 +302,24 @@ def test_diverging_trial_is_marked_diverged():
     handle = study.submit({"lr": 50.0}, 20)
     handle.result()
     assert handle.status == "diverged"
+
+
+class BlindTrainer(SyntheticTrainer):
+    """Its validation metric never notices anything: only the training loss can diverge."""
+
+    def evaluate(self) -> dict:
+        return {"score": 1.0}
+
+
+def test_training_metrics_are_reported_and_a_non_finite_one_means_diverged():
+    study = Study(BlindTrainer, executor=SimulatedExecutor(2), eval_every=100)  # only at trial ends
+    calm, wild = study.submit({"lr": 0.1}, 10), study.submit({"lr": 50.0}, 40)
+    calm.result()
+    assert [(step, sorted(m)) for step, m in calm.curve()] == [(10, ["loss", "score"])]
+    wild.result()
+    assert wild.status == "diverged"
+    (step, metrics), *_ = wild.curve()
+    assert step < 40 and not math.isfinite(metrics["loss"])  # evaluated at the step it diverged
 
 
 def test_configs_must_name_the_same_hyper_parameters():
