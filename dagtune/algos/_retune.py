@@ -23,25 +23,37 @@ converging), *diverged* when a value is NaN or infinite (speed 0: diverged branc
 pruned, never ranked among themselves), and *unstable* otherwise. The step is the clock (a
 dagtune step is the user's logical iteration, so it is what MLtuner's timestamps measure).
 
-The tuning loop (§4.2–4.4), from fork step `t`:
+The tuning loop (§4.2–4.4, Algorithm 1), from fork step `t`:
 
 1. branch: the current schedule kept as it is (once there is one, or `initial`) and
    `branches` candidates sampled from `space`, each trained for the trial time;
 2. summarize each branch's metric over its steps after `t` (the metric is negated for
-   ``mode="max"``, so progress always goes down). If some branch is converging, the trial
-   time is decided and the fastest converging branch wins. Otherwise the trial time
-   doubles: the live branches are extended to it and, as MLtuner's Algorithm 1 asks its
-   searcher for a setting at every iteration, new candidates join (one per diverged branch,
-   at least one; a re-tuning never tries more settings than the one before it, §4.4). At
-   `max_trial_steps` with nothing converging, the live branch with the best metric wins
-   (speeds are noise by then) and, in a re-tuning, the model is taken to have converged:
-   there is no further re-tuning;
+   ``mode="max"``, so progress always goes down). While no branch is converging the trial
+   time doubles: the live branches are extended to it and, as Algorithm 1 asks its searcher
+   for a setting at every iteration, new candidates join (one per diverged branch, at least
+   one). Once some branch converges the trial time is decided, and the search goes on with
+   it (§4.3): `branches` more candidates at a time, each trained for the decided trial time,
+   until the five fastest converging speeds differ by less than 10% (MLtuner's stopping
+   rule), or the round has tried as many settings as it may; then the fastest converging
+   branch wins. A tuning may try `max_settings` settings; a re-tuning no more than the
+   tuning before it (§4.4). At `max_trial_steps` with nothing converging, the live branch
+   with the best metric wins (speeds are noise by then) and, in a re-tuning, the model is
+   taken to have converged (§4.4): there is no further re-tuning;
 3. train the winner on in chunks of ``max(trial time, windows)`` steps, summarizing each
    chunk: while it converges, go on; on a plateau (not converging) or a divergence, re-tune
    from the winner's last completed step, which has a checkpoint.
 
+With ``tune_initial=False`` (MLtuner §5.5) there is no initial tuning: `initial` trains from
+step 0 as if it had won, and only re-tunings change it.
+
 The run ends when the winner reaches `max_steps`, or when it diverges with no re-tuning
 left (`max_retunes`, or the model converged), or when every branch of a round diverged.
+
+Deviations from MLtuner: the searcher is random sampling from `space` (MLtuner's default is
+HyperOpt; its speeds do not guide the sampling here); the branches of a round train side by
+side on the executor's workers, `branches` new settings at a time, where MLtuner time-shares
+one training instance between them; and the initial tuning is bounded by `max_settings`,
+which MLtuner leaves to its stopping rule alone.
 """
 
 from __future__ import annotations
@@ -63,6 +75,10 @@ from dagtune.space import Random
 __all__ = ["CONVERGING", "DIVERGED", "UNSTABLE", "Progress", "Retune", "Round", "summarize_progress"]
 
 CONVERGING, UNSTABLE, DIVERGED = "converging", "unstable", "diverged"
+
+# MLtuner's rule of thumb for when to stop searching (§4.3): the TOP fastest converging
+# speeds are within WITHIN of each other
+TOP, WITHIN = 5, 0.10
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,8 @@ class Round:
     branches: list[Trial] = field(default_factory=list)
     progress: dict[int, Progress] = field(default_factory=dict)  # trial id -> its summary
     winner: Trial | None = None
+    tuned: bool = True  # False: `initial` trained without tuning (``tune_initial=False``)
+    decided: bool = False  # the trial time is decided (some branch converged with it)
 
 
 def _continue(current: Sequence, fork: int, candidate: Sequence) -> Sequence:
@@ -128,11 +146,13 @@ class Retune(Algorithm):
     `space` (a `dt.Random`, or a dict of name -> distribution) gives the tunables and where
     candidates are drawn from; `initial` (a config naming at least those tunables, and any
     fixed hyper-parameters) is the setting to start from, tried as one of the first branches.
-    `max_steps` bounds the training run; `branches` candidates are tried per tuning round,
-    first for `trial_steps` steps, doubled up to `max_trial_steps` (default: a fifth of
-    `max_steps`); at most `max_retunes` re-tunings follow the first tuning; `windows` is the
-    summarizer's K. After the run, `schedule` is the discovered config, `winner` its trial
-    and `rounds` the tuning history.
+    `max_steps` bounds the training run; `branches` candidates are tried at a time in a
+    tuning round, first for `trial_steps` steps, doubled up to `max_trial_steps` (default: a
+    fifth of `max_steps`); a tuning tries at most `max_settings` settings; at most
+    `max_retunes` re-tunings follow the first tuning; `windows` is the summarizer's K.
+    ``tune_initial=False`` trains `initial` from the start without tuning it (re-tunings
+    only). After the run, `schedule` is the discovered config, `winner` its trial, `rounds`
+    the tuning history and `converged` whether a re-tuning found the model converged.
     """
 
     def __init__(
@@ -148,6 +168,8 @@ class Retune(Algorithm):
         max_retunes: int = 5,
         windows: int = 10,
         seed: int = 0,
+        max_settings: int = 20,
+        tune_initial: bool = True,
     ):
         super().__init__(metric, mode)
         owner = type(self).__name__
@@ -157,7 +179,14 @@ class Retune(Algorithm):
             branches=branches,
             trial_steps=trial_steps,
             max_trial_steps=max_trial_steps,
+            max_settings=max_settings,
         )
+        if max_settings < branches:
+            raise ValueError(f"{owner}.max_settings must be at least branches={branches}, got {max_settings}")
+        if not isinstance(tune_initial, bool):
+            raise ValueError(f"{owner}.tune_initial must be True or False, got {tune_initial!r}")
+        if not tune_initial and initial is None:
+            raise ValueError(f"{owner}: tune_initial=False needs an initial setting to train")
         if isinstance(max_retunes, bool) or not isinstance(max_retunes, int) or max_retunes < 0:
             raise ValueError(f"{owner}.max_retunes must be an int >= 0, got {max_retunes!r}")
         if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
@@ -197,12 +226,14 @@ class Retune(Algorithm):
         self.max_retunes = max_retunes
         self.windows = windows
         self.seed = seed
+        self.max_settings = max_settings
+        self.tune_initial = tune_initial
         self.rounds: list[Round] = []
         self.winner: Trial | None = None
+        self.converged = False  # a re-tuning found nothing converging: no more re-tuning
         self._candidates: Iterator[Config] = space.sampler()
         self._last_good = 0  # the winner's last completed step (a checkpoint)
-        self._chunk = windows
-        self._converged = False  # a re-tuning found nothing converging: no more re-tuning
+        self._chunk = max(trial_steps, windows)
         self._done = False
 
     @property
@@ -217,7 +248,11 @@ class Retune(Algorithm):
     # ---- callbacks
 
     def start(self, ctx: Context) -> list[Decision]:
-        return self._tune(0, self.initial, self.trial_steps)
+        if self.tune_initial:
+            return self._tune(0, self.initial, self.trial_steps)
+        # MLtuner §5.5: no initial tuning; `initial` trains as the winner of a round of one
+        self.rounds.append(Round(0, self.trial_steps, None, 1, tuned=False))
+        return [Submit(self.initial, min(self._chunk, self.max_steps), tag=0)]
 
     def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
         self.check_metric(metrics)
@@ -242,6 +277,9 @@ class Retune(Algorithm):
         if self._done:
             return []
         current = self.rounds[-1]
+        if not current.tuned and current.winner is None:  # `initial`, trained untuned
+            current.branches = [trial]
+            current.winner = self.winner = trial
         if trial is current.winner:
             return self._train_on(trial)
         branches = self._branches()
@@ -254,7 +292,9 @@ class Retune(Algorithm):
     def _tune(self, fork: int, base: Config | None, trial_steps: int) -> list[Decision]:
         """Start a tuning round at `fork`: `base` kept as it is, plus sampled candidates."""
         end = min(fork + trial_steps, self.max_steps)
-        settings = [self._branch(base, fork) for _ in range(self.branches)]
+        before = [r for r in self.rounds if r.tuned]
+        bound = before[-1].size if before else self.max_settings  # §4.4: no more than before
+        settings = [self._branch(base, fork) for _ in range(min(self.branches, bound - (base is not None)))]
         # the kept setting goes last: its results may be known already (a winner that
         # diverged), and a trial that finishes inside its submit should find its round
         # complete (see `_on_done`) and the session with the other branches pending
@@ -287,7 +327,18 @@ class Retune(Algorithm):
         current.progress = {t.id: self._progress(t, current.fork) for t in branches}
         alive = [t for t in branches if current.progress[t.id].label != DIVERGED]
         converging = [t for t in alive if current.progress[t.id].label == CONVERGING]
-        if converging:  # the fastest converging branch wins
+        if converging:  # the trial time is decided: search on with it, or crown the fastest
+            current.decided = True
+            speeds = sorted((current.progress[t.id].speed for t in converging), reverse=True)
+            settled = len(speeds) >= TOP and speeds[TOP - 1] > (1.0 - WITHIN) * speeds[0]
+            more = 0 if settled else min(self.branches, self._room(current))
+            if more:
+                current.size += more
+                end = current.fork + current.trial_steps
+                return [
+                    Submit(self._branch(current.base, current.fork), end, tag=len(self.rounds) - 1)
+                    for _ in range(more)
+                ]
             speed = current.progress
             return self._crown(current, max(converging, key=lambda t: (speed[t.id].speed, -t.id)))
         longer = 2 * current.trial_steps
@@ -299,7 +350,7 @@ class Retune(Algorithm):
         # Nothing converges with the longest trial time. In a re-tuning this means the model
         # has converged (§4.4): no more re-tuning. Speeds are then noise, so the branch with
         # the best metric trains on.
-        self._converged = len(self.rounds) > 1
+        self.converged = len(self.rounds) > 1
         return self._crown(current, max(alive, key=lambda t: (self.score(t.metrics), -t.id)))
 
     def _crown(self, current: Round, winner: Trial) -> list[Decision]:
@@ -315,9 +366,7 @@ class Retune(Algorithm):
         """Double the trial time: extend the live branches and, as MLtuner's Algorithm 1
         asks its searcher for a setting at every doubling, add a new one (one per diverged
         branch, at least one)."""
-        new = max(1, current.size - len(alive))
-        if len(self.rounds) > 1:  # a re-tuning tries no more settings than the one before
-            new = max(0, min(new, self.rounds[-2].size - current.size))
+        new = min(max(1, current.size - len(alive)), self._room(current))
         if not alive and new <= 0:
             self._done = True
             return []
@@ -331,9 +380,15 @@ class Retune(Algorithm):
         ]
         return decisions
 
+    def _room(self, current: Round) -> int:
+        """How many more settings `current` may try: a tuning `max_settings`, a re-tuning no
+        more than the tuning before it (§4.4)."""
+        before = [r for r in self.rounds[:-1] if r.tuned]
+        return max(0, (before[-1].size if before else self.max_settings) - current.size)
+
     def _train_on(self, winner: Trial) -> list[Decision]:
         """The winner finished a chunk (or diverged in it): go on, re-tune or stop."""
-        can_retune = not self._converged and len(self.rounds) - 1 < self.max_retunes
+        can_retune = not self.converged and len(self.rounds) - 1 < self.max_retunes
         if winner.status == COMPLETED:
             self._last_good = winner.steps
             if winner.steps >= self.max_steps:
