@@ -145,23 +145,15 @@ def asking_for_a_worker(client: Any) -> Iterator[None]:
 
 
 def study_demand(study: Any) -> int:
-    """How many of `study`'s stages are ready to run but have no free worker slot."""
-    from dagtune.dashboard.snapshot import _Peek
-    from dagtune.plan import build_stage_tree
-
-    slots = study.executor.slots()
+    """How many of `study`'s stages are ready to run but have no free worker slot (as its
+    coordinator found at its last scheduling round)."""
     with study._lock:
-        coordinator = study.coordinator
-        running = dict(coordinator.running)
-        ready = len(build_stage_tree(coordinator.plan, _Peek(running)).ready())
-    return max(0, ready - max(0, slots - len(running)))
+        return study.coordinator.demand
 
 
 class DemandPublisher:
     """Keeps a study's demand up to date in its scheduler's metadata (a daemon thread that
-    looks every `interval` seconds and recomputes when the study's state changed), and
-    re-plans the study when its worker slots grow, so a worker that joins gets work before
-    the next event. `close` withdraws the demand."""
+    looks every `interval` seconds). `close` withdraws the demand."""
 
     def __init__(self, study: Any, client: Any = None, interval: float = 1.0):
         self.study = study
@@ -169,8 +161,6 @@ class DemandPublisher:
         self.interval = interval
         self.key = [*DEMAND, f"{study.name}-{study._token}"]
         self.published: int | None = None
-        self._state: tuple | None = None
-        self._slots: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dagtune-demand-{study.name}", daemon=True)
 
@@ -178,24 +168,8 @@ class DemandPublisher:
         self._thread.start()
         return self
 
-    def _watch_slots(self) -> int:
-        slots = self.study.executor.slots()
-        if self._slots is not None and slots > self._slots:
-            with self.study._lock:  # new workers: the driver's next schedule fills them
-                self.study.coordinator.replan()
-                self.study._changed.notify_all()
-        self._slots = slots
-        return slots
-
     def publish(self, force: bool = False) -> bool:
-        """Recompute and send the demand if the study changed (or with `force`); True if sent."""
-        slots = self._watch_slots()
-        with self.study._lock:
-            coordinator = self.study.coordinator
-            state = (coordinator.events_seen, len(coordinator.trials), len(coordinator.running), slots)
-        if state == self._state and not force:
-            return False
-        self._state = state
+        """Send the demand if it changed (or with `force`); True if sent."""
         demand = study_demand(self.study)
         if demand == self.published and not force:
             return False

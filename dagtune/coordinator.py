@@ -145,6 +145,8 @@ class Coordinator:
         self.gpu_seconds = 0.0
         self.loads = {"memory": 0, "storage": 0}
         self.events_seen = 0
+        self.demand = 0  # ready stages left without a slot at the last scheduling round
+        self._slots_seen = 0
 
     # ------------------------------------------------------------------ trials
 
@@ -468,6 +470,10 @@ class Coordinator:
     def schedule(self) -> None:
         """Rebuild the stage tree if anything changed, redirect running tasks, fill free
         slots; if slots stay free, tell the listeners (an algorithm may then add work)."""
+        slots = self.executor.slots()
+        if slots > self._slots_seen:  # workers joined: fill them now, not at the next event
+            self._dirty = True
+        self._slots_seen = slots
         for _ in range(8):  # each round only runs if the listeners added work
             if not self._dirty:
                 return
@@ -488,12 +494,14 @@ class Coordinator:
         tree = build_stage_tree(self.plan, self)
         free = self.executor.slots() - len(self.running)
         paths: list[list[Stage]] = []
+        self.demand = 0
         if tree.stages:
             priority = critical_path_priorities(tree, self.cost, self.plan)
             if free > 0:
                 paths = self.policy.pick(tree, free, self.cost, self.plan)
             launched = {path[0].index for path in paths}
             waiting = [s for s in tree.ready() if s.index not in launched]
+            self.demand = len(waiting)
             if waiting and self.running:
                 pausable = self._pausable(tree, priority)
                 for key, step in self.policy.preempt(waiting, priority, pausable).items():
