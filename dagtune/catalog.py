@@ -18,6 +18,7 @@ from typing import Any
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_from_json
 from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.durable import Leases, plan_header, records_header
 from dagtune.plan import SearchPlan, unique_steps
 from dagtune.plan._journal import Journal, PlanJournal
 
@@ -127,7 +128,9 @@ def _reached(trial: Trial) -> int:
 
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
     """The search plan of `identity` read from every writer's journal (nothing written)."""
-    journal = PlanJournal(SearchPlan(), Journal(store.fs, f"{store.root}/{identity}/plan"))
+    journal = PlanJournal(
+        SearchPlan(), Journal(store.fs, f"{store.root}/{identity}/plan", header=plan_header(identity))
+    )
     journal.load()
     return journal
 
@@ -135,7 +138,7 @@ def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
 def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None = None) -> StoredStudy:
     """Study `name` from `store`; `plans` caches plan journals by identity across calls."""
     check_study_name(name)
-    records = Journal(store.fs, f"{store.root}/studies/{name}/journal")
+    records = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
     entries = [e.record for e in records.read_new()]
     opens = [r for r in entries if r.get("r") == "open"]
     if not opens:
@@ -158,7 +161,12 @@ def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
     for record in records:
         kind, trial_id = record.get("r"), record.get("trial")
         if kind == "submit":
-            states[trial_id] = {"config": record["config"], "steps": record["steps"], "status": PENDING}
+            states[trial_id] = {
+                "config": record["config"],
+                "steps": record["steps"],
+                "status": PENDING,
+                "salt": record.get("salt", ""),
+            }
         elif kind == "extend" and trial_id in states:
             states[trial_id].update(steps=record["steps"], status=PENDING)
         elif kind == "end" and trial_id in states:
@@ -171,9 +179,9 @@ def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
         state = states[trial_id]
         config = config_from_json(state["config"])
         trial = Trial(trial_id, config, state["steps"], status=state["status"], error=state.get("error"))
-        trial.node = plan.locate(config, trial.steps, create=True)
-        trial.segments = plan.segments(trial.node, trial.steps)
-        known = plan.curve(trial.node, trial.steps)
+        trial.node = plan.locate(config, trial.steps, salt=state["salt"]) or ""  # reading writes nothing
+        trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []
+        known = plan.curve(trial.node, trial.steps) if trial.node else []
         reached = state.get("reached")
         if reached is None:  # pending: as far as the plan has metrics, without a gap
             reached = next((i for i, m in enumerate(known) if m is None), len(known))
@@ -209,7 +217,8 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
 def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = False) -> list[dict]:
     """Collect checkpoints of every model identity in `store` by `policy` (a `GcPolicy`),
     as `Study.gc` does, over the trials of all the identity's studies. What pending trials
-    resume from (the latest checkpoint before each one's point) is never deleted. Returns one
+    resume from (the latest checkpoint before each one's point) and what the leases of live
+    studies hold (their running stages' sources and checkpoints) is never deleted. Returns one
     summary per identity; with `dry_run`, deletes nothing."""
     from dagtune.dashboard.snapshot import pick_metric
     from dagtune.gc import collect
@@ -226,7 +235,7 @@ def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = Fals
     for identity, trials in sorted(by_identity.items()):
         journal = plans[identity]
         plan = journal.plan
-        protected = set()
+        protected = Leases.held(store, identity)  # what live studies of the model need
         for trial in trials:
             if trial.status == PENDING:
                 latest = plan.latest_checkpoint(trial.node, trial.steps)

@@ -157,15 +157,16 @@ class Coordinator:
         if not self.share:
             trial.salt = f"{self.name}/{trial.id}"
         self.trials[trial.id] = trial
-        self._record(
-            {
-                "r": "submit",
-                "trial": trial.id,
-                "config": config_to_json(config),
-                "steps": steps,
-                "tag": _jsonable(tag),
-            }
-        )
+        record = {
+            "r": "submit",
+            "trial": trial.id,
+            "config": config_to_json(config),
+            "steps": steps,
+            "tag": _jsonable(tag),
+        }
+        if trial.salt:  # a trial-based trial's private path: found again when it resumes
+            record["salt"] = trial.salt
+        self._record(record)
         self._request(trial)
         return trial
 
@@ -185,7 +186,7 @@ class Coordinator:
             config = state["config"]
             trial = Trial(trial_id, config, state["steps"], state["tag"], submitted_at=self.executor.now())
             if not self.share:
-                trial.salt = f"{self.name}/{trial.id}"
+                trial.salt = state["salt"] or f"{self.name}/{trial.id}"
             self.trials[trial_id] = trial
             self._next_id = max(self._next_id, trial_id + 1)
             restored.append(trial)
@@ -217,6 +218,7 @@ class Coordinator:
                 "metrics": None,
                 "error": None,
                 "reached": 0,
+                "salt": str(record.get("salt", "")),
             }
         elif kind == "extend" and trial_id in states:
             states[trial_id].update(steps=int(record["steps"]), status=PENDING)

@@ -31,7 +31,7 @@ from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal
 from dagtune.results import ResultsWriter, results_url
 
-__all__ = ["Leases", "Persistence", "needed_by_stored_studies"]
+__all__ = ["Leases", "Persistence", "needed_by_stored_studies", "plan_header", "records_header"]
 
 log = logging.getLogger("dagtune")
 
@@ -94,7 +94,19 @@ class Leases:
         return points
 
 
-def needed_by_stored_studies(store: CheckpointStore, identity: str, plan: SearchPlan, exclude: str) -> set[Point]:
+def plan_header(identity: str) -> dict:
+    """The header of the search plan journal of model `identity`."""
+    return {"journal": "plan", "identity": identity}
+
+
+def records_header(name: str) -> dict:
+    """The header of study `name`'s trial records."""
+    return {"journal": "study", "name": name}
+
+
+def needed_by_stored_studies(
+    store: CheckpointStore, identity: str, plan: SearchPlan, exclude: str
+) -> set[Point]:
     """Checkpoints the other studies of `identity` kept in `store` still need, read from
     their trial records: each completed trial's latest checkpoint (it may be extended) and
     the latest checkpoint before each pending trial's point (it resumes there)."""
@@ -104,7 +116,8 @@ def needed_by_stored_studies(store: CheckpointStore, identity: str, plan: Search
     for name in list_studies(store):
         if name == exclude:
             continue
-        records = [e.record for e in Journal(store.fs, f"{store.root}/studies/{name}/journal").read_new()]
+        journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
+        records = [e.record for e in journal.read_new()]
         if not any(r.get("r") == "open" and r.get("identity") == identity for r in records):
             continue
         states: dict[int, dict] = {}
@@ -148,10 +161,12 @@ class Persistence:
         self.results_seconds = results_seconds
         self.clock = clock
         root = store.root
-        self.records = Journal(store.fs, f"{root}/studies/{name}/journal")
+        self.records = Journal(store.fs, f"{root}/studies/{name}/journal", header=records_header(name))
         self.earlier = [entry.record for entry in self.records.read_new()]
         self._check_identity(describe)
-        self.plan_journal = PlanJournal(SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan"))
+        self.plan_journal = PlanJournal(
+            SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
+        )
         self.plan_journal.load()
         self.results = ResultsWriter(
             results_url(store.url, name), store.storage_options, study=name, identity=identity

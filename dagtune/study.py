@@ -599,11 +599,15 @@ class Study:
         }
 
     def submit(self, config: Mapping[str, Any], steps: int) -> TrialHandle:
-        """Train `config` for `steps` steps (what is already known is not trained again)."""
+        """Train `config` for `steps` steps (what is already known is not trained again).
+
+        In a resumed study, the first submission of a restored trial's config and steps is
+        that trial (finished: its results at once; pending: it trains on), so running the
+        same script again continues it instead of adding trials."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
         config = self._check_config(config)
-        trial = self._call(self.coordinator.submit, config, steps)
+        trial = self._take_restored(config, steps) or self._call(self.coordinator.submit, config, steps)
         return TrialHandle(self, trial)
 
     def evaluate(
@@ -628,9 +632,7 @@ class Study:
             self.coordinator.listeners.append(session)
             try:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
-                self.coordinator.expect(
-                    normalize_config(c, owner="prospect") for c in algorithm.prospects()
-                )
+                self.coordinator.expect(normalize_config(c, owner="prospect") for c in algorithm.prospects())
                 session.started = True  # known results arriving during start must not end the run
                 session._check_end()
                 self.coordinator.schedule()

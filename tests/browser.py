@@ -102,8 +102,12 @@ class Page:
         return data
 
     def close(self) -> None:
-        self._conn.close()
+        # tornado's close writes a frame, which needs this page's loop to be the running one
+        self._loop.run_until_complete(self._close())
         self._loop.close()
+
+    async def _close(self) -> None:
+        self._conn.close()
 
 
 @contextlib.contextmanager

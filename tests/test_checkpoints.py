@@ -1,4 +1,5 @@
-"""The checkpoint store, on a local directory and on fsspec's memory filesystem."""
+"""The checkpoint store, on a local directory and on fsspec's memory filesystem (the write-once
+race also on the loopback S3 endpoint)."""
 
 from __future__ import annotations
 
@@ -127,8 +128,12 @@ def test_a_writer_that_loses_the_race_yields_and_cleans_up(store, monkeypatch):
     assert torch.equal(store.load(IDENTITY, NODE, 3)["model"]["weight"], torch.full((3, 2), 1.0))
 
 
-def test_concurrent_writers_agree_on_one_committed_checkpoint(tmp_path):
-    stores = [CheckpointStore(str(tmp_path)) for _ in range(8)]
+def test_concurrent_writers_agree_on_one_committed_checkpoint(storage):
+    """Eight workers (each with its own store, as Dask workers have) race to write one
+    checkpoint, on a local disk and on the loopback S3 endpoint."""
+    stores = [CheckpointStore(storage.url, storage.options) for _ in range(8)]
+    for one in stores:
+        one.fs.invalidate_cache()
     results: list[CheckpointInfo] = []
     barrier = threading.Barrier(len(stores))
 

@@ -112,6 +112,27 @@ def test_collecting_garbage_from_storage_keeps_what_the_policy_keeps(tmp_path):
     assert points == {(n.id, s) for n in after.plan.nodes.values() for s in n.checkpoints}
 
 
+def test_collecting_garbage_from_storage_spares_what_live_studies_lease(tmp_path):
+    from dagtune.durable import Leases
+
+    study = durable_sim_study(tmp_path, "gc")
+    study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=20))
+    study.close()
+    store = catalog.open_storage(str(tmp_path))
+    identity = catalog.load_study(store, "gc").identity
+    points = {(node, step) for node, step, _ in store.points(identity)}
+    leased = sorted(points)[:2]
+    live = Leases(store, identity, "a-live-study")  # as a running study of the model holds it
+    live.renew(leased)
+    nothing = GcPolicy(keep_best=0, keep_latest=False, orphan_seconds=None)
+    (summary,) = catalog.collect_garbage(store, nothing)
+    assert {(node, step) for node, step, _ in store.points(identity)} == set(leased)
+    assert summary["deleted"] == len(points) - 2
+    live.release()  # the study closed: its points are no longer needed
+    catalog.collect_garbage(store, nothing)
+    assert list(store.points(identity)) == []
+
+
 @pytest.fixture
 def scheduler_client():
     """A client of an in-process scheduler (no workers) with Dask's dashboard."""

@@ -9,6 +9,7 @@ worker-killing tests are in `test_durability_kill.py`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 
@@ -20,6 +21,7 @@ import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_to_json, normalize_config
+from dagtune.durable import records_header
 from dagtune.gc import GcPolicy
 from dagtune.plan import CheckpointInfo, SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal, encode_line
@@ -126,12 +128,38 @@ def test_the_same_study_name_with_another_model_is_refused(storage):
         study_on(storage, "named", kwargs={"dim": 4})
 
 
+@pytest.mark.parametrize(
+    "changed", [{"kwargs": {"dim": 4}}, {"seed": 1}, {"version": "v2"}], ids=["kwargs", "seed", "version"]
+)
+def test_another_model_identity_shares_nothing(storage, changed):
+    config = next(iter(SPACE))
+    with study_on(storage, "base", checkpoint_every=4) as base:
+        base.submit(config, 8).result()
+    with study_on(storage, "other", checkpoint_every=4, **changed) as other:
+        assert other.identity != base.identity
+        assert len(other.plan.nodes) == 0  # a plan of its own, empty
+        other.submit(config, 8).result()
+        assert other.report["executed_steps"] == 8  # trained again: another model
+    with study_on(storage, "same", checkpoint_every=4) as same:  # the first identity again
+        assert same.evaluate(config, 8) == final(config, 8)
+        assert same.report["executed_steps"] == 0
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "", ".hidden", "x" * 129, "a b"])
+def test_a_study_name_can_never_leave_the_storage_root(storage, name):
+    with pytest.raises(ValueError, match="name must be 1-128 letters"):
+        study_on(storage, name)
+    fs, root = storage.fs()
+    assert not fs.exists(root) or fs.find(root) == []  # refused before anything was written
+
+
 def test_an_unreadable_trial_record_is_reported_and_the_rest_resumes(storage):
     with study_on(storage, "records") as first:
         first.submit({"lr": 0.1}, 3).result()
         directory = f"{first.store.root}/studies/records/journal"
     fs, _ = storage.fs()
-    Journal(fs, directory).append({"r": "submit", "trial": 7, "steps": 2}, sync=True)  # no config
+    forger = Journal(fs, directory, header=records_header("records"))
+    forger.append({"r": "submit", "trial": 7, "steps": 2}, sync=True)  # no config
     with study_on(storage, "records") as again:
         assert [t.status for t in again.trials] == ["completed"]
         (incident,) = again.incidents
@@ -162,6 +190,7 @@ def test_results_are_a_zarr_group_with_learning_curves(storage):
 def test_two_studies_at_once_on_one_storage_share_and_never_corrupt_it(storage):
     configs = list(SPACE)
     errors = []
+    written: dict[str, tuple[dict, set]] = {}
 
     def run(name: str, mine: list) -> None:
         try:
@@ -169,6 +198,8 @@ def test_two_studies_at_once_on_one_storage_share_and_never_corrupt_it(storage):
                 study.run(GridSearch(mine, metric="val_loss", mode="min", steps=STEPS))
                 for trial in study.coordinator.trials.values():
                     assert trial.metrics == final(trial.config, STEPS)
+                nodes = {n.id: config_dumps(n.config) for n in study.plan.nodes.values()}
+                written[name] = (nodes, plan_points(study.plan))
         except BaseException as error:  # surfaced below
             errors.append(error)
 
@@ -181,7 +212,14 @@ def test_two_studies_at_once_on_one_storage_share_and_never_corrupt_it(storage):
     with study_on(storage, "reader") as reader:
         assert reader.incidents == []
         plan = reader.plan
-        assert len(plan.nodes) == len({n for n in plan.nodes})
+        # the merged plan is the union of what both wrote, nothing lost and nothing invented
+        # (studies this fast each create their own roots before seeing the other's: equal-
+        # valued siblings, which the plan tolerates and matches by the longest agreement)
+        assert set(plan.nodes) == set(written["c0"][0]) | set(written["c1"][0])
+        assert plan_points(plan) == written["c0"][1] | written["c1"][1]
+        for name, (nodes, _) in written.items():
+            for node_id, config in nodes.items():
+                assert config_dumps(plan.nodes[node_id].config) == config, name
         for node, step in plan_points(plan):  # every checkpoint either study recorded loads
             reader.store.load(reader.identity, node, step)
         assert plan_points(plan) <= stored_points(reader)
@@ -270,6 +308,53 @@ def test_corrupt_and_foreign_journal_lines_are_reported_with_their_place_and_ski
         assert reopened.evaluate(config, 6) == final(config, 6)
 
 
+def test_a_journal_file_of_another_model_is_refused_whole_and_reported(storage):
+    config = {"lr": dt.Steps([0.1, 0.05], [4]), "batch_size": 128}
+    with study_on(storage, "mine") as mine:
+        mine.submit(config, 6).result()
+        known = plan_points(mine.plan)
+    with study_on(storage, "theirs", kwargs={"dim": 4}) as theirs:  # another model identity
+        theirs.submit(config, 6).result()
+        foreign = max(storage.fs()[0].ls(journal_dir(theirs), detail=False))
+    fs, _ = storage.fs()
+    copied = f"{journal_dir(mine)}/{'f' * 32}.jsonl"
+    fs.pipe_file(copied, fs.cat_file(foreign))  # well-formed lines, checksums and all
+    bad_field = {"e": "metrics", "node": next(iter(known))[0], "step": "6", "metrics": {"val_loss": 1.0}}
+    fs.pipe_file(
+        f"{journal_dir(mine)}/{'e' * 32}.jsonl",
+        b"".join(
+            [encode_line({"h": {"journal": "plan", "identity": mine.identity}}), encode_line(bad_field)]
+        ),
+    )
+    fs.invalidate_cache(journal_dir(mine))
+    with study_on(storage, "mine") as again:
+        assert plan_points(again.plan) == known  # nothing of the other model came in
+        assert any(copied in i and "a file of another journal" in i for i in again.incidents)
+        assert any("field 'step' must be a step >= 1, got '6'" in i for i in again.incidents)
+        assert again.evaluate(config, 6) == final(config, 6)
+        assert again.report["executed_steps"] == 0
+
+
+def test_reading_a_study_writes_nothing_and_trial_based_trials_resume_with_their_curves(storage):
+    from dagtune.catalog import load_study
+
+    configs = list(SPACE)[:2]
+    with study_on(storage, "alone", reuse=False) as study:
+        for config in configs:
+            study.submit(config, 4).result()
+        curves = [t.curve() for t in study.trials]
+    fs, _ = storage.fs()
+    files = sorted(fs.find(study.store.root))
+    stored = load_study(study.store, "alone")
+    assert [t.curve for t in stored.trials] == curves
+    fs.invalidate_cache(study.store.root)
+    assert sorted(fs.find(study.store.root)) == files  # `dagtune status` and friends only read
+    with study_on(storage, "alone", reuse=False) as again:
+        assert [t.curve() for t in again.trials] == curves
+        assert again.submit(configs[0], 4).result() == curves[0][-1][1]  # the restored trial
+        assert again.report["executed_steps"] == 0 and len(again.trials) == 2
+
+
 def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(storage):
     fs, root = storage.fs()
     directory = f"{root}/journal-merge"
@@ -316,9 +401,16 @@ def test_failed_and_diverged_trials_are_kept_with_their_reason(storage):
     wild = {"lr": dt.Steps([0.1, 80.0], [2])}  # its loss overflows after about 10 steps
     good = {"lr": dt.Steps([0.1, 0.05], [3])}
     with study_on(storage, "faults", trainer=Exploding, max_retries=2) as study:
+        errors = []
+        handle = study.coordinator.handle
+        study.coordinator.handle = lambda event: (
+            errors.append((event["node"], event["step"])) if event["kind"] == "error" else None,
+            handle(event),
+        )
         handles = [study.submit(c, n) for c, n in ((bad, 8), (wild, 30), (good, 8))]
         with pytest.raises(TrialError, match="exploded on purpose"):
             handles[0].result()
+        assert errors == [(handles[0].trial.node, 4)] * 3  # the first try and two retries
         assert handles[2].result() == final(good, 8)
         handles[1].result()
         assert [h.status for h in handles[1:]] == ["diverged", "completed"]
@@ -381,6 +473,31 @@ def test_gc_with_a_budget_evicts_the_cheapest_to_recompute_and_never_what_runs(s
         study.gc(GcPolicy(keep_best=0, keep_latest=False, budget_bytes=0))
         assert protected <= stored_points(study)
         assert handle.result() == final(branch, 30)
+
+
+def test_gc_with_a_budget_evicts_in_order_of_recompute_cost(storage):
+    trials = [
+        ({"lr": 0.1, "batch_size": 128}, 10),
+        ({"lr": 0.2, "batch_size": 128}, 4),
+        ({"lr": 0.3, "batch_size": 128}, 7),
+    ]
+    with study_on(storage, "budget3", checkpoint_every=2, workers=1) as study:
+        for config, steps in trials:
+            study.submit(config, steps).result()
+        settle(study)
+        ends = [(study.plan.locate(normalize_config(c), n), n) for c, n in trials]
+        size = max(study.plan.nodes[n].checkpoints[s].nbytes for n, s in ends)
+        assert len(stored_points(study)) == 5 + 2 + 4  # every second step and each last step
+        # keep_latest wants the three ends; each budget keeps the dearest ones to recompute
+        for budget, kept in ((3, {0, 1, 2}), (2, {0, 2}), (1, {0}), (0, set())):
+            outcome = study.gc(GcPolicy(keep_best=0, budget_bytes=budget * size))
+            assert stored_points(study) == {ends[i] for i in kept}, budget
+            assert outcome["bytes_after"] <= budget * size
+        # what was evicted is recomputed on demand, from scratch here
+        assert study.evaluate(*trials[1]) == final(*trials[1])
+        assert study.report["executed_steps"] == 10 + 4 + 7  # known metrics: nothing retrained
+        assert study.submit({"lr": dt.Steps([0.2, 0.02], [4]), "batch_size": 128}, 6).result()
+        assert study.report["executed_steps"] == 10 + 4 + 7 + 6
 
 
 def test_gc_of_one_study_never_deletes_what_other_studies_of_the_model_need(storage):
@@ -451,12 +568,27 @@ def test_automatic_gc_runs_after_each_run(storage):
 # --------------------------------------------------------------------------- credentials
 
 
-def test_credentials_never_reach_storage(storage):
+def test_credentials_never_reach_storage_logs_or_results(storage, caplog, capsys):
     if storage.kind != "s3":
         pytest.skip("credentials exist only for the S3 endpoint")
+    caplog.set_level(logging.DEBUG)  # every logger, s3fs and botocore included
     with study_on(storage, "secret", checkpoint_every=2) as study:
-        study.run(GridSearch(list(SPACE)[:2], metric="val_loss", mode="min", steps=4))
+        result = study.run(GridSearch(list(SPACE)[:2], metric="val_loss", mode="min", steps=4))
         assert SECRET not in repr(study.store) and SECRET not in repr(study)
+        assert SECRET not in study._repr_html_() and SECRET not in repr(result.report)
+        assert SECRET not in result.trials.to_csv()
+    bad = dict(  # nothing listens there; give up at once
+        storage.options,
+        endpoint_url="http://127.0.0.1:9",
+        retries=1,
+        config_kwargs={"retries": {"max_attempts": 1}},
+    )
+    with pytest.raises(Exception) as refused:
+        CheckpointStore(storage.url, bad).save("0" * 16, "0" * 16, 1, {"x": 1})
+    assert SECRET not in str(refused.value) and SECRET not in repr(refused.value)
+    assert caplog.records and SECRET not in caplog.text
+    printed = capsys.readouterr()
+    assert SECRET not in printed.out and SECRET not in printed.err
     fs, root = storage.fs()
     bucket = root.split("/")[0]
     for path in fs.find(bucket):

@@ -96,7 +96,9 @@ class SubmitAll(Algorithm):
 
 
 # five short trials sharing [0, 3) and one long lone trial; the short ones are requested first
-UNEVEN = [({"lr": dt.Steps([0.1, lr], [3]), "batch_size": 128}, 10) for lr in (0.05, 0.02, 0.01, 0.005, 0.002)]
+UNEVEN = [
+    ({"lr": dt.Steps([0.1, lr], [3]), "batch_size": 128}, 10) for lr in (0.05, 0.02, 0.01, 0.005, 0.002)
+]
 UNEVEN.append(({"lr": 0.2, "batch_size": 128}, 80))
 
 
@@ -124,7 +126,9 @@ def makespan_bounds(configs: list[dict], steps: int, workers: int) -> tuple[floa
     starts: list[int] = []  # earliest start of every unique step
     for node_id in plan.order:
         node = plan.nodes[node_id]
-        begin = 0 if node.parent is None else earliest[node.parent] + node.start - plan.nodes[node.parent].start
+        begin = (
+            0 if node.parent is None else earliest[node.parent] + node.start - plan.nodes[node.parent].start
+        )
         earliest[node_id] = begin
         end = max(max(node.requests, default=node.start), max(node.children, default=node.start))
         starts.extend(begin + t for t in range(end - node.start))
@@ -157,7 +161,9 @@ def test_makespan_is_close_to_the_lower_bound(workers, record_property):
             assert report["makespan_seconds"] <= trial_order["makespan_seconds"]
     record_property("makespan_over_simple_bound", simple_ratios)  # in the junit XML; and with -s:
     record_property("makespan_over_precedence_bound", precedence_ratios)
-    print(f"{workers} workers: makespan / simple bound {simple_ratios}, / precedence bound {precedence_ratios}")
+    print(
+        f"{workers} workers: makespan / simple bound {simple_ratios}, / precedence bound {precedence_ratios}"
+    )
     if workers <= 8:
         assert max(simple_ratios) <= 1.10
 
@@ -178,7 +184,10 @@ def test_paused_paths_resume_where_they_paused_and_results_are_unchanged():
     study = sim_study(8)
     ends = []
     handle = study.coordinator.handle
-    study.coordinator.handle = lambda event: (ends.append(event) if event["kind"] == "end" else None, handle(event))
+    study.coordinator.handle = lambda event: (
+        ends.append(event) if event["kind"] == "end" else None,
+        handle(event),
+    )
     report = study.run(GridSearch(configs, metric="val_loss", mode="min", steps=60)).report
     paused = [e for e in ends if e["reason"] == "stopped"]
     assert paused  # this tree makes the critical path pause running paths

@@ -11,6 +11,10 @@ Records are buffered and written in small batches (every `flush_events` records,
 `flush_seconds`, and whenever a caller asks for durability with ``sync=True``), so a
 killed writer loses at most its last unflushed batch and the journal is never rewritten.
 
+A journal may have a *header* (e.g. the model identity of a search plan): every file starts
+with a ``{"h": header}`` line, and a reader that knows the header skips (and reports) a whole
+file that carries another one or none, such as a file copied from another model's plan.
+
 Each line checks itself: ``dj1 <crc32 of the JSON, 8 hex digits> <JSON>``. A line that
 does not start with the format tag, fails its checksum or is not a JSON object is reported
 as ``file:line`` with the reason (in `incidents`) and skipped, never guessed at. Readers
@@ -86,9 +90,10 @@ def decode_line(line: bytes) -> dict:
 class Journal:
     """One directory of journal files: this process writes its own, reads everyone's.
 
-    `fs` and `directory` locate it; `writer` is this writer's id (a fresh uuid by default).
-    Problems found while reading are appended to `incidents` (and logged) as
-    ``"path:line: reason"``.
+    `fs` and `directory` locate it; `writer` is this writer's id (a fresh uuid by default);
+    `header` names the journal (written at the top of every file, checked when reading; a
+    reader without one accepts any header). Problems found while reading are appended to
+    `incidents` (and logged) as ``"path:line: reason"``.
     """
 
     def __init__(
@@ -100,8 +105,10 @@ class Journal:
         flush_events: int = 256,
         flush_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        header: dict | None = None,
     ):
         self.fs = fs
+        self.header = header
         self.directory = directory.rstrip("/")
         self.writer = writer or uuid.uuid4().hex
         self.flush_events = flush_events
@@ -115,6 +122,9 @@ class Journal:
         self._offsets: dict[str, int] = {}  # file -> bytes consumed (and lines, for locations)
         self._lines: dict[str, int] = {}
         self._reported: set[str] = set()
+        self._started = False  # this writer's local file has its header
+        self._checked: set[str] = set()  # files whose header was read
+        self._foreign: set[str] = set()  # files of another journal: never read
 
     # ------------------------------------------------------------------ writing
 
@@ -138,15 +148,17 @@ class Journal:
         if not self._buffer:
             return
         data = b"".join(self._buffer)
+        heading = encode_line({"h": self.header}) if self.header is not None else b""
         if self._local:
             os.makedirs(self.directory, exist_ok=True)
             with open(f"{self.directory}/{self.writer}.jsonl", "ab") as file:
-                file.write(data)
+                file.write(data if self._started else heading + data)
+                self._started = True
                 file.flush()
                 os.fsync(file.fileno())
         else:
             path = f"{self.directory}/{self.writer}-{self._segment:08d}.jsonl"
-            self.fs.pipe_file(path, data)
+            self.fs.pipe_file(path, heading + data)  # a segment is a file of its own
             self.fs.invalidate_cache(self.directory)
             self._segment += 1
         self._buffer, self._buffered_since = [], None
@@ -177,6 +189,8 @@ class Journal:
         return list(heapq.merge(*per_writer.values(), key=lambda e: e.record.get("t", 0.0)))
 
     def _read_file(self, path: str, writer: str) -> list[Entry]:
+        if path in self._foreign:
+            return []
         offset = self._offsets.get(path, 0)
         if not self._local and offset:
             return []  # a segment is written whole, once: already read
@@ -197,10 +211,26 @@ class Journal:
             except ValueError as error:
                 self.report(f"{path}:{number}", str(error))
                 continue
+            if path not in self._checked:
+                self._checked.add(path)
+                if not self._belongs(path, record):
+                    self._foreign.add(path)
+                    return []
+                if "h" in record:
+                    continue
             entries.append(Entry(record, f"{path}:{number}", writer))
         self._offsets[path] = offset + end if self._local else len(data)
         self._lines[path] = number
         return entries
+
+    def _belongs(self, path: str, first: dict) -> bool:
+        """Whether a file whose first record is `first` is part of this journal (reported
+        if not)."""
+        if self.header is None or first.get("h") == self.header:
+            return True
+        found = f"its header is {first['h']}" if "h" in first else "it has no header"
+        self.report(path, f"a file of another journal ({found}, this one is {self.header}); skipped")
+        return False
 
     def report(self, where: str, reason: str) -> None:
         """Record (and log) a problem at `where` (``path:line``), once per place."""
@@ -256,6 +286,7 @@ class PlanJournal:
             if missing is not None:
                 self._waiting.setdefault(missing, []).append(entry)
                 return
+            _check_event(event)
             if event.get("e") == "node":
                 _check_node_id(event)
             changed = self.plan.apply(event, emit=False)
@@ -278,12 +309,45 @@ class PlanJournal:
         return None
 
 
+def _check_event(event: dict) -> None:
+    """Raise ValueError naming the field of a search plan event that has the wrong type."""
+
+    def need(name: str, ok: Callable[[object], bool], what: str) -> None:
+        if name not in event or not ok(event[name]):
+            raise ValueError(f"{event.get('e')} event field {name!r} must be {what}, got {event.get(name)!r}")
+
+    def count(value: object, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    kind = event.get("e")
+    if kind == "node":
+        need("id", lambda v: isinstance(v, str), "a node id")
+        need("parent", lambda v: v is None or isinstance(v, str), "a node id or null")
+        need("start", lambda v: count(v, 0), "a step >= 0")
+        need("config", lambda v: isinstance(v, dict), "a config")
+        return
+    need("node", lambda v: isinstance(v, str), "a node id")
+    need("step", lambda v: count(v, 1), "a step >= 1")
+    if kind == "checkpoint":
+        need("nbytes", lambda v: count(v, 0), "a size in bytes")
+        need("sha256", lambda v: isinstance(v, str), "a hex digest")
+    elif kind == "metrics":
+        need(
+            "metrics",
+            lambda v: (
+                isinstance(v, dict)
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+            ),
+            "a dict of numbers",
+        )
+
+
 def _check_node_id(event: dict) -> None:
     """A node's id is the hash of its content: a line that does not match was tampered with
     or comes from another format."""
-    if event.get("private"):
-        return  # a salted (trial-based) root: the salt is not stored
     config = config_from_json(event["config"])
-    expected = node_id(event["parent"], event["start"], config)
+    expected = node_id(
+        event["parent"], event["start"], config, event.get("salt", "") if event.get("private") else ""
+    )
     if event["id"] != expected:
         raise ValueError(f"node id {event['id']} does not match its content ({config_dumps(config)[:80]})")

@@ -144,9 +144,10 @@ class SearchPlan:
         """
         check_config_finite(config, steps)
         if salt:
-            if not create:
-                return None
-            return self._create(None, 0, config, salt)
+            private = node_id(None, 0, config, salt)
+            if private in self.nodes:
+                return private
+            return self._create(None, 0, config, salt) if create else None
         candidates = self._roots.get(value_key(config, 0), [])
         node = self._best_match(candidates, config, steps)
         if node is None:
@@ -181,7 +182,7 @@ class SearchPlan:
             "config": config_to_json(config),
         }
         if salt:
-            event["private"] = True
+            event["private"], event["salt"] = True, salt
         self.apply(event, live_config=config)
         return identifier
 
