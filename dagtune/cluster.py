@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import threading
@@ -336,3 +337,68 @@ def slurm(
     elif minimum:
         cluster.scale(jobs=minimum)
     return cluster
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else every CUDA
+    device torch sees (none on a machine without CUDA)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip() and d.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def embedded_cluster(workers: int | None, resources: dict[str, float] | None) -> Any:
+    """The local cluster a study starts when it is given no client, on loopback.
+
+    Without a ``GPU`` resource: one single-threaded worker process per core (or `workers`).
+    With ``resources={"GPU": g}``: one worker per ``ceil(g)`` of this machine's visible GPUs,
+    each offering only the GPUs it is pinned to (``CUDA_VISIBLE_DEVICES``), as
+    ``dask worker --resources GPU=1`` per GPU does; a machine without GPUs is refused rather
+    than offered pretend ones."""
+    from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
+
+    gpus = (resources or {}).get("GPU")
+    if gpus is None:
+        return LocalCluster(
+            n_workers=workers or os.cpu_count() or 1,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            resources=resources,
+            silence_logs=logging.ERROR,
+        )
+    devices = visible_gpus()
+    per_worker = max(1, math.ceil(gpus))
+    groups = [devices[i : i + per_worker] for i in range(0, len(devices) - per_worker + 1, per_worker)]
+    if not groups:
+        raise ValueError(
+            f"resources={resources!r}: this machine has {len(devices)} visible GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES / torch.cuda), so the embedded cluster can't offer {gpus} per stage; "
+            "drop `resources` to train on CPU, or pass client= of a cluster whose workers offer GPUs"
+        )
+    if workers is not None and workers > len(groups):
+        raise ValueError(
+            f"workers={workers}: the embedded cluster has {len(devices)} visible GPU(s), enough for "
+            f"{len(groups)} worker(s) of {per_worker} GPU(s) each"
+        )
+    groups = groups[: workers or len(groups)]
+    offered = {**resources, "GPU": per_worker}
+    specs = {
+        f"gpu-{'-'.join(group)}": {
+            "cls": Nanny,
+            "options": {
+                "nthreads": max(1, math.floor(per_worker / gpus)),  # fractions of a GPU share it
+                "host": "127.0.0.1",
+                "resources": offered,
+                "env": {"CUDA_VISIBLE_DEVICES": ",".join(group)},
+                "silence_logs": logging.ERROR,
+            },
+        }
+        for group in groups
+    }
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)

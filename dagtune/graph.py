@@ -142,7 +142,7 @@ class DaskExecutor(Executor):
             f"{self.topic}-directives",
             key=task.key,
             resources=self.resources,
-            priority=round(priority),
+            priority=round(priority * 1000),  # Dask wants ints; keep millisecond differences
             pure=False,
             workers=[prefer] if prefer else None,
             allow_other_workers=bool(prefer),

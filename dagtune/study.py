@@ -452,20 +452,13 @@ class Study:
         return DemandPublisher(self).start()
 
     def _dask_executor(self, client: Any, workers: int | None) -> Executor:
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
+        from dagtune.cluster import embedded_cluster
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
-            cluster = LocalCluster(
-                n_workers=workers or os.cpu_count() or 1,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address="127.0.0.1:0",
-                resources=self.resources,
-                silence_logs=40,
-            )
+            cluster = embedded_cluster(workers, self.resources)
             client = Client(cluster)
             self._owned_cluster = (client, cluster)
         self.client = client

@@ -168,6 +168,29 @@ def test_each_worker_of_a_job_gets_its_own_gpu(monkeypatch):
 # --------------------------------------------------------------------------- real clusters
 
 
+def test_the_embedded_cluster_refuses_gpus_this_machine_does_not_have(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ValueError, match=r"resources=\{'GPU': 1\}: this machine has 0 visible GPU"):
+        dt.Study(SyntheticTrainer, name="cpu", storage=tmp_path, resources={"GPU": 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(ValueError, match=r"workers=3: .* 2 visible GPU\(s\), enough for 1 worker\(s\) of 2"):
+        dt.Study(SyntheticTrainer, name="few", storage=tmp_path, resources={"GPU": 2}, workers=3)
+
+
+@pytest.mark.slow
+def test_the_embedded_cluster_has_one_worker_pinned_to_each_visible_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # two GPUs as a scheduler would give them
+    with dt.Study(SyntheticTrainer, name="pinned", storage=tmp_path, resources={"GPU": 1}) as study:
+        client = study.client
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        assert sorted(w["resources"]["GPU"] for w in workers.values()) == [1, 1]
+        pinned = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+        assert sorted(pinned.values()) == ["3", "5"]
+        assert page_url(client) is not None  # the dagtune page, as on any embedded cluster
+        config = {"lr": dt.Steps([0.1, 0.02], [3])}
+        assert study.submit(config, 6).result(timeout=60) == dt.run_alone(SyntheticTrainer, config, 6)[-1]
+
+
 @pytest.mark.slow
 def test_a_local_cluster_scales_for_dagtunes_demand(tmp_path):
     space = dt.Grid({"lr": [0.1, 0.05, 0.02, 0.01]})  # four trials, apart from step 0

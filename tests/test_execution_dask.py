@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import dagtune as dt
@@ -31,28 +33,71 @@ def test_digits_grid_is_bit_exact_with_training_alone(client, tmp_path):
         report = result.report
         assert report["executed_steps"] == report["unique_steps"] < report["trial_steps"]
         assert report["reuse"] == pytest.approx(report["trial_steps"] / report["unique_steps"])
-        for trial in study.coordinator.trials.values():
+        trials = list(study.coordinator.trials.values())
+        assert len(trials) == 8 and all(t.status == "completed" for t in trials)
+        # some children resumed from a checkpoint in storage on another worker (restored RNG,
+        # data order and optimizer); the others continued within their path's task
+        assert study.coordinator.loads["storage"] > 0
+        for trial in trials:
             alone = run_alone(DigitsTrainer, trial.config, steps)
+            assert [step for step, _ in trial.curve] == list(range(1, steps + 1))
             assert [metrics for _, metrics in trial.curve] == alone, trial.config
 
 
 def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client, tmp_path):
     base = {"lr": dt.Steps([0.1, 0.05, 0.02], [5, 6]), "batch_size": 128}
+    branch = {"lr": dt.Steps([0.1, 0.2], [5]), "batch_size": 128}
+    from durable_helpers import SlowTrainer
+
+    # (SlowTrainer: the curves of SyntheticTrainer, with steps slow enough that both children
+    # run at once)
     with Study(
-        SyntheticTrainer, name="loads", storage=tmp_path, client=client, resources={"GPU": 1}
+        SlowTrainer, {"delay": 0.2}, name="loads", storage=tmp_path, client=client, resources={"GPU": 1}
     ) as study:
+        events = []
+        handle = study.coordinator.handle
+        study.coordinator.handle = lambda event: (events.append(event), handle(event))
         study.submit(base, 5).result(timeout=60)
         assert study.coordinator.loads == {"memory": 0, "storage": 0}
         # two children of the point (base, 5): one continues on the worker holding it live,
-        # the other runs on the other worker and must read the checkpoint from storage
+        # the other must read the checkpoint from storage
         one = study.submit(base, 8)
-        other = study.submit({"lr": dt.Steps([0.1, 0.2], [5]), "batch_size": 128}, 8)
+        other = study.submit(branch, 8)
         assert one.result(timeout=60) == run_alone(SyntheticTrainer, base, 8)[-1]
-        other.result(timeout=60)
+        assert other.result(timeout=60) == run_alone(SyntheticTrainer, branch, 8)[-1]
         assert study.coordinator.loads == {"memory": 1, "storage": 1}
         assert study.report["executed_steps"] == 5 + 3 + 3
+    worker_of = {e["task"]: e["worker"] for e in events if e["kind"] == "start"}
+    loads = {e["origin"]: worker_of[e["task"]] for e in events if e["kind"] == "load"}
+    (parent,) = {worker_of[e["task"]] for e in events if e["kind"] == "step" and e["step"] <= 5}
+    # the live trainer never leaves its worker; the other child loads wherever Dask placed it
+    # (usually the idle worker; the parent's, once the first child is done, if Dask says so)
+    assert loads["memory"] == parent
 
 
 def test_asking_for_more_gpus_than_any_worker_has_fails_fast(client, tmp_path):
     with pytest.raises(ValueError, match=r"GPU.*no worker offers"):
         Study(SyntheticTrainer, name="greedy", storage=tmp_path, client=client, resources={"GPU": 2})
+
+
+def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
+    from durable_helpers import SlowTrainer
+
+    config = {"lr": 0.1, "batch_size": 128}
+    with Study(
+        SlowTrainer,
+        {"delay": 0.4},
+        name="stream",
+        storage=tmp_path,
+        client=client,
+        resources={"GPU": 1},
+    ) as study:
+        handle = study.submit(config, 10)  # one stage of 10 steps
+        deadline = time.monotonic() + 60
+        while len(handle.curve()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = handle.curve()
+        assert handle.status == "pending" and 3 <= len(seen) < 10  # before the stage ended
+        assert [step for step, _ in seen] == list(range(1, len(seen) + 1))
+        assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
+        assert study.coordinator._launched == 1  # one task: the points came as events, not results

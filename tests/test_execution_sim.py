@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import ClassVar
 
 import pytest
 
@@ -342,3 +343,62 @@ def test_configs_must_name_the_same_hyper_parameters():
 def test_bad_steps_are_rejected(steps):
     with pytest.raises(ValueError, match="steps"):
         sim_study().submit({"lr": 0.1}, steps)
+
+
+# --------------------------------------------------------------------------- the trainer contract
+
+
+class Recording(SyntheticTrainer):
+    """Records what dagtune calls, per trainer object, in the class-level `log`."""
+
+    log: ClassVar[list[tuple[int, str, object]]] = []
+
+    def setup(self, hp: dict) -> None:
+        Recording.log.append((id(self), "setup", dict(hp)))
+        super().setup(hp)
+
+    def train(self):
+        Recording.log.append((id(self), "train", self.step + 1))
+        return super().train()
+
+    def evaluate(self):
+        Recording.log.append((id(self), "evaluate", self.step))
+        return super().evaluate()
+
+
+def calls_per_trainer() -> list[list[tuple[str, object]]]:
+    trainers: dict[int, list] = {}
+    for who, what, arg in Recording.log:
+        trainers.setdefault(who, []).append((what, arg))
+    return list(trainers.values())
+
+
+def test_setup_gets_every_value_at_a_start_and_only_the_changes_later():
+    Recording.log.clear()
+    config = {"lr": dt.Steps([0.1, 0.05], [2]), "batch_size": dt.Steps([128, 256], [4]), "momentum": 0.9}
+    study = Study(Recording, executor=SimulatedExecutor(1), eval_every=100, checkpoint_every=3)
+    assert study.submit(config, 6).result() == run_alone(SyntheticTrainer, config, 6)[-1]
+    ((first, *calls),) = calls_per_trainer()
+    assert first == ("setup", {"lr": 0.1, "batch_size": 128, "momentum": 0.9})
+    assert [c for c in calls if c[0] == "setup"] == [("setup", {"lr": 0.05}), ("setup", {"batch_size": 256})]
+    assert calls.index(("setup", {"lr": 0.05})) == calls.index(("train", 3)) - 1  # just before step 3
+    assert calls.index(("setup", {"batch_size": 256})) == calls.index(("train", 5)) - 1
+    # a branch resumed from the checkpoint at step 3 by a new trainer object: every value again
+    Recording.log.clear()
+    branch = {**config, "momentum": dt.Steps([0.9, 0.5], [3])}
+    assert study.submit(branch, 5).result() == run_alone(SyntheticTrainer, branch, 5)[-1]
+    (calls,) = calls_per_trainer()
+    assert calls[0] == ("setup", {"lr": 0.05, "batch_size": 128, "momentum": 0.5})
+    assert [c for c in calls if c[0] == "train"] == [("train", 4), ("train", 5)]
+
+
+def test_evaluate_runs_every_eval_every_steps_and_at_every_trial_end():
+    Recording.log.clear()
+    config = {"lr": 0.1, "batch_size": 128}
+    study = Study(Recording, executor=SimulatedExecutor(1), eval_every=3)
+    handles = [study.submit(config, 7), study.submit(config, 4)]
+    assert [h.result() for h in handles] == [run_alone(SyntheticTrainer, config, n)[-1] for n in (7, 4)]
+    evaluated = [arg for _, what, arg in Recording.log if what == "evaluate"]
+    assert evaluated == [3, 4, 6, 7]  # 4 and 7 end trials; 3 and 6 are multiples of eval_every
+    assert [step for step, _ in handles[0].trial.curve] == [3, 4, 6, 7]
+    assert study.report["executed_steps"] == 7
