@@ -134,6 +134,9 @@ class Coordinator:
         self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
+        # worker -> the task launched to continue the trainer a task still running there will
+        # leave live: once that task ends, its point is taken, not free for a second task
+        self._promised: dict[str, str] = {}
         self._failures: dict[tuple[str, int], int] = {}
         self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
         self._prospects: list[Config] = []  # configs an algorithm may submit later
@@ -361,6 +364,7 @@ class Coordinator:
             running.worker, running.started = event.get("worker"), event.get("time")
             running.progress = event["step"]
             self._live[running.worker] = None
+            self._release_promise(event["task"])
         elif kind == "load":
             self.loads[event["origin"]] += 1
         elif kind == "declined":
@@ -408,8 +412,12 @@ class Coordinator:
             if trial.status == PENDING:
                 self._finish(trial, COMPLETED)
 
+    def _release_promise(self, key: str) -> None:
+        self._promised = {worker: k for worker, k in self._promised.items() if k != key}
+
     def _retire(self, key: str, running: _Running, event: dict) -> None:
         del self.running[key]
+        self._release_promise(key)
         for segment in running.task.segments:
             keys = self._on_node.get(segment.node)
             if keys is not None and key in keys:
@@ -419,7 +427,8 @@ class Coordinator:
         self._dirty = True
         if event["kind"] == "end":
             if running.worker is not None:
-                self._live[running.worker] = (event["node"], event["step"]) if event["node"] else None
+                left = (event["node"], event["step"]) if event["node"] else None
+                self._live[running.worker] = None if running.worker in self._promised else left
             return
         if running.worker is not None:
             self._live[running.worker] = None
@@ -588,6 +597,7 @@ class Coordinator:
             )
         if prefer is not None:
             self._live[prefer] = None  # that worker is busy now; no second task may count on it
+            self._promised[prefer] = key
         self.running[key] = _Running(task, priority, progress=first.start)
         for segment in segments:
             self._on_node.setdefault(segment.node, []).append(key)
