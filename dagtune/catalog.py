@@ -37,9 +37,9 @@ __all__ = [
 
 #: Why views of stored studies show no executed steps or GPU-seconds.
 UNKNOWN_FROM_STORAGE = (
-    "executed steps and GPU-seconds are not kept in storage (its search plan only tells what "
-    "was trained, by every study of the model together); a running study shows them, and "
-    "`dagtune run` prints them at its end"
+    "executed steps and GPU-seconds were not recorded by this study's sessions (written by a "
+    "dagtune before those records; its search plan only tells what was trained, by every study "
+    "of the model together)"
 )
 
 
@@ -100,10 +100,12 @@ class StoredStudy:
     trials: list[Trial]
     plan: SearchPlan
     incidents: list[str] = field(default_factory=list)
+    work: dict[str, float] | None = None  # executed steps and GPU-seconds its sessions recorded
 
     def report(self) -> dict[str, Any]:
-        """Trial and unique steps of the trials, and the steps the plan holds trained (every
-        study of this model identity included)."""
+        """Trial and unique steps of the trials, the steps the plan holds trained (every
+        study of this model identity included) and, when its sessions recorded them, the
+        steps it executed and their GPU-seconds."""
         reached = [(t.config, _reached(t)) for t in self.trials if _reached(t) > 0]
         trial_steps = sum(s for _, s in reached)
         unique = unique_steps(reached) if reached else 0
@@ -119,6 +121,7 @@ class StoredStudy:
             "plan_steps": trained,
             "checkpoints": len(checkpoints),
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
+            **(self.work or {}),
         }
 
 
@@ -152,7 +155,25 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
     journal = plans[identity]
     trials = _trials(entries, journal.plan)
     incidents = [*records.incidents, *journal.journal.incidents]
-    return StoredStudy(name, identity, describe, trials, journal.plan, incidents)
+    return StoredStudy(name, identity, describe, trials, journal.plan, incidents, _work(entries))
+
+
+def _work(records: list[dict]) -> dict[str, float] | None:
+    """Executed steps and GPU-seconds over the study's sessions (the last `work` record of
+    each), or None if no session recorded any (studies written before these records)."""
+    last: dict[str, dict] = {}
+    for record in records:
+        if record.get("r") == "work" and isinstance(record.get("session"), str):
+            last[record["session"]] = record
+    if not last:
+        return None
+    try:
+        return {
+            "executed_steps": sum(int(r["executed_steps"]) for r in last.values()),
+            "gpu_seconds": sum(float(r["gpu_seconds"]) for r in last.values()),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
@@ -194,13 +215,21 @@ def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
 
 def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict:
     """A dashboard snapshot of a stored study (nothing runs: pieces are done or untrained)."""
-    from dagtune.dashboard.snapshot import _trained_from_plan, compose, pick_metric, status_counts
+    from dagtune.dashboard.snapshot import (
+        _trained_from_plan,
+        compose,
+        pick_metric,
+        saved_seconds,
+        status_counts,
+    )
 
     if metric is None:
         metric, guessed = pick_metric(m for t in study.trials for _, ms in t.curve for m in ms)
         mode = mode or guessed
     nodes = {node for t in study.trials for node, _, _ in t.segments}
     report = study.report()
+    if "gpu_seconds" in report:
+        report["gpu_seconds_saved"] = saved_seconds(report)
     return compose(
         study=study.name,
         identity=study.identity,

@@ -325,7 +325,13 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             f"{report['plan_steps']} trained steps and {report['checkpoints']} checkpoints "
             f"({report['checkpoint_bytes'] / 1e6:.1f} MB) shared by every study of this model"
         )
-        console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
+        if "executed_steps" in report:
+            console.print(
+                f"trained: {report['executed_steps']} steps executed by this study's sessions, "
+                f"{report['gpu_seconds']:.1f} GPU-seconds"
+            )
+        else:
+            console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
         for incident in stored.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")

@@ -174,6 +174,7 @@ class Persistence:
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._refreshed = self._results_at = clock()
+        self._work: tuple[int, float] = (0, 0.0)
 
     @property
     def plan(self) -> SearchPlan:
@@ -219,12 +220,29 @@ class Persistence:
         if force or now - self._results_at >= self.results_seconds:
             self._results_at = now
             self.results.write(coordinator.trials)
+            self._record_work(coordinator)
         if force:
             self.plan_journal.journal.flush()
             self.records.flush()
         else:
             self.plan_journal.journal.maybe_flush()
             self.records.maybe_flush()
+
+    def _record_work(self, coordinator: Coordinator) -> None:
+        """What this session trained so far (executed steps, GPU-seconds of finished tasks),
+        when it changed: the one thing storage can't rebuild, since the plan keeps what was
+        trained but not how often. Readers sum the last record of each session."""
+        work = (coordinator.executed_steps, round(coordinator.gpu_seconds, 3))
+        if work != self._work:
+            self._work = work
+            self.records.append(
+                {
+                    "r": "work",
+                    "session": self.records.writer,
+                    "executed_steps": work[0],
+                    "gpu_seconds": work[1],
+                }
+            )
 
     def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
         """Publish what this study needs kept, at most once a second (its heartbeat a quarter

@@ -3,6 +3,7 @@ mistakes, and `dagtune run` for real as a console script on the embedded cluster
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -291,9 +292,17 @@ def test_markup_in_hyper_parameter_values_is_shown_literally(tmp_path):
     assert status.exit_code == 0 and "'[/]'" in status.output and "'[bold]x'" in status.output
 
 
-def test_status_says_why_executed_steps_are_unknown(storage):
+def test_status_shows_what_the_study_executed_or_why_it_is_unknown(storage, tmp_path):
     out = invoke("status", storage, "--study", "sim")
-    assert "executed steps and GPU-seconds are not kept in storage" in " ".join(out.output.split())
+    assert "trained: 21 steps executed by this study's sessions" in " ".join(out.output.split())
+    # a study whose sessions recorded no work (as dagtune wrote them before these records)
+    old = tmp_path / "old"
+    shutil.copytree(storage, old)
+    for journal in (old / "studies" / "sim" / "journal").iterdir():
+        lines = journal.read_bytes().splitlines(keepends=True)
+        journal.write_bytes(b"".join(line for line in lines if b'"r":"work"' not in line))
+    out = invoke("status", str(old), "--study", "sim")
+    assert "executed steps and GPU-seconds were not recorded" in " ".join(out.output.split())
 
 
 def test_log_lines_have_a_heartbeat_while_steps_move():

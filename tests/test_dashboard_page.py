@@ -123,7 +123,8 @@ def test_page_in_the_dask_dashboard_shows_the_running_study(tmp_path, capsys):
             stored = page.wait_for(rendered_when("info.figures == 2"))
             assert set(stored["states"]) == {"done"} and stored["pieces"] == done["pieces"]
             assert "4 completed" in stored["counters"] and stored["lines"] == 4
-            assert "not kept in storage" in stored["counters"]
+            executed = study.coordinator.executed_steps  # recorded by the study's session
+            assert f"executed <b>{executed}</b>" in stored["counters"]
     finally:
         servers[0].io_loop.add_callback(servers[0].io_loop.stop)
         thread.join(timeout=10)

@@ -116,6 +116,10 @@ def test_running_a_study_again_resumes_it(storage):
         total = done_before + again.coordinator.executed_steps
         unique = dt.unique_steps((c, STEPS) for c in configs)
         assert unique <= total <= unique + 2 * 3  # at most what was in flight, per worker
+    from dagtune.catalog import load_study
+
+    stored = load_study(CheckpointStore(storage.url, storage.options), "resume").report()
+    assert stored["executed_steps"] == total  # each session recorded its own work
     frame = open_results(storage.url, "resume", storage.options).trials
     assert list(frame["status"]) == ["completed"] * 4
     assert list(frame["val_loss"]) == [final(c, STEPS)["val_loss"] for c in configs]

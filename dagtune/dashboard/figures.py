@@ -85,7 +85,7 @@ def counters_html(snapshot: dict) -> str:
         from dagtune.catalog import UNKNOWN_FROM_STORAGE
 
         note = html.escape(UNKNOWN_FROM_STORAGE, quote=True)
-        executed_html = f'<span title="{note}">— (not kept in storage)</span>'
+        executed_html = f'<span title="{note}">— (not recorded)</span>'
     else:
         executed_html = f"<b>{executed}</b>"
     parts = [
@@ -104,7 +104,7 @@ def counters_html(snapshot: dict) -> str:
     elif "plan_steps" in c:
         parts.append(
             f"the model's search plan holds <b>{c['plan_steps']}</b> trained steps "
-            "(every study of it); GPU-seconds are not kept in storage"
+            "(every study of it); this study's sessions recorded no GPU-seconds"
         )
     best = snapshot.get("best")
     if best is not None:
