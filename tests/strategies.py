@@ -165,32 +165,72 @@ PLAN_VALUES = st.sampled_from([0.1, 0.05, 0.01])
 # checkpoints often fall on the same step
 PLAN_STEPS = st.sampled_from([5, 10, 15, 20]) | st.integers(1, 20)
 PLAN_MILESTONES = st.lists(PLAN_STEPS, max_size=2, unique=True).map(sorted)
-plan_sequences = st.one_of(
+# (strategies are built once and never inside a draw: hypothesis recomputes the properties of
+# every new strategy object, and that, not the tests, would dominate the run time)
+
+
+def _plan_steps(a):
+    milestones, values = a  # values padded/cut to one more than the milestones
+    return dt.Steps((values * 3)[: len(milestones) + 1], milestones)
+
+
+_plan_flat = st.one_of(
     PLAN_VALUES.map(dt.Constant),
-    PLAN_MILESTONES.flatmap(
-        lambda ms: st.lists(PLAN_VALUES, min_size=len(ms) + 1, max_size=len(ms) + 1).map(
-            lambda vs: dt.Steps(vs, ms)
-        )
-    ),
+    st.tuples(PLAN_MILESTONES, st.lists(PLAN_VALUES, min_size=1, max_size=3)).map(_plan_steps),
     st.builds(dt.MultiStep, PLAN_VALUES, PLAN_MILESTONES, st.sampled_from([0.5, 1.0])),
     st.builds(dt.Exponential, PLAN_VALUES, st.sampled_from([1.0, 0.5])),
     st.builds(dt.Warmup, st.integers(1, 4), PLAN_VALUES.map(dt.Constant)),
     st.builds(dt.Linear, PLAN_VALUES, PLAN_VALUES, st.integers(1, 12)),
-    PLAN_STEPS.flatmap(
-        lambda m: st.builds(lambda a, b: dt.Piecewise((0, a), (m, b)), PLAN_VALUES, PLAN_VALUES)
+    st.tuples(PLAN_STEPS, PLAN_VALUES, PLAN_VALUES).map(lambda a: dt.Piecewise((0, a[1]), (a[0], a[2]))),
+)
+# periodic sequences with short periods (several cycles within MAX_STEPS), sometimes
+# degenerate (equal ends: constant) and sometimes with growing SGDR periods
+PLAN_PERIODS = st.sampled_from([1, 2, 4, 5, 8])
+_plan_periodic = st.one_of(
+    st.builds(dt.Cosine, PLAN_VALUES, PLAN_PERIODS, st.sampled_from([0.0, 0.01]), st.sampled_from([1, 1, 2])),
+    st.builds(dt.Cyclic, PLAN_VALUES, PLAN_VALUES, st.integers(1, 4), st.none() | st.integers(1, 4)),
+    # a restart: at a multiple of the period it is the same sequence written differently
+    st.tuples(PLAN_VALUES, PLAN_PERIODS, st.integers(1, 4), st.integers(0, 1)).map(
+        lambda a: dt.Piecewise((0, dt.Cosine(a[0], a[1])), (a[1] * a[2] + a[3], dt.Cosine(a[0], a[1])))
+    ),
+    st.tuples(PLAN_VALUES, PLAN_VALUES, st.sampled_from([1, 2, 4]), st.integers(1, 4)).map(
+        lambda a: dt.Piecewise(
+            (0, dt.Cyclic(a[0], a[1], a[2])), (2 * a[2] * a[3], dt.Cyclic(a[0], a[1], a[2]))
+        )
     ),
 )
+
+
+def _plan_nest(children):
+    return st.one_of(
+        st.builds(dt.Warmup, st.integers(1, 4), children, st.sampled_from([0.0, 0.01])),
+        st.tuples(PLAN_STEPS, children, children).map(lambda a: dt.Piecewise((0, a[1]), (a[0], a[2]))),
+    )
+
+
+_plan_leaf = st.one_of(_plan_flat, _plan_periodic)
+_plan_nested = _plan_nest(st.one_of(_plan_leaf, _plan_nest(_plan_leaf)))  # one or two levels
+# mostly the flat sequences, whose prefixes collide most; periodic ones and nested
+# Warmup/Piecewise of both often enough that every property sees them
+plan_sequences = st.one_of(_plan_flat, _plan_periodic, _plan_nested)
 NAME_SETS = [("lr",), ("bs", "lr"), ("bs", "lr", "mom")]
 MAX_STEPS = 30
+_TRIAL_STEPS = PLAN_STEPS | st.integers(1, MAX_STEPS)
+_CONFIGS = {names: st.fixed_dictionaries({name: plan_sequences for name in names}) for names in NAME_SETS}
+_TRIAL_LISTS: dict = {}
 
 
-@st.composite
-def trial_lists(draw, min_size: int = 1, max_size: int = 10):
+def trial_lists(min_size: int = 1, max_size: int = 10):
     """Trials ``(config, steps)`` naming the same hyper-parameters."""
-    names = draw(st.sampled_from(NAME_SETS))
-    config = st.fixed_dictionaries({name: plan_sequences for name in names})
-    steps = PLAN_STEPS | st.integers(1, MAX_STEPS)
-    return draw(st.lists(st.tuples(config, steps), min_size=min_size, max_size=max_size))
+    key = (min_size, max_size)
+    if key not in _TRIAL_LISTS:
+        _TRIAL_LISTS[key] = st.one_of(
+            *(
+                st.lists(st.tuples(config, _TRIAL_STEPS), min_size=min_size, max_size=max_size)
+                for config in _CONFIGS.values()
+            )
+        )
+    return _TRIAL_LISTS[key]
 
 
 def more_examples(n: int = 300) -> settings:

@@ -11,7 +11,7 @@ from strategies import brute_unique_steps, more_examples, prefixes, step_values,
 
 import dagtune as dt
 from dagtune.config import normalize_config
-from dagtune.plan import CheckpointInfo, SearchPlan, merge_rate, trial_steps, unique_steps
+from dagtune.plan import CheckpointInfo, SearchPlan, build_stage_tree, merge_rate, trial_steps, unique_steps
 
 CKPT = CheckpointInfo(nbytes=10, sha256="ab" * 32)
 
@@ -56,6 +56,9 @@ def test_unique_steps_is_brute_force_in_any_order(trials, data):
     shuffled = data.draw(st.permutations(trials))
     assert unique_steps(shuffled) == expected
     assert merge_rate(shuffled) == pytest.approx(trial_steps(trials) / expected)
+    # (3) through the stage tree too: the plan built in either order trains the unique steps
+    for order in (trials, shuffled):
+        assert build_stage_tree(plan_of(order)[0]).total_steps == expected
 
 
 @more_examples()
