@@ -157,7 +157,7 @@ def markdown(result: dict[str, Any]) -> str:
                 ("trial_based_makespan_hours", "trial-based makespan (h)"),
                 ("dagtune_makespan_hours", "dagtune makespan (h)"),
                 ("makespan_ratio", "makespan ratio"),
-                    ("dagtune_over_simple_bound", "dagtune / simple bound"),
+                ("dagtune_over_simple_bound", "dagtune / simple bound"),
                 ("dagtune_over_bound", "dagtune / precedence bound"),
                 ("executed_equals_unique", "executed = unique"),
             ],

@@ -1,11 +1,22 @@
 """Real training against Ray Tune: the digits grid (and ASHA) on 2 workers of this machine.
 
-The same trainer code (`examples/digits.py`'s `DigitsTrainer`) and the same trials run
-(a) as independent Ray Tune trials with Ray's own per-epoch checkpointing, (b) through
-dagtune with ``reuse=False`` (trial-based, same machinery), (c) through dagtune. Each system
-gets 2 single-threaded workers; all three run in the same process one after the other, so
-the ratios compare like with like on a noisy machine. Cluster start-up (``ray.init``, the
-Dask LocalCluster) is timed separately from the study itself.
+The same trainer code (`examples/digits.py`'s `DigitsTrainer`, which pins torch to one
+thread) and the same trials: the digits grid as designed, 36 trials x 30 epochs, all 36
+distinct (checked: no two trials have the same hyper-parameter values at every epoch;
+fewer epochs would cut decays and ramps off and make trials identical). They run
+(a) as independent Ray Tune trials (function trainables, ``reuse_actors=True``, one CPU
+each), checkpointing only at the end of a trial like dagtune's trial-based mode, and (in
+``--full``) also with a checkpoint every epoch, the way Ray Tune users make trials
+pausable; (b) through dagtune with ``reuse=False`` (trial-based, same machinery); (c) through
+dagtune. Every system gets 2 single-threaded workers (``OMP_NUM_THREADS=1``; torch threads
+are checked in Ray's workers) and evaluates after every epoch; all run in the same process
+one after the other, so the ratios compare like with like on a noisy machine. Cluster
+start-up (``ray.init``, the Dask LocalCluster) is timed separately from the study itself.
+
+Where the time goes is measured, not guessed: for Ray Tune, timers inside the trainable
+(training, evaluation, checkpoint and report) against the workers' wall time; for dagtune,
+the events of every stage and timers on the workers (`perf/timeline.py`), and a cProfile of
+the coordinator thread in a separate, untimed run.
 """
 
 from __future__ import annotations
@@ -28,15 +39,21 @@ from dagtune.sequences import same_value  # noqa: E402
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng  # noqa: E402
 
 WORKERS = 2
+EPOCHS = 30  # the grid is designed for 30 epochs (examples/digits.py)
+SKIPPED = "skipped: ray not installed (pip install -e '.[perf]')"
 
 
 def _ray_trainable(params: dict[str, Any]) -> None:
-    """One Ray Tune trial: the same step protocol as dagtune's runner, checkpointing every
-    epoch the way Ray Tune users do (so ASHA/PBT could pause and resume it)."""
+    """One Ray Tune trial: the same step protocol as dagtune's runner (setup with the values
+    that changed, one train() per epoch, evaluate() in an isolated RNG), checkpointing at the
+    trial's end or after every epoch. Reports cumulative timers of its own work."""
     import torch
     from digits import DigitsTrainer
     from ray import tune
 
+    clock = time.perf_counter
+    timers = {"t_build": 0.0, "t_train": 0.0, "t_eval": 0.0, "t_checkpoint": 0.0, "t_report": 0.0}
+    began = clock()
     config = config_from_json(json.loads(params["config"]))
     trainer = build_trainer(DigitsTrainer, {}, params["seed"])
     start = 0
@@ -47,8 +64,11 @@ def _ray_trainable(params: dict[str, Any]) -> None:
         trainer.load_state_dict(state["trainer"])
         restore_rng(state["rng"])
         start = state["step"]
+    timers["t_build"] = clock() - began
+    threads = {"torch_threads": float(torch.get_num_threads())}
     values = None
-    for step in range(start, params["epochs"]):
+    epochs, every_epoch = params["epochs"], params["checkpoint"] == "epoch"
+    for step in range(start, epochs):
         now = config_values(config, step)
         if values is None:
             trainer.setup(dict(now))
@@ -57,17 +77,39 @@ def _ray_trainable(params: dict[str, Any]) -> None:
             if changes:
                 trainer.setup(changes)
         values = now
+        began = clock()
         trainer.train()
+        timers["t_train"] += clock() - began
+        began = clock()
         with isolated_rng():
             metrics = trainer.evaluate()
-        with tempfile.TemporaryDirectory() as directory:
-            state = {"trainer": trainer.state_dict(), "rng": capture_rng(), "step": step + 1}
-            torch.save(state, Path(directory) / "state.pt")
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+        timers["t_eval"] += clock() - began
+        if every_epoch or step + 1 == epochs:
+            with tempfile.TemporaryDirectory() as directory:
+                began = clock()
+                state = {"trainer": trainer.state_dict(), "rng": capture_rng(), "step": step + 1}
+                torch.save(state, Path(directory) / "state.pt")
+                timers["t_checkpoint"] += clock() - began
+                began = clock()
+                tune.report(
+                    {**metrics, **threads, **timers},
+                    checkpoint=tune.Checkpoint.from_directory(directory),
+                )
+                timers["t_report"] += clock() - began
+        else:
+            began = clock()
+            tune.report({**metrics, **threads, **timers})
+            timers["t_report"] += clock() - began
 
 
-def run_ray(configs: list[dict], epochs: int, asha: dict | None = None, seed: int = 0) -> dict[str, Any]:
-    """Ray Tune on `WORKERS` CPUs: wall time, executed epochs and best accuracy."""
+def run_ray(
+    configs: list[dict],
+    epochs: int,
+    asha: dict | None = None,
+    checkpoint: str = "end",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Ray Tune on `WORKERS` CPUs: wall time, steps, best accuracy and where the time went."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -79,6 +121,7 @@ def run_ray(configs: list[dict], epochs: int, asha: dict | None = None, seed: in
         log_to_driver=False,
         configure_logging=False,
         _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )
     startup = time.perf_counter() - began
     try:
@@ -94,8 +137,11 @@ def run_ray(configs: list[dict], epochs: int, asha: dict | None = None, seed: in
                     "config": tune.grid_search([config_dumps(c) for c in configs]),
                     "epochs": epochs,
                     "seed": seed,
+                    "checkpoint": checkpoint,
                 },
-                tune_config=tune.TuneConfig(metric="val_acc", mode="max", scheduler=scheduler),
+                tune_config=tune.TuneConfig(
+                    metric="val_acc", mode="max", scheduler=scheduler, reuse_actors=True
+                ),
                 run_config=tune.RunConfig(
                     storage_path=storage,
                     verbose=0,
@@ -105,31 +151,79 @@ def run_ray(configs: list[dict], epochs: int, asha: dict | None = None, seed: in
             began = time.perf_counter()
             results = tuner.fit()
             wall = time.perf_counter() - began
-        executed = sum(int(r.metrics.get("training_iteration", 0)) for r in results)
-        finished = [r.metrics for r in results if r.metrics.get("training_iteration") == epochs]
+        trained = []
+        for r in results:
+            iterations = int(r.metrics.get("training_iteration", 0))
+            if iterations:
+                trained.append((config_from_json(json.loads(r.config["config"])), iterations, r.metrics))
+        finished = [m for _, s, m in trained if s == epochs]
         best = max((m["val_acc"] for m in finished), default=float("nan"))
+        threads = sorted({int(m["torch_threads"]) for _, _, m in trained})
+        timers = {
+            k: sum(m.get(k, 0.0) for _, _, m in trained)
+            for k in ("t_build", "t_train", "t_eval", "t_checkpoint", "t_report")
+        }
+        in_trials = sum(m.get("time_total_s", 0.0) for _, _, m in trained)
     finally:
         ray.shutdown()
+    trial_steps = sum(s for _, s, _ in trained)
+    unique = dt.unique_steps((c, s) for c, s, _ in trained)
+    label = "Ray Tune" + (", checkpoint every epoch" if checkpoint == "epoch" else "")
+    account = [
+        ("training (Trainer.train)", timers["t_train"]),
+        ("evaluation (Trainer.evaluate)", timers["t_eval"]),
+        ("checkpoint (state_dict, torch.save)", timers["t_checkpoint"]),
+        ("tune.report (results, checkpoint upload)", timers["t_report"]),
+        ("building trainers", timers["t_build"]),
+        ("rest of a running trial", max(0.0, in_trials - sum(timers.values()))),
+        ("outside trials (actor start and reuse, scheduling, results)", max(0.0, WORKERS * wall - in_trials)),
+    ]
     return {
-        "system": "Ray Tune",
+        "system": label,
         "wall_seconds": wall,
         "startup_seconds": startup,
-        "executed_steps": executed,
+        "trials": len(trained),
+        "trial_steps": trial_steps,
+        "unique_steps": unique,
+        "executed_steps": trial_steps,  # every trial trains on its own
+        "redundant_steps": trial_steps - unique,
         "best_val_acc": best,
+        "torch_threads": threads,
+        "account": _rows(account, WORKERS * wall),
     }
 
 
+def _rows(pairs: list[tuple[str, float]], total: float) -> list[dict[str, Any]]:
+    return [{"activity": name, "seconds": s, "share": s / total if total else 0.0} for name, s in pairs]
+
+
 def run_dagtune(
-    configs: list[dict], epochs: int, reuse: bool, asha: dict | None = None, seed: int = 0
+    configs: list[dict],
+    epochs: int,
+    reuse: bool,
+    asha: dict | None = None,
+    seed: int = 0,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """dagtune on a LocalCluster of `WORKERS` single-threaded worker processes."""
     from digits import DigitsTrainer
 
+    from perf.timeline import TimedStudy, account
+
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as storage:
-        study = dt.Study(DigitsTrainer, name="perf", storage=storage, workers=WORKERS, seed=seed, reuse=reuse)
+        study = TimedStudy(
+            DigitsTrainer,
+            name="perf",
+            storage=storage,
+            workers=WORKERS,
+            seed=seed,
+            reuse=reuse,
+            profile=profile,
+        )
         with study:
             startup = time.perf_counter() - began
+            omp = sorted(set(study.client.run(lambda: os.environ.get("OMP_NUM_THREADS", "unset")).values()))
             if asha:
                 algorithm = dt.algos.ASHA(
                     configs,
@@ -141,22 +235,49 @@ def run_dagtune(
                 )
             else:
                 algorithm = GridSearch(configs, metric="val_acc", mode="max", steps=epochs)
+            wall_began = time.time()
             began = time.perf_counter()
             result = study.run(algorithm)
             wall = time.perf_counter() - began
-    report = result.report
+            report = _settled_report(study, result)
+            spent = account(study, wall, wall_began, WORKERS)
+        top = study.profile_top() if profile else []
+    name = "dagtune" if reuse else "dagtune reuse=False"
     return {
-        "system": "dagtune" if reuse else "dagtune reuse=False",
+        "system": name + (" (profiled)" if profile else ""),
         "wall_seconds": wall,
         "startup_seconds": startup,
-        "executed_steps": report["executed_steps"],
-        "unique_steps": report["unique_steps"],
+        "trials": report["trials"],
         "trial_steps": report["trial_steps"],
+        "unique_steps": report["unique_steps"],
+        "executed_steps": report["executed_steps"],
+        "redundant_steps": report["executed_steps"] - report["unique_steps"],
         "best_val_acc": result.best.metrics["val_acc"] if result.best else float("nan"),
+        "omp_num_threads": omp,
+        "account": spent.pop("rows"),
+        "details": spent,
+        "profile": top,
     }
 
 
-def _ray_installed() -> bool:
+def _settled_report(study: dt.Study, result: dt.Result, timeout: float = 30.0) -> dict[str, Any]:
+    """The run's report once its last stages have ended.
+
+    A trial completes when the metrics of its last step arrive; the ``step`` event that
+    counts that step as executed is sent after them and can arrive after `Study.run` has
+    returned, so `Result.report` may be short by a step or two. Waiting for the stages'
+    end events before counting gives the settled numbers (the wall time is still measured
+    to the return of `Study.run`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with study._lock:
+            if not study.coordinator.running:
+                return study.coordinator.report()
+        time.sleep(0.05)
+    return result.report
+
+
+def ray_installed() -> bool:
     try:
         import ray.tune  # noqa: F401
     except ImportError:
@@ -164,40 +285,86 @@ def _ray_installed() -> bool:
     return True
 
 
-def benchmark(mode: str = "quick") -> dict[str, Any]:
-    """Grid and ASHA, each on the three systems; returns rows and the headline ratios."""
+def distinct(configs: list[dict], epochs: int) -> list[dict]:
+    """`configs` with no two equal at every one of `epochs` steps (the first of each kind)."""
+    seen, kept = set(), []
+    for config in configs:
+        signature = tuple(
+            tuple(sorted((k, json.dumps(v)) for k, v in config_values(config, t).items()))
+            for t in range(epochs)
+        )
+        if signature not in seen:
+            seen.add(signature)
+            kept.append(config)
+    return kept
+
+
+def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
+    """Grid and ASHA on Ray Tune and dagtune; returns rows, headline ratios and accounts.
+
+    Smoke runs train 4 distinct trials for 3 epochs (Ray Tune included when it is installed,
+    `ray=False` leaves it out)."""
     from digits import search_space
 
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    epochs = {"smoke": 3, "quick": 20, "full": 30}[mode]
-    configs = list(search_space())[: 4 if mode == "smoke" else None]
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    epochs = 3 if mode == "smoke" else EPOCHS
+    configs = list(search_space())
+    if mode == "smoke":
+        configs = distinct(configs, epochs)[:4]
+    if len(distinct(configs, epochs)) != len(configs):
+        raise AssertionError(f"the benchmark's trials are not distinct at {epochs} epochs")
     merge = dt.merge_rate((c, epochs) for c in configs)
-    with_ray = mode != "smoke" and _ray_installed()  # smoke runs check dagtune's side only
-    grid = [run_dagtune(configs, epochs, reuse=False), run_dagtune(configs, epochs, reuse=True)]
+    with_ray = ray_installed() if ray is None else ray and ray_installed()
     asha_settings = {"min_steps": max(epochs // 8, 1), "eta": 3}
-    asha = [run_dagtune(configs, epochs, reuse=True, asha=asha_settings)]
+
+    grid = []
     if with_ray:
-        grid.insert(0, run_ray(configs, epochs))
-        asha.insert(0, run_ray(configs, epochs, asha_settings))
-    else:
-        skipped = {"system": "Ray Tune (skipped: smoke run or `pip install -e '.[perf]'` missing)"}
-        grid.insert(0, skipped)
-        asha.insert(0, dict(skipped))
-    ratio = grid[0]["wall_seconds"] / grid[2]["wall_seconds"] if with_ray else float("nan")
-    return {
+        grid.append(run_ray(configs, epochs, checkpoint="end"))
+        if mode == "full":
+            grid.append(run_ray(configs, epochs, checkpoint="epoch"))
+    grid.append(run_dagtune(configs, epochs, reuse=False))
+    grid.append(run_dagtune(configs, epochs, reuse=True))
+    asha = []
+    if with_ray:
+        asha.append(run_ray(configs, epochs, asha=asha_settings, checkpoint="end"))
+    asha.append(run_dagtune(configs, epochs, reuse=False, asha=asha_settings))
+    asha.append(run_dagtune(configs, epochs, reuse=True, asha=asha_settings))
+    profiled = run_dagtune(configs, epochs, reuse=True, profile=True) if mode != "smoke" else None
+
+    by = {row["system"]: row for row in grid}
+    ours, alone = by["dagtune"], by["dagtune reuse=False"]
+    result = {
         "epochs": epochs,
         "trials": len(configs),
+        "trial_steps": len(configs) * epochs,
+        "unique_steps": dt.unique_steps((c, epochs) for c in configs),
         "merge_rate": merge,
+        "ray": SKIPPED if not with_ray else "ray " + _version("ray"),
         "grid": grid,
         "asha": asha,
         "asha_settings": asha_settings,
-        "headline_ratio": ratio,
-        "ratio_of_merge_rate": ratio / merge,
+        "like_for_like_ratio": alone["wall_seconds"] / ours["wall_seconds"],
+        "profiled": profiled,
     }
+    result["like_for_like_of_merge_rate"] = result["like_for_like_ratio"] / merge
+    if with_ray:
+        result["headline_ratio"] = by["Ray Tune"]["wall_seconds"] / ours["wall_seconds"]
+        result["ratio_of_merge_rate"] = result["headline_ratio"] / merge
+    return result
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 if __name__ == "__main__":
-    print(json.dumps(benchmark("full" if "--full" in sys.argv else "quick"), indent=2))
+    print(json.dumps(benchmark("full" if "--full" in sys.argv else "quick"), indent=1, default=str))
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -207,21 +374,116 @@ def markdown(result: dict[str, Any]) -> str:
         ("system", "system"),
         ("wall_seconds", "study wall time (s)"),
         ("startup_seconds", "cluster start (s)"),
+        ("trials", "trials"),
+        ("trial_steps", "trial epochs"),
+        ("unique_steps", "unique epochs"),
         ("executed_steps", "executed epochs"),
+        ("redundant_steps", "executed - unique"),
         ("best_val_acc", "best val_acc"),
     ]
-    return "\n\n".join(
-        [
-            f"{result['trials']} trials x {result['epochs']} epochs of the digits grid "
-            f"(`examples/digits.py`), merge rate {result['merge_rate']:.2f}; 2 workers each.",
-            "Grid search:",
-            table(result["grid"], columns),
-            f"**Ray Tune / dagtune wall time: {result['headline_ratio']:.2f}x** "
-            f"({100 * result['ratio_of_merge_rate']:.0f}% of the merge rate). Within dagtune, trial-based "
-            f"(reuse=False) / shared: {result['grid'][1]['wall_seconds'] / result['grid'][2]['wall_seconds']:.2f}x; "
-            "the rest is Ray Tune's own per-trial and per-checkpoint overhead on the same epochs.",
-            f"ASHA (min {result['asha_settings']['min_steps']} epochs, eta {result['asha_settings']['eta']}; "
-            "Ray Tune's ASHAScheduler stops trials, dagtune's ASHA pauses and promotes them):",
-            table(result["asha"], columns),
-        ]
+    merge = result["merge_rate"]
+    parts = [
+        f"{result['trials']} distinct trials x {result['epochs']} epochs of the digits grid "
+        f"(`examples/digits.py`): {result['trial_steps']:,} trial epochs, {result['unique_steps']:,} "
+        f"unique, merge rate {merge:.2f}; 2 workers each.",
+    ]
+    if "headline_ratio" not in result:
+        parts.append(f"**Ray Tune {result['ray']}.** Only dagtune's rows ran.")
+    parts += ["Grid search:", table(result["grid"], columns)]
+    like = result["like_for_like_ratio"]
+    verdict = []
+    if "headline_ratio" in result:
+        ratio = result["headline_ratio"]
+        verdict.append(
+            f"**Ray Tune / dagtune wall time: {ratio:.2f}x**, {100 * result['ratio_of_merge_rate']:.0f}% of "
+            f"the merge rate ({'meets' if ratio >= 0.8 * merge else 'misses'} the 80% target)."
+        )
+    verdict.append(
+        f"Like for like, dagtune reuse=False / dagtune: **{like:.2f}x**, "
+        f"{100 * result['like_for_like_of_merge_rate']:.0f}% of the merge rate "
+        f"({'meets' if like >= 0.8 * merge else 'misses'} the 80% target)."
     )
+    parts.append(" ".join(verdict))
+    redundant = [
+        r
+        for r in result["grid"] + result["asha"]
+        if r["system"].startswith("dagtune") and r["redundant_steps"]
+    ]
+    if redundant:
+        parts.append(
+            "Nonzero executed - unique for dagtune: "
+            + "; ".join(f"{r['system']} {r['redundant_steps']}" for r in redundant)
+            + ". With reuse=False every trial trains its own prefix (executed = trial steps)."
+        )
+    a = result["asha_settings"]
+    parts += [
+        f"ASHA (min {a['min_steps']} epochs, eta {a['eta']}, max {result['epochs']}). Ray Tune's "
+        "ASHAScheduler *stops* trials at a rung and its decisions depend on the order results arrive; "
+        "dagtune's ASHA *pauses* trials at a rung and promotes them later, resuming from the rung's "
+        "checkpoint. The two explore different sets of trial steps, so compare wall time per trial "
+        "step, and the reuse=False row (dagtune's own ASHA, no sharing) for the sharing alone:",
+        table(result["asha"], columns),
+    ]
+    if "headline_ratio" not in result:
+        parts.append(f"Ray Tune rows: {result['ray']}.")
+    parts.append(_accounts(result))
+    return "\n\n".join(parts)
+
+
+def _accounts(result: dict[str, Any]) -> str:
+    """Where the worker-seconds of each grid run went."""
+    from perf.table import table
+
+    rows = [r for r in result["grid"] if r.get("account")]
+    activities: list[str] = []
+    for row in rows:
+        for entry in row["account"]:
+            if entry["activity"] not in activities:
+                activities.append(entry["activity"])
+    lines = []
+    for activity in activities:
+        line = {"activity": activity}
+        for row in rows:
+            found = next((e for e in row["account"] if e["activity"] == activity), None)
+            line[row["system"]] = (
+                "" if found is None else f"{found['seconds']:.1f} ({100 * found['share']:.0f}%)"
+            )
+        lines.append(line)
+    totals = {"activity": "**workers x wall time**"}
+    for row in rows:
+        totals[row["system"]] = f"{WORKERS * row['wall_seconds']:.1f}"
+    lines.append(totals)
+    text = [
+        "Where the time goes (grid search; worker-seconds = 2 workers x study wall time, by activity):",
+        table(lines, [("activity", "activity")] + [(r["system"], r["system"] + " (s)") for r in rows]),
+    ]
+    for row in rows:
+        details = row.get("details")
+        if details:
+            text.append(
+                f"{row['system']}: {details['stages']} stages, {details['checkpoints']} checkpoints saved, "
+                f"{details['loads']['storage']} loads from storage and {details['loads']['memory']} continued in "
+                f"memory; gap between a worker's stages (building or loading the next trainer included) "
+                f"mean {details['mean_gap_ms']:.0f} ms, median {details['median_gap_ms']:.0f} ms; "
+                f"{1000 * details['train_seconds_per_step']:.0f} ms of training per epoch; coordinator busy "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in details["coordinator_seconds"].items())
+                + "."
+            )
+    profiled = result.get("profiled")
+    if profiled and profiled.get("profile"):
+        text.append(
+            f"cProfile of the coordinator thread in a separate run of the shared grid "
+            f"(wall {profiled['wall_seconds']:.1f} s under the profiler), functions by own time:"
+        )
+        text.append(
+            table(
+                profiled["profile"][:10],
+                [
+                    ("function", "function"),
+                    ("calls", "calls"),
+                    ("own_s", "own s"),
+                    ("cumulative_s", "cumulative s"),
+                ],
+            )
+        )
+    return "\n\n".join(text)
