@@ -24,6 +24,14 @@ checkpoint. Adaptive scaling (on by default, `DemandAdaptive`) asks for jobs whi
 wait for a GPU and gives them back only after a long idle spell, because a GPU job waits in
 Slurm's queue far longer than a stage takes to start. Needs ``dask-jobqueue``
 (``pip install "dagtune[slurm]"``).
+
+Dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (its config
+``distributed.nanny.pre-spawn-environ``), so that glibc returns freed memory to the system
+at once. A training loop frees and reallocates its activations at every batch, and then
+pays for fresh pages each time: one epoch of the digits example takes 94 ms in a plain
+process and 150 ms under that setting (`perf/RESULTS.md`). The workers dagtune starts (the
+embedded cluster, `slurm`'s jobs through `dask_setup`) keep glibc's own thresholds unless
+the environment sets one; on other clusters a study warns (`slow_allocator_workers`).
 """
 
 from __future__ import annotations
@@ -42,12 +50,24 @@ from typing import Any
 
 from distributed.deploy.adaptive import Adaptive
 
-__all__ = ["DemandAdaptive", "DemandPublisher", "dask_setup", "slurm", "study_demand", "total_demand"]
+__all__ = [
+    "DemandAdaptive",
+    "DemandPublisher",
+    "dask_setup",
+    "slow_allocator_workers",
+    "slurm",
+    "study_demand",
+    "total_demand",
+]
 
 log = logging.getLogger("dagtune")
 
 DEMAND = ("dagtune", "demand")  # scheduler metadata: {study key: stages ready without a slot}
 ADAPTIVE = ("dagtune", "adaptive")  # scheduler metadata: {cluster name: bounds} of DemandAdaptive
+
+TRIM = "MALLOC_TRIM_THRESHOLD_"  # glibc: free memory above this at the heap's top goes back at once
+DASK_TRIM = f"distributed.nanny.pre-spawn-environ.{TRIM}"  # where Dask's nanny sets it to 64 KiB
+SLOW_TRIM = 1 << 20  # below this, a training loop's frees and reallocations fault in fresh pages
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})$")
 
@@ -222,10 +242,10 @@ def _parse_resources(text: str) -> dict[str, str]:
 _OURS = ("--resources", "--lifetime", "--lifetime-stagger")
 
 
-def worker_args(extra: Sequence[str], lifetime: int, stagger: int, pin: bool) -> list[str]:
+def worker_args(extra: Sequence[str], lifetime: int, stagger: int) -> list[str]:
     """The worker's arguments: ``--resources GPU=1`` merged with the user's resources,
     ``--lifetime``/``--lifetime-stagger`` unless the user gave them, then the user's other
-    arguments, then the GPU-pinning preload when a job runs one worker per GPU."""
+    arguments, then dagtune's nanny preload (`dask_setup`)."""
     given: dict[str, str] = {}
     rest: list[str] = []
     items = list(map(str, extra))
@@ -253,23 +273,66 @@ def worker_args(extra: Sequence[str], lifetime: int, stagger: int, pin: bool) ->
         given.get("--lifetime-stagger", f"{stagger}s"),
         *rest,
     ]
-    if pin:
-        args += ["--preload-nanny", __name__]
-    return args
+    return [*args, "--preload-nanny", __name__]
+
+
+PIN_GPUS = "DAGTUNE_PIN_GPUS"  # set by `slurm`'s job script when a job runs one worker per GPU
 
 
 def dask_setup(nanny: Any) -> None:
-    """``--preload-nanny dagtune.cluster``: before the worker process of a job with several
-    GPUs starts, pin it to its own one: worker ``i`` of the job (``dask worker --nworkers n``
-    names them ``NAME-i``) sees only the job's ``i``-th GPU (of ``CUDA_VISIBLE_DEVICES`` as
-    Slurm set it, else device ``i``)."""
+    """``--preload-nanny dagtune.cluster``: before a nanny starts its worker process, drop
+    Dask's ``MALLOC_TRIM_THRESHOLD_`` (unless this environment sets one: see the module
+    docstring) and, in a job with several GPUs (``DAGTUNE_PIN_GPUS=1``), pin the worker to
+    its own one: worker ``i`` of the job (``dask worker --nworkers n`` names them
+    ``NAME-i``) sees only the job's ``i``-th GPU (of ``CUDA_VISIBLE_DEVICES`` as Slurm set
+    it, else device ``i``)."""
     env = getattr(nanny, "env", None)
     if env is None:
         return  # not a nanny
+    if TRIM not in os.environ:
+        env.pop(TRIM, None)
+        getattr(nanny, "pre_spawn_env", {}).pop(TRIM, None)
+    if os.environ.get(PIN_GPUS) != "1":
+        return
     _, _, suffix = str(getattr(nanny, "name", "")).rpartition("-")
     index = int(suffix) if suffix.isdigit() else 0
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
+
+
+def glibc_thresholds() -> contextlib.AbstractContextManager:
+    """Dask config under which the nannies created inside start their workers with glibc's
+    own malloc thresholds instead of Dask's 64 KiB trim threshold (unless this process's
+    environment sets one, which the workers then inherit)."""
+    import dask
+
+    if TRIM in os.environ:
+        return contextlib.nullcontext()
+    return dask.config.set({DASK_TRIM: None})
+
+
+def slow_allocator_workers(client: Any) -> dict[str, int]:
+    """The workers of `client` whose ``MALLOC_TRIM_THRESHOLD_`` is below 1 MiB, with its
+    value (Dask's nanny sets 65536; see the module docstring). Workers that can't be asked
+    are left out."""
+
+    def threshold() -> str | None:
+        return os.environ.get(TRIM)
+
+    try:
+        found = client.run(threshold)
+    except Exception:  # a scheduler that refuses to run functions: nothing to report
+        log.debug("dagtune: asking workers for %s failed", TRIM, exc_info=True)
+        return {}
+    slow = {}
+    for worker, value in found.items():
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            continue  # unset, or not a number glibc would use
+        if number < SLOW_TRIM:
+            slow[worker] = number
+    return slow
 
 
 def slurm(
@@ -322,7 +385,11 @@ def slurm(
         memory=memory,
         processes=processes,
         job_extra_directives=directives,
-        worker_extra_args=worker_args(worker_extra_args, lifetime, max(1, margin // 2), pin=processes > 1),
+        worker_extra_args=worker_args(worker_extra_args, lifetime, max(1, margin // 2)),
+        job_script_prologue=[
+            *kwargs.pop("job_script_prologue", ()),
+            *([f"export {PIN_GPUS}=1"] if processes > 1 else []),
+        ],
         **kwargs,
     )
     if adapt:
@@ -362,15 +429,16 @@ def embedded_cluster(workers: int | None, resources: dict[str, float] | None) ->
 
     gpus = (resources or {}).get("GPU")
     if gpus is None:
-        return LocalCluster(
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            resources=resources,
-            silence_logs=logging.ERROR,
-        )
+        with glibc_thresholds():
+            return LocalCluster(
+                n_workers=workers or os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+                resources=resources,
+                silence_logs=logging.ERROR,
+            )
     devices = visible_gpus()
     per_worker = max(1, math.ceil(gpus))
     groups = [devices[i : i + per_worker] for i in range(0, len(devices) - per_worker + 1, per_worker)]
@@ -401,4 +469,5 @@ def embedded_cluster(workers: int | None, resources: dict[str, float] | None) ->
         for group in groups
     }
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
-    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)
+    with glibc_thresholds():
+        return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)

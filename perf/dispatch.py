@@ -48,9 +48,12 @@ def _noop(i: int) -> int:
 def benchmark(mode: str = "quick") -> dict[str, Any]:
     from distributed import Client, LocalCluster
 
+    from dagtune.cluster import glibc_thresholds
+
     n = {"smoke": 20, "quick": 300, "full": 1000}[mode]
     rows = []
     with (
+        glibc_thresholds(),  # as in dagtune's embedded cluster (keeps os.environ clean too)
         LocalCluster(
             n_workers=WORKERS,
             threads_per_worker=1,

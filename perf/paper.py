@@ -308,8 +308,8 @@ def explain(redundancy: dict[str, Any]) -> str:
 
 def benchmark(mode: str = "quick", variants: bool | None = None) -> dict[str, Any]:
     """In smoke mode every study shrinks to its first few configs and 8 workers. `variants`
-    (default: not in smoke runs) also runs the prototype scheduling policies of
-    perf/schedulers.py on every study."""
+    (default: in full runs only; they double the run time) also runs the prototype scheduling
+    policies of perf/schedulers.py on every study."""
     rows = []
     for study in STUDIES:
         configs = list(study.space())
@@ -349,7 +349,7 @@ def benchmark(mode: str = "quick", variants: bool | None = None) -> dict[str, An
             }
         )
     result: dict[str, Any] = {"workers": WORKERS if mode != "smoke" else 8, "studies": rows}
-    if variants if variants is not None else mode != "smoke":
+    if variants if variants is not None else mode == "full":
         from perf import schedulers
 
         result["schedulers"] = schedulers.compare(mode)

@@ -7,8 +7,11 @@ any Dask worker process is spawned, so workers can import the trainers too.
 import os
 import sys
 
+import dask
 import pytest
 from hypothesis import HealthCheck, settings
+
+from dagtune.cluster import DASK_TRIM
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -24,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 # --------------------------------------------------------------------------- a Dask cluster
+
+# The test clusters' workers keep glibc's malloc thresholds, as dagtune's embedded cluster
+# does (`dagtune.cluster.glibc_thresholds`): Dask's 64 KiB trim threshold slows training.
+dask.config.set({DASK_TRIM: None})
 
 
 @pytest.fixture(scope="session")

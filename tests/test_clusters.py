@@ -22,7 +22,16 @@ from slurm_helpers import spawn
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.cluster import DEMAND, DemandAdaptive, dask_setup, total_demand
+from dagtune.cluster import (
+    DASK_TRIM,
+    DEMAND,
+    TRIM,
+    DemandAdaptive,
+    dask_setup,
+    embedded_cluster,
+    slow_allocator_workers,
+    total_demand,
+)
 from dagtune.dashboard import page_url
 from dagtune.sim import SyntheticTrainer
 
@@ -131,7 +140,7 @@ def test_slurm_job_script_without_slurm():
         assert line in script
     # two worker processes, one per GPU, each offering GPU=1 and pinned to its GPU
     assert "--nworkers 2" in script and "--nthreads 4" in script
-    assert "--preload-nanny dagtune.cluster" in script
+    assert "--preload-nanny dagtune.cluster" in script and "export DAGTUNE_PIN_GPUS=1" in script
     assert script.count("--resources") == 1 and "--resources GPU=1,MEM=4e9" in script  # merged
     assert "--lifetime 42600s" in script  # 10 minutes before the walltime
     assert "--lifetime-stagger 60s" in script and "--lifetime-stagger 300s" not in script  # the user's
@@ -143,7 +152,8 @@ def test_slurm_job_script_without_slurm():
     with slurm(walltime="01:00:00", adapt=False, minimum=0, **local) as cluster:
         script = cluster.job_script()
         assert getattr(cluster, "_adaptive", None) is None
-    assert "--gres=gpu:1" in script and "--nworkers" not in script and "--preload-nanny" not in script
+    assert "--gres=gpu:1" in script and "--nworkers" not in script and "DAGTUNE_PIN_GPUS" not in script
+    assert "--preload-nanny dagtune.cluster" in script  # for the allocator settings only
     assert (
         "--resources GPU=1 " in script
         and "--lifetime 3240s" in script
@@ -154,6 +164,7 @@ def test_slurm_job_script_without_slurm():
 
 
 def test_each_worker_of_a_job_gets_its_own_gpu(monkeypatch):
+    monkeypatch.setenv("DAGTUNE_PIN_GPUS", "1")  # what a job script with several GPUs exports
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     nanny = SimpleNamespace(name="SLURMCluster-3-1", env={})
     dask_setup(nanny)
@@ -165,7 +176,19 @@ def test_each_worker_of_a_job_gets_its_own_gpu(monkeypatch):
     dask_setup(SimpleNamespace(name="a worker, not a nanny"))  # nothing to pin, no error
 
 
-# --------------------------------------------------------------------------- real clusters
+def test_the_nanny_preload_drops_dasks_trim_threshold_and_pins_only_when_asked(monkeypatch):
+    monkeypatch.delenv("DAGTUNE_PIN_GPUS", raising=False)
+    monkeypatch.delenv(TRIM, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # a one-GPU job: Slurm pinned it already
+    nanny = SimpleNamespace(
+        name="SLURMCluster-3", env={TRIM: "65536", "OMP_NUM_THREADS": "1"}, pre_spawn_env={TRIM: "65536"}
+    )
+    dask_setup(nanny)
+    assert nanny.env == {"OMP_NUM_THREADS": "1"} and nanny.pre_spawn_env == {}
+    monkeypatch.setenv(TRIM, "65536")  # the job's environment chose one: kept
+    chosen = SimpleNamespace(name="w", env={TRIM: "65536"}, pre_spawn_env={TRIM: "65536"})
+    dask_setup(chosen)
+    assert chosen.env == {TRIM: "65536"} and chosen.pre_spawn_env == {TRIM: "65536"}
 
 
 def test_the_embedded_cluster_refuses_gpus_this_machine_does_not_have(tmp_path, monkeypatch):
@@ -186,9 +209,20 @@ def test_the_embedded_cluster_has_one_worker_pinned_to_each_visible_gpu(tmp_path
         assert sorted(w["resources"]["GPU"] for w in workers.values()) == [1, 1]
         pinned = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
         assert sorted(pinned.values()) == ["3", "5"]
+        assert set(client.run(os.environ.get, TRIM).values()) == {None}  # glibc's own thresholds
         assert page_url(client) is not None  # the dagtune page, as on any embedded cluster
         config = {"lr": dt.Steps([0.1, 0.02], [3])}
         assert study.submit(config, 6).result(timeout=60) == dt.run_alone(SyntheticTrainer, config, 6)[-1]
+
+
+def test_the_embedded_cluster_keeps_glibcs_malloc_thresholds(monkeypatch):
+    monkeypatch.delenv(TRIM, raising=False)
+    with dask.config.set({DASK_TRIM: 65536}):  # Dask's default (conftest drops it for other tests)
+        cluster = embedded_cluster(1, None)
+    with cluster, Client(cluster) as client:
+        assert list(client.run(os.environ.get, TRIM).values()) == [None]
+        assert slow_allocator_workers(client) == {}
+    assert TRIM not in os.environ  # the nanny leaked nothing into this process
 
 
 @pytest.mark.slow
@@ -223,7 +257,7 @@ def test_a_local_cluster_scales_for_dagtunes_demand(tmp_path):
 
 
 @pytest.mark.slow
-def test_dask_scheduler_and_two_gpu_workers(tmp_path):
+def test_dask_scheduler_and_two_gpu_workers(tmp_path, caplog):
     scheduler_file = tmp_path / "scheduler.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     processes = [
@@ -268,6 +302,7 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
                         "--name",
                         f"gpu{i}",
                         "--no-dashboard",
+                        *(["--preload-nanny", "dagtune.cluster"] if i else []),
                     ),
                     tmp_path / f"worker{i}.log",
                     {**env, "CUDA_VISIBLE_DEVICES": str(i)},
@@ -275,7 +310,14 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path):
             )
         with Client(address, timeout="30s") as client:
             client.wait_for_workers(2, timeout=60)
-            report, workers = run_grid(client, tmp_path / "runs", "gpus")
+            names = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+            # gpu0 has Dask's 64 KiB trim threshold, gpu1 dropped it through dagtune's preload
+            assert slow_allocator_workers(client) == {names["gpu0"]: 65536}
+            pinned = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+            assert pinned == {names["gpu0"]: "0", names["gpu1"]: "1"}  # the preload pinned nothing
+            with caplog.at_level("WARNING", logger="dagtune"):
+                report, workers = run_grid(client, tmp_path / "runs", "gpus")
+            assert "1 worker(s) run with MALLOC_TRIM_THRESHOLD_=65536" in caplog.text
             assert report["executed_steps"] == report["unique_steps"] == 21 < report["trial_steps"]
             assert len(workers) == 2  # both GPU workers trained
             url = page_url(client)  # the preloaded page, next to Dask's
