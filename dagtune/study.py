@@ -239,6 +239,7 @@ class _Session:
         self.started = False  # the algorithm's first decisions are all applied
         self._applying = False
         self._depth = 0  # nested callbacks: known results arrive while decisions are applied
+        self._ended = True  # a trial ended (or none was looked at yet) since `finished` was computed
 
     def _adopt(self, trial: Trial) -> None:
         if trial.id not in self.trials:
@@ -297,9 +298,11 @@ class _Session:
         self._callback(trial, "on_result", step, metrics)
 
     def on_complete(self, trial: Trial) -> None:
+        self._ended = True
         self._callback(trial, "on_complete")
 
     def on_end(self, trial: Trial) -> None:
+        self._ended = True
         self._callback(trial, "on_end")
 
     def on_idle(self, free: int) -> None:
@@ -311,7 +314,9 @@ class _Session:
             for trial in list(self.trials.values()):
                 if trial.status == PENDING:
                     self.study.coordinator.stop(trial.id)
-        self.finished = self.started and not any(t.status == PENDING for t in self.trials.values())
+        if self.started and self._ended:  # only an ending trial can end the run: no scan per result
+            self._ended = False
+            self.finished = not any(t.status == PENDING for t in self.trials.values())
 
 
 # --------------------------------------------------------------------------- the study
