@@ -24,7 +24,11 @@ cannot start before the steps before it on its path: max over t of (t + work tha
 before t / GPUs). For the grid studies dagtune's critical-path schedule comes within 5% of the
 precedence bound; what remains is checkpoint and start-up overhead and list scheduling's
 imperfection. SHA and ASHA decide as results arrive, so their bounds are computed for the trials
-they ended up running and are looser still.
+they ended up running, as if those had been known from the start: a promotion cannot start
+before the results that decide it (all of a rung's for SHA, enough of them for ASHA), a
+dependency neither bound sees, and that is what their distance to the precedence bound below
+measure. Only starting likely promotions before they are decided would close it, and that
+trains steps a later decision may throw away (executed > unique), which dagtune does not do.
 """
 
 from __future__ import annotations
