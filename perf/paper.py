@@ -27,7 +27,7 @@ imperfection. SHA and ASHA decide as results arrive, so their bounds are compute
 they ended up running, as if those had been known from the start: a promotion cannot start
 before the results that decide it (all of a rung's for SHA, enough of them for ASHA), a
 dependency neither bound sees, and that is what their distance to the precedence bound below
-measure. Only starting likely promotions before they are decided would close it, and that
+measures. Only starting likely promotions before they are decided would close it, and that
 trains steps a later decision may throw away (executed > unique), which dagtune does not do.
 """
 
