@@ -1,0 +1,228 @@
+"""`FusedGroup`: K trials of one `FusibleTrainer` trained as one stacked model.
+
+The members' weights are stacked along a leading dimension and the user's loss runs once
+for all of them under ``torch.func.vmap`` over ``functional_call`` with
+``randomness="same"``: the members draw the same random numbers (dropout masks) from the
+global generator, the very numbers each would draw trained alone from the same RNG state,
+and the draws advance the generator exactly as one unfused step does. One backward pass
+over the sum of the members' losses gives each member its own gradients (the sum's
+derivative with respect to each loss is 1, so a member whose loss is NaN or infinite does not
+touch the others' gradients), and a `FusedOptimizer` updates every member as its unfused
+``torch.optim`` optimizer would.
+
+Each batch is fetched once (`FusibleTrainer.batch`) and shared; the data order and every
+non-fusible hyper-parameter live in one host trainer. Evaluation copies one member's weights
+into the host's module and runs the user's ``evaluate_model`` on it, exactly as unfused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call, vmap
+
+from dagtune.fusion._state import split, stack
+from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
+from dagtune.sequences import same_value
+
+__all__ = ["FusedGroup", "FusionError", "MemberModel"]
+
+
+class FusionError(ValueError):
+    """Trials that cannot train as one fused group (the message says what differs)."""
+
+
+class MemberModel:
+    """One member's model inside a fused step: calls the module with that member's weights."""
+
+    __slots__ = ("module", "tensors")
+
+    def __init__(
+        self, module: torch.nn.Module, tensors: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
+    ):
+        self.module = module
+        self.tensors = tensors
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return functional_call(self.module, self.tensors, args, kwargs)
+
+
+class FusedGroup:
+    """K members of `host`'s trainer class, trained in lock step from `fused_state` (the
+    format of `dagtune.fusion.stack`).
+
+    `host` is a trainer of the members' class built with their trainer arguments and seed: its
+    data order is the group's, its module is the template every member's weights plug into,
+    and its non-fusible hyper-parameters are the group's.
+    """
+
+    def __init__(self, host: FusibleTrainer, fused_state: Mapping[str, Any]):
+        if not isinstance(host, FusibleTrainer):
+            raise TypeError(f"a fused group needs a FusibleTrainer host, got {type(host).__qualname__}")
+        self.host = host
+        self.members = int(fused_state["members"])
+        model = host.model
+        keyed = model.state_dict(keep_vars=True)
+        self._metadata = getattr(keyed, "_metadata", None)
+        if list(fused_state["model"]) != list(keyed):
+            raise FusionError(
+                f"the fused state's model entries {list(fused_state['model'])} are not "
+                f"{type(host).__qualname__}'s {list(keyed)}"
+            )
+        first_key: dict[int, str] = {}
+        self._canonical = {key: first_key.setdefault(id(tensor), key) for key, tensor in keyed.items()}
+        parameter_ids = {id(p) for p in model.parameters()}
+        self._targets: dict[str, torch.Tensor] = {}
+        self.params: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
+        for key, canonical in self._canonical.items():
+            if key != canonical:
+                continue
+            target = keyed[key]
+            stacked = fused_state["model"][key]
+            if tuple(stacked.shape) != (self.members, *target.shape):
+                raise FusionError(
+                    f"model entry {key!r} is {tuple(stacked.shape)} in the fused state, "
+                    f"expected {(self.members, *target.shape)}"
+                )
+            stacked = stacked.detach().to(device=target.device, dtype=target.dtype).clone()
+            self._targets[key] = target
+            if id(target) in parameter_ids:
+                self.params[key] = stacked.requires_grad_(True)
+            else:
+                self.buffers[key] = stacked
+        names = {id(tensor): key for key, tensor in keyed.items() if self._canonical[key] == key}
+        self._order = [names[id(p)] for p in model.parameters()]  # the optimizer's parameter indices
+        optimizer = fused_state["optimizer"]
+        self.optimizer = host.optimizer_spec.fused(
+            [self.params[name] for name in self._order],
+            [groups[0] for groups in optimizer["param_groups"]],
+            optimizer["state"],
+            optimizer["present"],
+        )
+        if self.optimizer.members != self.members:
+            raise FusionError(
+                f"the fused state has {self.members} members but {self.optimizer.members} optimizers"
+            )
+        host.batches.load_state_dict(fused_state["batches"])
+
+    @classmethod
+    def from_states(cls, host: FusibleTrainer, states: Sequence[Mapping[str, Any]]) -> FusedGroup:
+        """A group of the unfused trainer states `states` (member k is ``states[k]``)."""
+        return cls(host, stack(states))
+
+    # ------------------------------------------------------------------ hyper-parameters
+
+    def setup(self, changes: Sequence[Mapping[str, Any]]) -> None:
+        """Apply each member's changed hyper-parameter values (``changes[k]`` for member k):
+        fusible ones per member, the others once on the host. Those others must be the same
+        for every member; a FusionError says which differ."""
+        if len(changes) != self.members:
+            raise ValueError(f"setup() needs the changes of {self.members} members, got {len(changes)}")
+        fusible = self.host.fusible
+        shared: dict[str, Any] | None = None
+        for member, values in enumerate(changes):
+            rest = {}
+            for name, value in values.items():
+                if name in fusible:
+                    check_fusible_value(name, value)
+                    self.optimizer.set(member, fusible[name], value)
+                else:
+                    rest[name] = value
+            if shared is None:
+                shared = rest
+            elif rest.keys() != shared.keys() or not all(same_value(rest[n], shared[n]) for n in rest):
+                raise FusionError(
+                    f"members 0 and {member} change non-fusible hyper-parameters differently: "
+                    f"{shared} != {rest} (only {sorted(fusible)} may differ)"
+                )
+        if shared:
+            self.host.setup(shared)
+
+    # ------------------------------------------------------------------ training
+
+    def _losses(self, batch: Any) -> torch.Tensor:
+        host, module = self.host, self.host.model
+
+        def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+            return mean_loss(host.loss(MemberModel(module, (params, buffers)), batch))
+
+        return vmap(member_loss, randomness="same")(self.params, self.buffers)
+
+    def train_batch(self, indices: np.ndarray) -> list[float]:
+        """One optimizer update of every member on the batch of sample `indices`; returns
+        each member's loss."""
+        batch = self.host.batch(indices)
+        for param in self.params.values():
+            param.grad = None
+        losses = self._losses(batch)
+        losses.sum().backward()
+        with torch.no_grad():
+            self.optimizer.step()
+        return losses.detach().tolist()
+
+    def train(self) -> list[dict[str, float]]:
+        """One step of every member (the host's `step_batches`); each member's metrics, as
+        `FusibleTrainer.train` reports them."""
+        self.host.model.train()
+        totals = [0.0] * self.members
+        count = 0
+        for indices in self.host.step_batches():
+            losses = self.train_batch(indices)
+            totals = [total + loss * len(indices) for total, loss in zip(totals, losses)]
+            count += len(indices)
+        return [{"loss": total / count} for total in totals]
+
+    def evaluate(self, member: int) -> dict[str, float]:
+        """Member `member`'s validation metrics (its weights copied into the host's module)."""
+        with torch.no_grad():
+            for key, target in self._targets.items():
+                stacked = self.params[key] if key in self.params else self.buffers[key]
+                target.copy_(stacked[member])
+        return self.host.evaluate()
+
+    # ------------------------------------------------------------------ state
+
+    def fused_state_dict(self) -> dict[str, Any]:
+        """The group's fused state (tensors shared with the group: copy before changing)."""
+        detached = {key: tensor.detach() for key, tensor in (self.params | self.buffers).items()}
+        model: OrderedDict[str, torch.Tensor] = OrderedDict(
+            (key, detached[canonical]) for key, canonical in self._canonical.items()
+        )
+        if self._metadata is not None:
+            model._metadata = self._metadata  # type: ignore[attr-defined]
+        return {
+            "members": self.members,
+            "model": model,
+            "optimizer": self.optimizer.fused_state_dict(),
+            "batches": self.host.batches.state_dict(),
+        }
+
+    def state_dict(self, member: int) -> dict[str, Any]:
+        """Member `member`'s state in the unfused `FusibleTrainer.state_dict` format."""
+        return split(self.fused_state_dict(), member)
+
+    def keep(self, members: Sequence[int]) -> None:
+        """Keep only `members` (indices into the current group, in the order given): the
+        others leave the group."""
+        members = list(members)
+        if (
+            not members
+            or len(set(members)) != len(members)
+            or not all(0 <= k < self.members for k in members)
+        ):
+            raise ValueError(f"keep() needs distinct members in [0, {self.members}), got {members}")
+        index = torch.tensor(members, dtype=torch.long)
+        self.params = {
+            key: param.detach().index_select(0, index.to(param.device)).requires_grad_(True)
+            for key, param in self.params.items()
+        }
+        self.buffers = {
+            key: buffer.index_select(0, index.to(buffer.device)) for key, buffer in self.buffers.items()
+        }
+        self.optimizer.keep(members, [self.params[name] for name in self._order])
+        self.members = len(members)
