@@ -4,9 +4,10 @@ Trials whose hyper-parameter sequences agree on a prefix share its training thro
 of stages and checkpoints (the Hippo design), scheduled by critical path on Dask.
 """
 
-from dagtune import algos
+from dagtune import algos, fusion
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
+from dagtune.fusion import SGD, AdamW, FusibleTrainer
 from dagtune.gc import GcPolicy
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
@@ -37,12 +38,15 @@ from dagtune.trainer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "SGD",
+    "AdamW",
     "CheckpointError",
     "CheckpointStore",
     "Constant",
     "Cosine",
     "Cyclic",
     "Exponential",
+    "FusibleTrainer",
     "GcPolicy",
     "Grid",
     "Linear",
@@ -64,6 +68,7 @@ __all__ = [
     "algos",
     "capture_rng",
     "choice",
+    "fusion",
     "isolated_rng",
     "loguniform",
     "merge_rate",

@@ -724,10 +724,13 @@ def run_alone(
     steps: int,
     trainer_kwargs: Mapping[str, Any] | None = None,
     seed: int = 0,
+    fused: bool = False,
 ) -> list[dict[str, float]]:
     """Train one trial in this process, no reuse, no checkpoints; metrics after each step.
 
-    This is the reference that training through dagtune must reproduce exactly.
+    This is the reference that training through dagtune must reproduce exactly. With
+    `fused`, the trial (of a `dagtune.FusibleTrainer`) trains through the fused code path as
+    a group of one: the reference every fused group's members must reproduce exactly.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
@@ -740,7 +743,12 @@ def run_alone(
         checkpoints=frozenset(),
         eval_every=1,
     )
-    events = PathRunner(task, None).run()
+    if fused:
+        from dagtune.fusion import FusedPathRunner
+
+        events = FusedPathRunner([task], None).run()
+    else:
+        events = PathRunner(task, None).run()
     for event in events:
         if event["kind"] == "error":
             raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")

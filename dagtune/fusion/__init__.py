@@ -6,7 +6,9 @@ lock step; `stack`/`split` convert between K unfused trainer states and one fuse
 """
 
 from dagtune.fusion._group import FusedGroup, FusionError, MemberModel
+from dagtune.fusion._grouping import can_fuse, fusion_conflict, fusion_groups
 from dagtune.fusion._optimizers import SGD, AdamW, FusedAdamW, FusedOptimizer, FusedSGD, OptimizerSpec
+from dagtune.fusion._runner import FusedPathRunner, MemberPath
 from dagtune.fusion._state import TRAINER_STATE_KEYS, same_state, split, stack
 from dagtune.fusion._trainer import FusibleTrainer, mean_loss
 
@@ -17,11 +19,16 @@ __all__ = [
     "FusedAdamW",
     "FusedGroup",
     "FusedOptimizer",
+    "FusedPathRunner",
     "FusedSGD",
     "FusibleTrainer",
     "FusionError",
     "MemberModel",
+    "MemberPath",
     "OptimizerSpec",
+    "can_fuse",
+    "fusion_conflict",
+    "fusion_groups",
     "mean_loss",
     "same_state",
     "split",

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
+from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
 from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
 from dagtune.sequences import same_value
@@ -151,7 +152,8 @@ class FusedGroup:
         def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
             return mean_loss(host.loss(MemberModel(module, (params, buffers)), batch))
 
-        return vmap(member_loss, randomness="same")(self.params, self.buffers)
+        with MemberwiseLayers():
+            return vmap(member_loss, randomness="same")(self.params, self.buffers)
 
     def train_batch(self, indices: np.ndarray) -> list[float]:
         """One optimizer update of every member on the batch of sample `indices`; returns
