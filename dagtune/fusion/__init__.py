@@ -5,6 +5,14 @@ that differ only in fusible hyper-parameters train as one stacked model.
 lock step; `stack`/`split` convert between K unfused trainer states and one fused state.
 """
 
+from dagtune.fusion._count import (
+    CpuMemory,
+    CudaMemory,
+    FusionProfile,
+    MemoryProbe,
+    fusion_count,
+    profile_fusion,
+)
 from dagtune.fusion._group import FusedGroup, FusionError, MemberModel
 from dagtune.fusion._grouping import can_fuse, fusion_conflict, fusion_groups
 from dagtune.fusion._optimizers import SGD, AdamW, FusedAdamW, FusedOptimizer, FusedSGD, OptimizerSpec
@@ -16,6 +24,8 @@ __all__ = [
     "SGD",
     "TRAINER_STATE_KEYS",
     "AdamW",
+    "CpuMemory",
+    "CudaMemory",
     "FusedAdamW",
     "FusedGroup",
     "FusedOptimizer",
@@ -23,13 +33,17 @@ __all__ = [
     "FusedSGD",
     "FusibleTrainer",
     "FusionError",
+    "FusionProfile",
     "MemberModel",
     "MemberPath",
+    "MemoryProbe",
     "OptimizerSpec",
     "can_fuse",
     "fusion_conflict",
+    "fusion_count",
     "fusion_groups",
     "mean_loss",
+    "profile_fusion",
     "same_state",
     "split",
     "stack",
