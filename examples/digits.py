@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -20,11 +20,10 @@ from torch import nn
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.launch import StudySetup
-from dagtune.trainer import ResumableBatches, Trainer
 
 # --------------------------------------------------------------------------- the trainer
 
-#: The hyper-parameters `DigitsTrainer.setup` understands, with the values it starts from.
+#: The hyper-parameters the digits trainers understand, with the values they start from.
 DEFAULTS: dict[str, Any] = {"lr": 0.05, "momentum": 0.9, "batch_size": 64, "weight_decay": 0.0}
 
 
@@ -60,13 +59,22 @@ def make_model(hidden: int = 16, dropout: float = 0.1) -> nn.Sequential:
     )
 
 
-class DigitsTrainer(Trainer):
+class DigitsTrainer(dt.FusibleTrainer):
     """A small CNN trained with SGD on the digits; one step is one epoch.
+
+    Written as a `dagtune.FusibleTrainer`: the parts are declared (model, optimizer, data
+    order, batch, loss, evaluation) and dagtune writes ``setup``, ``train``, ``evaluate`` and
+    the state, so the same trainer also trains fused (its ``lr``, ``momentum`` and
+    ``weight_decay`` may differ inside a fused group). `examples/digits_trainer.py` is the same
+    trainer written by hand against `dagtune.Trainer`.
 
     `hidden` is the width of the first convolution, `seed` fixes the order of the training
     data (the weights come from torch's global RNG, which dagtune seeds before building the
     trainer), `validation_fraction` and `split_seed` fix the validation images.
     """
+
+    fusible: ClassVar[dict[str, str]] = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay"}
+    batch_size_name = "batch_size"
 
     def __init__(
         self,
@@ -85,65 +93,29 @@ class DigitsTrainer(Trainer):
         train_x, train_y, val_x, val_y = digits_split(validation_fraction, split_seed)
         self.train_x, self.train_y = torch.from_numpy(train_x.copy()), torch.from_numpy(train_y.copy())
         self.val_x, self.val_y = torch.from_numpy(val_x.copy()), torch.from_numpy(val_y.copy())
-        self.model = make_model(hidden, dropout)
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=DEFAULTS["lr"],
-            momentum=DEFAULTS["momentum"],
-            weight_decay=DEFAULTS["weight_decay"],
+        super().__init__(
+            model=make_model(hidden, dropout),
+            optimizer=dt.SGD(
+                lr=DEFAULTS["lr"], momentum=DEFAULTS["momentum"], weight_decay=DEFAULTS["weight_decay"]
+            ),
+            batches=dt.ResumableBatches(len(self.train_y), DEFAULTS["batch_size"], seed=seed),
         )
-        self.batches = ResumableBatches(len(self.train_y), DEFAULTS["batch_size"], seed=seed)
 
-    def setup(self, hp: dict[str, Any]) -> None:
-        """Apply the values given (all of them when a stage starts, the changed ones later)."""
-        unknown = sorted(set(hp) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(f"DigitsTrainer has no hyper-parameter {unknown}; it knows {sorted(DEFAULTS)}")
-        for name in ("lr", "momentum", "weight_decay"):
-            if name in hp:
-                for group in self.optimizer.param_groups:
-                    group[name] = float(hp[name])
-        if "batch_size" in hp:
-            self.batches.set_batch_size(hp["batch_size"])  # keeps the position in the epoch
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.from_numpy(indices)
+        return self.train_x[index], self.train_y[index]
 
-    def train(self) -> dict[str, float]:
-        """One epoch of SGD; returns the mean training loss."""
-        self.model.train()
-        total, count = 0.0, 0
-        for indices in self.batches.epoch():
-            index = torch.from_numpy(indices)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(self.model(self.train_x[index]), self.train_y[index])
-            loss.backward()
-            self.optimizer.step()
-            total += loss.item() * len(indices)
-            count += len(indices)
-        return {"loss": total / count}
+    def loss(self, model, batch) -> torch.Tensor:
+        """Per-image cross-entropy (dagtune takes the mean)."""
+        images, labels = batch
+        return nn.functional.cross_entropy(model(images), labels, reduction="none")
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate_model(self, model: nn.Module) -> dict[str, float]:
         """Accuracy and mean loss on the validation images."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                logits = self.model(self.val_x)
-                loss = nn.functional.cross_entropy(logits, self.val_y).item()
-                accuracy = (logits.argmax(dim=1) == self.val_y).double().mean().item()
-        finally:
-            self.model.train(was_training)
+        logits = model(self.val_x)
+        loss = nn.functional.cross_entropy(logits, self.val_y).item()
+        accuracy = (logits.argmax(dim=1) == self.val_y).double().mean().item()
         return {"val_acc": accuracy, "val_loss": loss}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "batches": self.batches.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.batches.load_state_dict(state["batches"])
 
 
 # --------------------------------------------------------------------------- the study

@@ -1,23 +1,19 @@
-"""The digits example's trainer resumes bit for bit from a checkpoint, and learns."""
+"""The digits example's trainers (the FusibleTrainer and the hand-written one) resume bit for
+bit from a checkpoint, learn, and train exactly alike."""
 
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from digits import DigitsTrainer
+from digits_trainer import HandWrittenDigitsTrainer
 
+import dagtune as dt
 from dagtune.checkpoints import CheckpointStore
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from examples.digits import DigitsTrainer  # noqa: E402
 
 SEED = 3
 KWARGS = {"hidden": 8}
@@ -53,15 +49,20 @@ def disturb_global_rngs() -> None:
     torch.rand(11)
 
 
-def resumed_run(tmp_path, change_step: int, restore: bool = True) -> tuple[list[dict], DigitsTrainer]:
-    first = build_trainer(DigitsTrainer, KWARGS, SEED)
+@pytest.fixture(params=[DigitsTrainer, HandWrittenDigitsTrainer], ids=["fusible", "hand-written"])
+def trainer_class(request):
+    return request.param
+
+
+def resumed_run(cls, tmp_path, change_step: int, restore: bool = True) -> tuple[list[dict], dt.Trainer]:
+    first = build_trainer(cls, KWARGS, SEED)
     metrics = run(first, 0, 3, change_step)
     store = CheckpointStore(str(tmp_path / "runs"))
     store.save(IDENTITY, NODE, 3, {"trainer": first.state_dict(), "rng": capture_rng()})
     del first
     disturb_global_rngs()
 
-    second = build_trainer(DigitsTrainer, KWARGS, SEED)
+    second = build_trainer(cls, KWARGS, SEED)
     saved = store.load(IDENTITY, NODE, 3)
     second.load_state_dict(saved["trainer"])
     if restore:
@@ -70,10 +71,10 @@ def resumed_run(tmp_path, change_step: int, restore: bool = True) -> tuple[list[
 
 
 @pytest.mark.parametrize("change_step", [3, 4], ids=["change-at-resume", "change-after-resume"])
-def test_resumed_training_is_bit_exact(tmp_path, change_step):
-    straight = build_trainer(DigitsTrainer, KWARGS, SEED)
+def test_resumed_training_is_bit_exact(trainer_class, tmp_path, change_step):
+    straight = build_trainer(trainer_class, KWARGS, SEED)
     expected = run(straight, 0, 6, change_step)
-    got, resumed = resumed_run(tmp_path, change_step)
+    got, resumed = resumed_run(trainer_class, tmp_path, change_step)
     assert got == expected  # exact equality of every float, epoch by epoch
     assert resumed.batches.batch_size == CHANGE["batch_size"]
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
@@ -81,22 +82,22 @@ def test_resumed_training_is_bit_exact(tmp_path, change_step):
     assert all(isinstance(v, float) for m in got for v in m.values())
 
 
-def test_without_the_rng_state_the_run_differs(tmp_path):
+def test_without_the_rng_state_the_run_differs(trainer_class, tmp_path):
     """The control: dropout draws from torch's RNG, so the RNG state must travel."""
-    straight = run(build_trainer(DigitsTrainer, KWARGS, SEED), 0, 6, change_step=4)
-    got, _ = resumed_run(tmp_path, change_step=4, restore=False)
+    straight = run(build_trainer(trainer_class, KWARGS, SEED), 0, 6, change_step=4)
+    got, _ = resumed_run(trainer_class, tmp_path, change_step=4, restore=False)
     assert got[:3] == straight[:3]
     assert got[3:] != straight[3:]
 
 
-def test_evaluating_does_not_change_training():
-    with_eval = run(build_trainer(DigitsTrainer, KWARGS, SEED), 0, 3, change_step=2)
-    without = run(build_trainer(DigitsTrainer, KWARGS, SEED), 0, 3, change_step=2, evaluate=False)
+def test_evaluating_does_not_change_training(trainer_class):
+    with_eval = run(build_trainer(trainer_class, KWARGS, SEED), 0, 3, change_step=2)
+    without = run(build_trainer(trainer_class, KWARGS, SEED), 0, 3, change_step=2, evaluate=False)
     assert [m["loss"] for m in with_eval] == [m["loss"] for m in without]
 
 
-def test_learns_well_above_chance():
-    trainer = build_trainer(DigitsTrainer, {}, seed=0)
+def test_learns_well_above_chance(trainer_class):
+    trainer = build_trainer(trainer_class, {}, seed=0)
     trainer.setup({"lr": 0.1, "momentum": 0.9, "batch_size": 64, "weight_decay": 0.0})
     losses = [trainer.train()["loss"] for _ in range(5)]
     metrics = trainer.evaluate()
@@ -106,9 +107,35 @@ def test_learns_well_above_chance():
     assert metrics["val_loss"] < 0.6
 
 
-def test_setup_rejects_unknown_names_and_bad_batch_sizes():
-    trainer = DigitsTrainer(hidden=4)
+def test_setup_rejects_unknown_names_and_bad_batch_sizes(trainer_class):
+    trainer = trainer_class(hidden=4)
     with pytest.raises(ValueError, match="learning_rate"):
         trainer.setup({"learning_rate": 0.1})
     with pytest.raises(ValueError, match="batch_size"):
         trainer.setup({"batch_size": 32.0})
+
+
+def test_the_fusible_trainer_trains_exactly_as_the_hand_written_one():
+    """Same weights after every epoch; the reported training loss is the mean of per-image
+    losses for one and cross-entropy's own mean for the other (equal to about 1e-8)."""
+    config = dt.config.normalize_config(
+        {"lr": dt.MultiStep(0.05, [3], 0.1), "momentum": 0.9, "batch_size": dt.Steps([64, 128], [2])}
+    )
+
+    def history(cls):
+        trainer = build_trainer(cls, KWARGS, SEED)
+        steps = []
+        for step in range(5):
+            trainer.setup({name: sequence(step) for name, sequence in config.items()})
+            loss = trainer.train()["loss"]
+            with isolated_rng():
+                metrics = trainer.evaluate()
+            steps.append((loss, metrics, [p.detach().clone() for p in trainer.model.parameters()]))
+        return steps
+
+    for (loss, metrics, weights), (loss_by_hand, metrics_by_hand, weights_by_hand) in zip(
+        history(DigitsTrainer), history(HandWrittenDigitsTrainer)
+    ):
+        assert metrics == metrics_by_hand
+        assert loss == pytest.approx(loss_by_hand, rel=1e-6)
+        assert all(torch.equal(a, b) for a, b in zip(weights, weights_by_hand))

@@ -30,6 +30,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "planner_bench",
         "dispatch",
         "checkpoint_io",
+        "fusion",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(

@@ -1,0 +1,347 @@
+"""Trial fusion: K trials trained as one fused model against the same K trials one after another.
+
+For K = 1, 2, 4, 8, 16, 32 trials of one model that differ in learning rate and momentum,
+the same steps are trained (a) unfused, one trial after another in this process, each a
+`FusibleTrainer` trained the ordinary way (torch.optim SGD), and (b) as one `FusedGroup` of K
+members (vmap over the stacked weights, one backward, the fused SGD). Throughput is trial
+steps per second (a step is an epoch); the ratio fused / unfused is the speed-up. Models: a
+tiny MLP (30-64-2, batches of 32), the digits CNN of `examples/digits.py` (batches of 64) and
+a medium MLP (784-1024-10, batches of 128), all on synthetic or bundled data, one thread
+(``torch.set_num_threads(1)``, as dagtune's workers run). Training time only: building the
+trainers is not timed, and every measurement is the best of its repeats.
+
+Memory: the peak of one fused batch at each K (the profiler's CPU allocation events on a CPU,
+the CUDA allocator's counters on a GPU), the peak the linear model fitted at K = 1 and 2
+predicts (Hydro's profile), and the fusion count F chosen from it: for the device's free
+memory on CUDA, for a 1 GiB budget on a CPU. Fidelity: two members trained fused against the
+same trials fused alone (K = 1, bitwise) and unfused (largest absolute difference of any
+weight after the stated number of steps). On CUDA the same code runs unchanged on the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import dagtune as dt  # noqa: E402
+from dagtune.fusion import CpuMemory, CudaMemory, FusedGroup, profile_fusion, same_state  # noqa: E402
+from dagtune.trainer import build_trainer  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CPU_BUDGET = 2**30  # the memory budget F is chosen for on a CPU
+SIZES = {"smoke": (1, 2, 4), "quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32)}
+GOAL = 4.0  # fused / unfused throughput at K = 32 on the tiny MLP
+
+
+class SyntheticMlp(dt.FusibleTrainer):
+    """An MLP of layer widths `dims` on `samples` synthetic samples labelled by a random linear
+    teacher; one step is one epoch."""
+
+    fusible: ClassVar[dict[str, str]] = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay"}
+    batch_size_name = "batch_size"
+
+    def __init__(
+        self, dims: tuple[int, ...] = (30, 64, 2), samples: int = 1024, seed: int = 0, device: str = "cpu"
+    ):
+        torch.set_num_threads(1)
+        rng = np.random.default_rng(12345)
+        x = rng.standard_normal((samples + 256, dims[0])).astype(np.float32)
+        y = (x @ rng.standard_normal((dims[0], dims[-1]))).argmax(1)
+        self.x, self.y = torch.from_numpy(x[:samples]).to(device), torch.from_numpy(y[:samples]).to(device)
+        self.val_x, self.val_y = (
+            torch.from_numpy(x[samples:]).to(device),
+            torch.from_numpy(y[samples:]).to(device),
+        )
+        layers: list[nn.Module] = []
+        for i, (width_in, width_out) in enumerate(itertools.pairwise(dims)):
+            layers += [nn.Linear(width_in, width_out)] + ([nn.ReLU()] if i < len(dims) - 2 else [])
+        super().__init__(
+            model=nn.Sequential(*layers).to(device),
+            optimizer=dt.SGD(lr=0.05, momentum=0.9),
+            batches=dt.ResumableBatches(samples, 32, seed=seed),
+        )
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.from_numpy(indices).to(self.x.device)
+        return self.x[index], self.y[index]
+
+    def loss(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y, reduction="none")
+
+    def evaluate_model(self, model: nn.Module) -> dict[str, float]:
+        return {"val_loss": nn.functional.cross_entropy(model(self.val_x), self.val_y).item()}
+
+
+def _digits_trainer() -> type[dt.FusibleTrainer]:
+    from digits import DigitsTrainer
+
+    class DigitsOnDevice(DigitsTrainer):
+        """`examples/digits.py`'s trainer with its model and images on `device`."""
+
+        def __init__(self, seed: int = 0, device: str = "cpu"):
+            super().__init__(seed=seed)
+            self.model.to(device)  # in place: the optimizer keeps its parameters
+            self.train_x, self.train_y = self.train_x.to(device), self.train_y.to(device)
+            self.val_x, self.val_y = self.val_x.to(device), self.val_y.to(device)
+
+        def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            index = torch.from_numpy(indices).to(self.train_x.device)
+            return self.train_x[index], self.train_y[index]
+
+    return DigitsOnDevice
+
+
+def models(mode: str) -> list[dict[str, Any]]:
+    """name, trainer, its arguments, the batch size, steps timed and steps for fidelity."""
+    timed = {"smoke": 1, "quick": 2, "full": 5}[mode]
+    return [
+        {
+            "model": "tiny MLP 30-64-2",
+            "trainer": SyntheticMlp,
+            "kwargs": {"dims": (30, 64, 2), "samples": 1024},
+            "batch_size": 32,
+            "steps": timed + (1 if mode != "smoke" else 0),
+            "fidelity_steps": 20 if mode != "smoke" else 2,
+        },
+        {
+            "model": "digits CNN",
+            "trainer": _digits_trainer(),
+            "kwargs": {},
+            "batch_size": 64,
+            "steps": max(1, timed // 2),
+            "fidelity_steps": 5 if mode != "smoke" else 1,
+        },
+        {
+            "model": "medium MLP 784-1024-10",
+            "trainer": SyntheticMlp,
+            "kwargs": {"dims": (784, 1024, 10), "samples": 1024 if mode != "smoke" else 256},
+            "batch_size": 128,
+            "steps": max(1, timed // 2),
+            "fidelity_steps": 5 if mode != "smoke" else 1,
+        },
+    ]
+
+
+def _values(members: int, batch_size: int) -> list[dict[str, Any]]:
+    """K distinct trials: learning rates spread over [0.01, 0.1], momentum 0.9 or 0.5."""
+    return [
+        {
+            "lr": 0.01 + 0.09 * k / max(members - 1, 1),
+            "momentum": 0.9 if k % 2 == 0 else 0.5,
+            "batch_size": batch_size,
+        }
+        for k in range(members)
+    ]
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def unfused_seconds(spec: dict, values: list[dict], steps: int) -> float:
+    """Training time of the trials one after another, each an ordinary (unfused) trainer."""
+    total = 0.0
+    for hp in values:
+        trainer = build_trainer(spec["trainer"], {**spec["kwargs"], "device": DEVICE}, 0)
+        trainer.setup(hp)
+        _sync()
+        began = time.perf_counter()
+        for _ in range(steps):
+            trainer.train()
+        _sync()
+        total += time.perf_counter() - began
+    return total
+
+
+def _group(spec: dict, values: list[dict]) -> FusedGroup:
+    host = build_trainer(spec["trainer"], {**spec["kwargs"], "device": DEVICE}, 0)
+    group = FusedGroup.from_states(host, [host.state_dict()] * len(values))
+    group.setup(values)
+    return group
+
+
+def fused_seconds(spec: dict, values: list[dict], steps: int) -> float:
+    """Training time of the trials as one fused group."""
+    group = _group(spec, values)
+    _sync()
+    began = time.perf_counter()
+    for _ in range(steps):
+        group.train()
+    _sync()
+    return time.perf_counter() - began
+
+
+def throughput(spec: dict, sizes: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+    unfused_seconds(spec, _values(1, spec["batch_size"]), 1)  # warm up: one-time costs
+    fused_seconds(spec, _values(2, spec["batch_size"]), 1)
+    rows = []
+    for members in sizes:
+        values = _values(members, spec["batch_size"])
+        steps = spec["steps"]
+        unfused = min(unfused_seconds(spec, values, steps) for _ in range(repeats))
+        fused = min(fused_seconds(spec, values, steps) for _ in range(repeats))
+        trial_steps = members * steps
+        rows.append(
+            {
+                "model": spec["model"],
+                "members": members,
+                "trial_steps": trial_steps,
+                "unfused_per_second": trial_steps / unfused,
+                "fused_per_second": trial_steps / fused,
+                "speedup": unfused / fused,
+            }
+        )
+        print(f"[perf] fusion {spec['model']} K={members}: {unfused / fused:.2f}x", flush=True)
+    return rows
+
+
+def memory(spec: dict, sizes: tuple[int, ...]) -> dict[str, Any]:
+    probe = CudaMemory() if DEVICE == "cuda" else CpuMemory(CPU_BUDGET)
+    hp = _values(1, spec["batch_size"])[0]
+    kwargs = {**spec["kwargs"], "device": DEVICE}
+    profile = profile_fusion(spec["trainer"], kwargs, 0, hp, probe)
+    host = build_trainer(spec["trainer"], kwargs, 0)
+    state = host.state_dict()
+    rows = []
+    for members in sizes:
+
+        def one_batch(members=members) -> None:
+            group = FusedGroup.from_states(host, [state] * members)
+            group.setup([hp] * members)
+            group.train_batch(host.batches.next_batch())
+
+        measured = probe.peak(one_batch)
+        rows.append(
+            {
+                "model": spec["model"],
+                "members": members,
+                "peak_mb": measured / 1e6,
+                "predicted_mb": profile.predict(members) / 1e6,
+                "error": profile.predict(members) / measured - 1,
+            }
+        )
+    available = probe.available()
+    return {"rows": rows, "available_mb": available / 1e6, "fusion_count": profile.count(available)}
+
+
+def fidelity(spec: dict) -> dict[str, Any]:
+    """Two members fused against each alone (fused, K = 1) and unfused, after some steps."""
+    values = _values(2, spec["batch_size"])
+    steps = spec["fidelity_steps"]
+    group = _group(spec, values)
+    for _ in range(steps):
+        group.train()
+    alone_equal, weight_difference = True, 0.0
+    for member, hp in enumerate(values):
+        fused_state = group.state_dict(member)
+        alone = _group(spec, [hp])
+        for _ in range(steps):
+            alone.train()
+        alone_equal &= same_state(fused_state, alone.state_dict(0))
+        trainer = build_trainer(spec["trainer"], {**spec["kwargs"], "device": DEVICE}, 0)
+        trainer.setup(hp)
+        for _ in range(steps):
+            trainer.train()
+        for key, weight in trainer.state_dict()["model"].items():
+            difference = (fused_state["model"][key].double() - weight.double()).abs().max().item()
+            weight_difference = max(weight_difference, difference)
+    return {
+        "model": spec["model"],
+        "steps": steps,
+        "alone_equal": alone_equal,
+        "max_weight_difference": weight_difference,
+    }
+
+
+def benchmark(mode: str = "quick") -> dict[str, Any]:
+    sizes = SIZES[mode]
+    repeats = {"smoke": 1, "quick": 2, "full": 3}[mode]
+    result: dict[str, Any] = {
+        "device": DEVICE,
+        "sizes": list(sizes),
+        "throughput": [],
+        "memory": [],
+        "fidelity": [],
+    }
+    for spec in models(mode):
+        result["throughput"] += throughput(spec, sizes, repeats if spec["model"].startswith("tiny") else 1)
+        result["memory"].append({"model": spec["model"], **memory(spec, sizes)})
+        result["fidelity"].append(fidelity(spec))
+    tiny = [r for r in result["throughput"] if r["model"].startswith("tiny") and r["members"] == max(sizes)]
+    result["tiny_speedup_at_max"] = tiny[0]["speedup"]
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    from perf.table import table
+
+    largest = max(result["sizes"])
+    speedup = result["tiny_speedup_at_max"]
+    goal = "meets" if largest == 32 and speedup >= GOAL else "misses" if largest == 32 else "does not measure"
+    parts = [
+        f"On **{result['device']}**. Trial steps per second, K trials unfused one after another against "
+        "the same K trials fused:",
+        table(
+            result["throughput"],
+            [
+                ("model", "model"),
+                ("members", "K"),
+                ("unfused_per_second", "unfused trial-steps/s"),
+                ("fused_per_second", "fused trial-steps/s"),
+                ("speedup", "fused / unfused"),
+            ],
+        ),
+        f"Tiny MLP at K = {largest}: **{speedup:.2f}x** ({goal} the goal of {GOAL:.0f}x at K = 32).",
+    ]
+    budget = "free device memory" if result["device"] == "cuda" else f"a {CPU_BUDGET / 2**30:.0f} GiB budget"
+    memory_rows = [row for entry in result["memory"] for row in entry["rows"]]
+    parts += [
+        "Peak memory of one fused batch (building the group included), measured and as predicted by the "
+        "line through K = 1 and K = 2:",
+        table(
+            [{**row, "error": f"{100 * row['error']:+.1f}%"} for row in memory_rows],
+            [
+                ("model", "model"),
+                ("members", "K"),
+                ("peak_mb", "peak MB"),
+                ("predicted_mb", "predicted MB"),
+                ("error", "prediction error"),
+            ],
+        ),
+        "Fusion count chosen for "
+        + budget
+        + ": "
+        + ", ".join(
+            f"{e['model']} F = {e['fusion_count']:,} ({e['available_mb']:,.0f} MB)" for e in result["memory"]
+        )
+        + ".",
+        "Fidelity, two trials fused:",
+        table(
+            [{**row, "difference": f"{row['max_weight_difference']:.1e}"} for row in result["fidelity"]],
+            [
+                ("model", "model"),
+                ("steps", "steps"),
+                ("alone_equal", "each bitwise equal to itself fused alone (K = 1)"),
+                ("difference", "max abs weight difference to unfused"),
+            ],
+        ),
+    ]
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(benchmark(sys.argv[1] if len(sys.argv) > 1 else "quick"), indent=1, default=str))
