@@ -4,7 +4,7 @@
     python -m perf --full     the larger versions
     python -m perf --smoke    a minute-long check that every benchmark still runs (writes to
                               a temporary directory unless --out is given)
-    python -m perf --only paper,dispatch
+    python -m perf --only paper,dispatch     (updates those sections of an earlier run's report)
 
 Timings are ratios measured side by side in one run; the machine is described at the top.
 """
@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         command += f" --only {args.only}"
     results = {"mode": mode, "command": command, "machine": describe(), "benchmarks": {}}
+    base = _earlier_run(out / "results.json", mode) if args.only else None
+    if base is not None:  # --only updates its benchmarks in the report of an earlier run
+        results["command"], results["seconds"] = base["command"], base["seconds"]
+        results["benchmarks"] = {n: r for n, r in base["benchmarks"].items() if n not in chosen}
     began = time.perf_counter()
     for name, title in BENCHMARKS:
         if name not in chosen:
@@ -71,13 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         result = module.benchmark(mode)
         result["seconds"] = time.perf_counter() - started
+        result["command"] = command
         results["benchmarks"][name] = result
         print(f"[perf] done in {result['seconds']:.0f} s", flush=True)
-    results["seconds"] = time.perf_counter() - began
+    if base is None:
+        results["seconds"] = time.perf_counter() - began
     (out / "RESULTS.md").write_text(render(results))
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(f"[perf] wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
     return 0
+
+
+def _earlier_run(path: Path, mode: str) -> dict | None:
+    """The results of an earlier run of the same mode at `path`, if there are any."""
+    if not path.exists():
+        return None
+    earlier = json.loads(path.read_text())
+    return earlier if earlier.get("mode") == mode else None
 
 
 def render(results: dict) -> str:
@@ -87,8 +101,12 @@ def render(results: dict) -> str:
         if name in results["benchmarks"]:
             module = importlib.import_module(f"perf.{name}")
             result = results["benchmarks"][name]
+            source = result.get("command", results["command"])
+            note = f"{result['seconds']:.0f} s" + (
+                "" if source == results["command"] else f", from `{source}`"
+            )
             sections.append(
-                f"## {title}\n\n{module.__doc__.strip()}\n\n{module.markdown(result)}\n\n_({result['seconds']:.0f} s)_"
+                f"## {title}\n\n{module.__doc__.strip()}\n\n{module.markdown(result)}\n\n_({note})_"
             )
     machine = ", ".join(f"{k} {v}" for k, v in results["machine"].items())
     header = (
