@@ -8,7 +8,10 @@ steps per second (a step is an epoch); the ratio fused / unfused is the speed-up
 tiny MLP (30-64-2, batches of 32), the digits CNN of `examples/digits.py` (batches of 64) and
 a medium MLP (784-1024-10, batches of 128), all on synthetic or bundled data, one thread
 (``torch.set_num_threads(1)``, as dagtune's workers run). Training time only: building the
-trainers is not timed, and every measurement is the best of its repeats.
+trainers is not timed. Each measurement is the best of its repeats (3 for the tiny MLP in
+quick mode, 1 for the others), unfused and fused interleaved; the CPU-time ratio (this
+process's CPU time, one training thread) shows what the training cost where other work shares
+the machine.
 
 Memory: the peak of one fused batch at each K (the profiler's CPU allocation events on a CPU,
 the CUDA allocator's counters on a GPU), the peak the linear model fitted at K = 1 and 2
@@ -150,19 +153,34 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def unfused_seconds(spec: dict, values: list[dict], steps: int) -> float:
+class Clock:
+    """Wall time and this process's CPU time of the timed sections (one training thread: on
+    a machine shared with other work, CPU time is what the training itself cost)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> Clock:
+        _sync()
+        self._began = (time.perf_counter(), time.process_time())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _sync()
+        self.wall += time.perf_counter() - self._began[0]
+        self.cpu += time.process_time() - self._began[1]
+
+
+def unfused_time(spec: dict, values: list[dict], steps: int) -> Clock:
     """Training time of the trials one after another, each an ordinary (unfused) trainer."""
-    total = 0.0
+    clock = Clock()
     for hp in values:
         trainer = build_trainer(spec["trainer"], {**spec["kwargs"], "device": DEVICE}, 0)
         trainer.setup(hp)
-        _sync()
-        began = time.perf_counter()
-        for _ in range(steps):
-            trainer.train()
-        _sync()
-        total += time.perf_counter() - began
-    return total
+        with clock:
+            for _ in range(steps):
+                trainer.train()
+    return clock
 
 
 def _group(spec: dict, values: list[dict]) -> FusedGroup:
@@ -172,38 +190,44 @@ def _group(spec: dict, values: list[dict]) -> FusedGroup:
     return group
 
 
-def fused_seconds(spec: dict, values: list[dict], steps: int) -> float:
+def fused_time(spec: dict, values: list[dict], steps: int) -> Clock:
     """Training time of the trials as one fused group."""
     group = _group(spec, values)
-    _sync()
-    began = time.perf_counter()
-    for _ in range(steps):
-        group.train()
-    _sync()
-    return time.perf_counter() - began
+    with Clock() as clock:
+        for _ in range(steps):
+            group.train()
+    return clock
 
 
 def throughput(spec: dict, sizes: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
-    unfused_seconds(spec, _values(1, spec["batch_size"]), 1)  # warm up: one-time costs
-    fused_seconds(spec, _values(2, spec["batch_size"]), 1)
+    unfused_time(spec, _values(1, spec["batch_size"]), 1)  # warm up: one-time costs
+    fused_time(spec, _values(2, spec["batch_size"]), 1)
     rows = []
     for members in sizes:
         values = _values(members, spec["batch_size"])
         steps = spec["steps"]
-        unfused = min(unfused_seconds(spec, values, steps) for _ in range(repeats))
-        fused = min(fused_seconds(spec, values, steps) for _ in range(repeats))
+        unfused, fused = [], []
+        for _ in range(repeats):  # interleaved, so a burst of other load hits both
+            unfused.append(unfused_time(spec, values, steps))
+            fused.append(fused_time(spec, values, steps))
         trial_steps = members * steps
+        wall_u, wall_f = min(c.wall for c in unfused), min(c.wall for c in fused)
+        cpu_u, cpu_f = min(c.cpu for c in unfused), min(c.cpu for c in fused)
         rows.append(
             {
                 "model": spec["model"],
                 "members": members,
                 "trial_steps": trial_steps,
-                "unfused_per_second": trial_steps / unfused,
-                "fused_per_second": trial_steps / fused,
-                "speedup": unfused / fused,
+                "unfused_per_second": trial_steps / wall_u,
+                "fused_per_second": trial_steps / wall_f,
+                "speedup": wall_u / wall_f,
+                "cpu_speedup": cpu_u / cpu_f,
             }
         )
-        print(f"[perf] fusion {spec['model']} K={members}: {unfused / fused:.2f}x", flush=True)
+        print(
+            f"[perf] fusion {spec['model']} K={members}: {wall_u / wall_f:.2f}x ({cpu_u / cpu_f:.2f}x CPU)",
+            flush=True,
+        )
     return rows
 
 
@@ -267,7 +291,7 @@ def fidelity(spec: dict) -> dict[str, Any]:
 
 def benchmark(mode: str = "quick") -> dict[str, Any]:
     sizes = SIZES[mode]
-    repeats = {"smoke": 1, "quick": 2, "full": 3}[mode]
+    repeats = {"smoke": 1, "quick": 3, "full": 5}[mode]
     result: dict[str, Any] = {
         "device": DEVICE,
         "sizes": list(sizes),
@@ -301,6 +325,7 @@ def markdown(result: dict[str, Any]) -> str:
                 ("unfused_per_second", "unfused trial-steps/s"),
                 ("fused_per_second", "fused trial-steps/s"),
                 ("speedup", "fused / unfused"),
+                ("cpu_speedup", "same, CPU time"),
             ],
         ),
         f"Tiny MLP at K = {largest}: **{speedup:.2f}x** ({goal} the goal of {GOAL:.0f}x at K = 32).",

@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {"mode": mode, "command": command, "machine": describe(), "benchmarks": {}}
     base = _earlier_run(out / "results.json", mode) if args.only else None
     if base is not None:  # --only updates its benchmarks in the report of an earlier run
-        results["command"], results["seconds"] = base["command"], base["seconds"]
+        results["command"], results["seconds"], results["machine"] = (
+            base["command"],
+            base["seconds"],
+            base["machine"],
+        )
         results["benchmarks"] = {n: r for n, r in base["benchmarks"].items() if n not in chosen}
     began = time.perf_counter()
     for name, title in BENCHMARKS:
