@@ -117,7 +117,10 @@ def _as_result(trial: Trial) -> TrialResult:
 
 
 class Result:
-    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`."""
+    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
+
+    `report` holds the run's figures (its trials, the work done while it ran), defined in
+    `dagtune.coordinator.Coordinator.report`."""
 
     def __init__(
         self,
@@ -646,7 +649,15 @@ class Study:
                 session.started = True  # known results arriving during start must not end the run
                 session._check_end()
                 self.coordinator.schedule()
-                self._wait(lambda: session.finished or session.error is not None, timeout)
+                # the run ends when its trials have ended and so has every stage no trial needs
+                # any more: the report then counts every step trained for the run (see
+                # `Coordinator.report`), those a stop reached late included
+                self._wait(
+                    lambda: (
+                        session.error is not None or (session.finished and not self.coordinator.unneeded())
+                    ),
+                    timeout,
+                )
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
@@ -657,15 +668,17 @@ class Study:
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
+            trials = list(session.trials.values())
+            report = self.coordinator.report(trials, since)
         if session.error is not None:
             raise session.error
-        trials = list(session.trials.values())
-        report = self.coordinator.report(trials, since)
         return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
 
     @property
     def report(self) -> dict:
-        """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far."""
+        """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far:
+        every trial of the study (restored ones too) and the work of this session, with the
+        figures defined in `dagtune.coordinator.Coordinator.report`."""
         with self._lock:
             return self.coordinator.report()
 
