@@ -105,6 +105,7 @@ class Coordinator:
         *,
         share: bool = True,
         eval_every: int = 1,
+        check_evaluate: int = 0,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         gpus_per_task: float = 1.0,
@@ -118,6 +119,7 @@ class Coordinator:
         self.policy = policy
         self.share = share
         self.eval_every = eval_every
+        self.check_evaluate = check_evaluate
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
         self.gpus_per_task = gpus_per_task
@@ -582,6 +584,7 @@ class Coordinator:
             checkpoints=frozenset(checkpoints),
             eval_every=self.eval_every,
             topic=self.topic,
+            check_evaluate=self.check_evaluate,
         )
         prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
         if prefer is None and source is not None:  # a task about to end there holds it next

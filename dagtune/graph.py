@@ -23,6 +23,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Variable, get_worker
 from distributed.client import FutureCancelledError
 
+from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
@@ -32,6 +33,7 @@ __all__ = ["DaskExecutor", "check_resources"]
 log = logging.getLogger(__name__)
 
 _LIVE: dict[str, LiveTrainers] = {}  # worker address -> the trainer it ran last (per process)
+_CHECKS: dict[str, EvaluateChecks] = {}  # worker address -> its clean evaluate checks
 _LIVE_LOCK = threading.Lock()
 
 
@@ -40,7 +42,8 @@ def run_path(task: PathTask, store: Any, directives: str) -> list[dict]:
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
-    runner = PathRunner(task, store, live, worker=worker.address)
+        checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
+    runner = PathRunner(task, store, live, worker=worker.address, checks=checks)
     variable = Variable(directives)
 
     def relay(events: list[dict]) -> None:

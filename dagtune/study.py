@@ -343,6 +343,11 @@ class Study:
     `gc` (a `GcPolicy`) collects checkpoints automatically; `Study.gc` does it on demand.
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
+
+    `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
+    and module's training mode) before and after its first `check_evaluate` evaluations of
+    the model, and fails the trial with ``evaluate() changed the training state: <keys>``
+    if they differ (results would depend on where dagtune evaluates); 0 turns it off.
     """
 
     def __init__(
@@ -360,6 +365,7 @@ class Study:
         storage_options: Mapping[str, Any] | None = None,
         scheduler: str = "critical_path",
         eval_every: int = 1,
+        check_evaluate: int = 3,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         workers: int | None = None,
@@ -376,6 +382,7 @@ class Study:
         for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        _check_evaluate_count(check_evaluate)
         if resources is not None:
             for key, amount in dict(resources).items():
                 if not isinstance(amount, (int, float)) or amount <= 0:
@@ -429,6 +436,7 @@ class Study:
             policy_named(scheduler),
             share=reuse,
             eval_every=eval_every,
+            check_evaluate=check_evaluate,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
             gpus_per_task=gpus,
@@ -737,13 +745,18 @@ def run_alone(
     steps: int,
     trainer_kwargs: Mapping[str, Any] | None = None,
     seed: int = 0,
+    *,
+    check_evaluate: int = 3,
 ) -> list[dict[str, float]]:
     """Train one trial in this process, no reuse, no checkpoints; metrics after each step.
 
-    This is the reference that training through dagtune must reproduce exactly.
+    This is the reference that training through dagtune must reproduce exactly. Its first
+    `check_evaluate` evaluations are checked for changing the training state, as a study's
+    workers do (`TrialError` naming what changed).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    _check_evaluate_count(check_evaluate)
     config = normalize_config(config)
     task = PathTask(
         key="run_alone",
@@ -752,9 +765,15 @@ def run_alone(
         source=None,
         checkpoints=frozenset(),
         eval_every=1,
+        check_evaluate=check_evaluate,
     )
     events = PathRunner(task, None).run()
     for event in events:
         if event["kind"] == "error":
             raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")
     return [e["metrics"] for e in events if e["kind"] == "metrics"]
+
+
+def _check_evaluate_count(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"check_evaluate must be an int >= 0 (0: no check), got {value!r}")
