@@ -679,8 +679,8 @@ class Coordinator:
 
     def unneeded(self) -> list[str]:
         """Running tasks no pending trial needs any more (the stage tree claims none of their
-        points): each was told to stop and ends at its next step boundary, but the steps it
-        trains until then (a stop arrives late) are still to be counted."""
+        points): each ends at its next step boundary (its path is done, or it was told to
+        stop), but its last events are still to come, with any steps a late stop let it train."""
         return [key for key, running in self.running.items() if not running.claimed]
 
     def report(self, trials: list[Trial] | None = None, since: dict | None = None) -> dict:
