@@ -105,6 +105,7 @@ class Coordinator:
         *,
         share: bool = True,
         eval_every: int = 1,
+        check_evaluate: int = 0,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         gpus_per_task: float = 1.0,
@@ -118,6 +119,7 @@ class Coordinator:
         self.policy = policy
         self.share = share
         self.eval_every = eval_every
+        self.check_evaluate = check_evaluate
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
         self.gpus_per_task = gpus_per_task
@@ -582,6 +584,7 @@ class Coordinator:
             checkpoints=frozenset(checkpoints),
             eval_every=self.eval_every,
             topic=self.topic,
+            check_evaluate=self.check_evaluate,
         )
         prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
         if prefer is None and source is not None:  # a task about to end there holds it next
@@ -598,7 +601,8 @@ class Coordinator:
         if prefer is not None:
             self._live[prefer] = None  # that worker is busy now; no second task may count on it
             self._promised[prefer] = key
-        self.running[key] = _Running(task, priority, progress=first.start)
+        # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
+        self.running[key] = _Running(task, priority, progress=first.start, claimed={s.end for s in path})
         for segment in segments:
             self._on_node.setdefault(segment.node, []).append(key)
         self.executor.launch(task, priority, prefer)
@@ -673,9 +677,58 @@ class Coordinator:
         """Nothing is waiting and nothing runs."""
         return not self.plan.active and not self.running
 
+    def unneeded(self) -> list[str]:
+        """Running tasks no pending trial needs any more (the stage tree claims none of their
+        points): each ends at its next step boundary (its path is done, or it was told to
+        stop), but its last events are still to come, with any steps a late stop let it train."""
+        return [key for key, running in self.running.items() if not running.claimed]
+
     def report(self, trials: list[Trial] | None = None, since: dict | None = None) -> dict:
-        """Trial, unique and executed steps, merge rate, reuse, GPU-seconds and makespan of
-        `trials` (default: all); `since` is an earlier report to count executed work from."""
+        """The figures of `trials` (default: every trial) and of the work done since the
+        report `since` was taken (default: since this coordinator started). `Study.run`
+        reports its own trials since it started; this is where each figure is defined:
+
+        ``trials``
+            how many trials.
+        ``trial_steps``
+            the sum over the trials of the steps each *reached*: its `steps` if completed,
+            else the last step it received metrics for (stopped, diverged, failed, or
+            pending still). What a trial-based system trains for the same results.
+        ``unique_steps``
+            the distinct points among the steps the trials reached: step ``s`` of two trials
+            counts once when every hyper-parameter has the same value in both at every step
+            up to ``s`` (`dagtune.plan.unique_steps`, on configs even without sharing). The
+            least any system must train for these results from scratch.
+        ``executed_steps``
+            the steps trained since `since` (calls of ``Trainer.train``, counted from the
+            ``step`` events), whatever they were for: the points the trials reached that
+            were not trained before; steps trained again (a lost worker's stage rerun from
+            its last checkpoint, a corrupt checkpoint's work, a retried failure, a point
+            whose checkpoint was asked for after its stage had passed it); and steps a stage
+            trained after its trials were stopped or diverged, before the stop reached it (a
+            worker sees a stop at its next step boundary): those are executed, never unique.
+            `Study.run` returns only after every stage no pending trial needs has ended, so
+            a run counts them all. Points trained before `since` (by an earlier run or
+            session, or another study of the same model) are not trained again. So a run with
+            sharing executes: unique − the reached points trained before `since` + the
+            steps trained again + the steps trained past a stop; on fresh storage, a run
+            with nothing stopped, diverged, failed, lost or corrupt executes exactly its
+            unique steps unless a branch was asked for after its stage had passed it.
+        ``merge_rate``
+            trial_steps / unique_steps (1.0 without steps).
+        ``reuse``
+            trial_steps / executed_steps: how many times fewer steps were trained than a
+            trial-based system trains (infinite when every result was known already, 1.0
+            without steps).
+        ``gpu_seconds``
+            the seconds the stages held their workers since `since` (each from its
+            ``start`` event, when a worker took it, to its ``end``: loading, training,
+            evaluating and saving, not queueing; a stage still running up to now), times the
+            GPUs each stage asks for (``resources["GPU"]``, else 1).
+        ``makespan_seconds``
+            from the first of the trials' submissions to the end of the last of them (to
+            now while one is pending), on the executor's clock (virtual in simulation).
+        """
         trials = list(self.trials.values()) if trials is None else trials
         reached = [(t.config, t.steps if t.status == COMPLETED else t.reported) for t in trials]
         reached = [(c, s) for c, s in reached if s > 0]

@@ -7,7 +7,9 @@ tell them apart, so the planning code tested in simulation is the code that runs
 Executors report what happens as plain event dicts (``kind`` is one of ``start``, ``load``,
 ``step``, ``metrics``, ``checkpoint``, ``declined``, ``end``, ``error``, ``corrupt``; see
 `dagtune.runner`). An event may be delivered twice (streamed, then again with the task's
-result); the coordinator ignores repeats.
+result); the coordinator ignores repeats. The events of one step come out of one `poll`
+(the runner produces them together), so the step is counted together with the metrics it
+produced, and a task's ``end`` comes after all its other events.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class Executor(ABC):
     @abstractmethod
     def poll(self, timeout: float | None = None) -> list[dict]:
         """Events that happened since the last poll, waiting up to `timeout` seconds for one
-        (a simulated executor advances virtual time to the next event instead)."""
+        (a simulated executor advances virtual time to the next event instead); never part
+        of a step's events without the rest."""
 
     @abstractmethod
     def now(self) -> float:

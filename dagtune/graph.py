@@ -5,8 +5,11 @@ change its priority afterwards, so the coordinator keeps the ready queue itself 
 executor submits just in time: one task per free slot. A running task can't be cancelled,
 so directives (extra checkpoints, where to stop) travel through a `distributed.Variable`
 that the task reads between steps, and events travel back through ``log_event`` →
-``Client.subscribe_topic``. The task's result repeats every event, so nothing is lost if
-the stream lags.
+``Client.subscribe_topic``. The events of one step (its metrics, checkpoint and ``step``)
+travel as one message and are polled together, so the coordinator never sees a step's
+metrics without the step itself (a run could otherwise end on a trial's last metrics and
+report one executed step too few). The task's result repeats every event, so nothing is
+lost if the stream lags.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Variable, get_worker
 from distributed.client import FutureCancelledError
 
+from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
@@ -29,6 +33,7 @@ __all__ = ["DaskExecutor", "check_resources"]
 log = logging.getLogger(__name__)
 
 _LIVE: dict[str, LiveTrainers] = {}  # worker address -> the trainer it ran last (per process)
+_CHECKS: dict[str, EvaluateChecks] = {}  # worker address -> its clean evaluate checks
 _LIVE_LOCK = threading.Lock()
 
 
@@ -37,18 +42,19 @@ def run_path(task: PathTask, store: Any, directives: str) -> list[dict]:
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
-    runner = PathRunner(task, store, live, worker=worker.address)
+        checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
+    runner = PathRunner(task, store, live, worker=worker.address, checks=checks)
     variable = Variable(directives)
 
     def relay(events: list[dict]) -> None:
-        for event in events:
-            worker.log_event(task.topic, event)
+        worker.log_event(task.topic, events)  # one message: the step's events arrive together
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
             return
-        for event in runner.update(Directive.from_dict(current.get(task.key))):
-            worker.log_event(task.topic, event)
+        declined = runner.update(Directive.from_dict(current.get(task.key)))
+        if declined:
+            worker.log_event(task.topic, declined)
 
     return runner.run(relay)
 
@@ -108,7 +114,7 @@ class DaskExecutor(Executor):
         self.store = store
         self.topic = topic
         self.resources = dict(resources) if resources else None
-        self._events: queue.Queue[dict] = queue.Queue()
+        self._events: queue.Queue[list[dict]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
         self._directives: dict[str, dict] = {}
         self._directives_lock = threading.Lock()
@@ -117,7 +123,7 @@ class DaskExecutor(Executor):
         self._slots_cache: tuple[float, int] | None = None
         client.subscribe_topic(topic, self._on_event)
 
-    def _on_event(self, event: tuple[float, dict]) -> None:
+    def _on_event(self, event: tuple[float, list[dict]]) -> None:
         self._events.put(event[1])
 
     def slots(self) -> int:
@@ -154,37 +160,13 @@ class DaskExecutor(Executor):
         key = future.key
         self._futures.pop(key, None)
         try:
-            for event in future.result():
-                self._events.put(event)
+            self._events.put(future.result())
         except FutureCancelledError:
-            self._events.put(
-                {"kind": "error", "task": key, "node": "", "step": 0, "lost": True, "error": "cancelled"}
-            )
+            self._events.put([_lost(key, "cancelled")])
         except KilledWorker as error:  # it took down allowed-failures workers: the trainer's fault
-            self._events.put(
-                {
-                    "kind": "error",
-                    "task": key,
-                    "node": "",
-                    "step": 0,
-                    "lost": True,
-                    "killed": True,
-                    "error": f"KilledWorker: {error}",
-                    "time": time.time(),
-                }
-            )
+            self._events.put([_lost(key, f"KilledWorker: {error}", killed=True)])
         except Exception as error:  # e.g. the scheduler restarted: the stage is planned again
-            self._events.put(
-                {
-                    "kind": "error",
-                    "task": key,
-                    "node": "",
-                    "step": 0,
-                    "lost": True,
-                    "error": repr(error),
-                    "time": time.time(),
-                }
-            )
+            self._events.put([_lost(key, repr(error))])
         finally:
             with self._directives_lock:
                 if self._directives.pop(key, None) is not None:
@@ -196,14 +178,14 @@ class DaskExecutor(Executor):
             self._variable.set(dict(self._directives))
 
     def poll(self, timeout: float | None = None) -> list[dict]:
-        events = []
+        events: list[dict] = []
         try:
-            events.append(self._events.get(timeout=timeout) if timeout else self._events.get_nowait())
+            events.extend(self._events.get(timeout=timeout) if timeout else self._events.get_nowait())
         except queue.Empty:
             return events
         while True:
             try:
-                events.append(self._events.get_nowait())
+                events.extend(self._events.get_nowait())
             except queue.Empty:
                 return events
 
@@ -221,3 +203,20 @@ class DaskExecutor(Executor):
             self._variable.delete()
         except Exception:
             log.debug("deleting the directives variable failed", exc_info=True)
+
+
+def _lost(key: str, error: str, killed: bool = False) -> dict:
+    """The ``error`` event of a task whose result never came (the stage is planned again;
+    `killed`: it took down the workers that ran it)."""
+    event = {
+        "kind": "error",
+        "task": key,
+        "node": "",
+        "step": 0,
+        "lost": True,
+        "error": error,
+        "time": time.time(),
+    }
+    if killed:
+        event["killed"] = True
+    return event

@@ -6,7 +6,8 @@ calls: ``setup`` with every value when training starts or resumes and with the c
 values before a later step where something changed, one ``train`` per step (its metrics go
 with the step's validation metrics; a non-finite one makes the step evaluated, so divergence
 shows at once), ``evaluate`` inside an isolated RNG so evaluating more often never changes
-training, and RNG states saved and restored with every checkpoint.
+training (each worker's first evaluations are checked to leave the training state alone:
+`dagtune.evalcheck`), and RNG states saved and restored with every checkpoint.
 
 A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that resumes
 from exactly that point continues in memory without reading storage.
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
+from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.plan import CheckpointInfo
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
@@ -126,10 +128,12 @@ class PathRunner:
         worker: str = "local",
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
+        checks: EvaluateChecks | None = None,
     ):
         self.task = task
         self.store = store
         self.live = live
+        self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.worker = worker
         self.clock = clock
         self.wallclock = wallclock
@@ -137,6 +141,7 @@ class PathRunner:
         self.directive = Directive()
         self.position = task.start  # steps trained so far along the path
         self.executed = 0
+        self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.halted = False  # set by `halt`: no further step, whatever later directives say
 
     def update(self, directive: Directive) -> list[dict]:
@@ -234,8 +239,7 @@ class PathRunner:
             last = n == task.end or n == self.directive.stop_at
             diverging = not all(math.isfinite(v) for v in train_metrics.values())
             if wanted or last or diverging or n % task.eval_every == 0:
-                with isolated_rng():
-                    metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
+                metrics = self._evaluate(trainer)
                 # training metrics go with the step's validation metrics (which win a name clash)
                 events.append(self._event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
             if wanted and self.store is not None:
@@ -259,6 +263,19 @@ class PathRunner:
             )
         )
         yield events
+
+    def _evaluate(self, trainer: Trainer) -> dict[str, float]:
+        """The trainer's validation metrics, its random draws isolated from training; while
+        the worker's checks are due, the training state is compared before and after."""
+        identity, limit = self.task.trainer.identity, self.task.check_evaluate
+        self.evaluating = True
+        before = training_state(trainer) if self.checks.due(identity, limit) else None
+        with isolated_rng():
+            metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
+        if before is not None:
+            self.checks.verify(identity, limit, before, training_state(trainer))
+        self.evaluating = False
+        return metrics
 
     def _schedule(self) -> Iterator[tuple[Segment, int]]:
         """The (segment, step) pairs still to train, ending early at the directive's stop."""
@@ -288,8 +305,9 @@ class PathRunner:
         return self.task.source[0] if self.task.source is not None else None
 
     def error_event(self, error: BaseException) -> dict:
-        """The ``error`` event for a failure while training step ``position``."""
-        step = min(self.position + 1, self.task.end)
+        """The ``error`` event for a failure while training the step after ``position``, or
+        while evaluating the step ``position`` it has trained."""
+        step = self.position if self.evaluating else min(self.position + 1, self.task.end)
         return self._event(
             "error",
             self.task.node_at(step),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dagtune.config import config_values
+from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.plan import CheckpointInfo
 from dagtune.runner import LiveTrainers, PathRunner
@@ -103,6 +104,7 @@ class SimulatedExecutor(Executor):
         self._slots: dict[str, _Slot] = {}
         self._free = list(range(workers))
         self._live = [LiveTrainers() for _ in range(workers)]
+        self._checks = [EvaluateChecks() for _ in range(workers)]
         self._pending: list[dict] = []
 
     def slots(self) -> int:
@@ -119,7 +121,13 @@ class SimulatedExecutor(Executor):
         self._free.remove(worker)
         live = self._live[worker]
         runner = PathRunner(
-            task, self.store, live, worker=f"sim-{worker}", clock=lambda: 0.0, wallclock=self.now
+            task,
+            self.store,
+            live,
+            worker=f"sim-{worker}",
+            clock=lambda: 0.0,
+            wallclock=self.now,
+            checks=self._checks[worker],
         )
         slot = _Slot(runner, runner.steps(), worker, launched=self._clock)
         self._slots[task.key] = slot

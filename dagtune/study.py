@@ -117,7 +117,10 @@ def _as_result(trial: Trial) -> TrialResult:
 
 
 class Result:
-    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`."""
+    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
+
+    `report` holds the run's figures (its trials, the work done while it ran), defined in
+    `dagtune.coordinator.Coordinator.report`."""
 
     def __init__(
         self,
@@ -340,6 +343,11 @@ class Study:
     `gc` (a `GcPolicy`) collects checkpoints automatically; `Study.gc` does it on demand.
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
+
+    `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
+    and module's training mode) before and after its first `check_evaluate` evaluations of
+    the model, and fails the trial with ``evaluate() changed the training state: <keys>``
+    if they differ (results would depend on where dagtune evaluates); 0 turns it off.
     """
 
     def __init__(
@@ -357,6 +365,7 @@ class Study:
         storage_options: Mapping[str, Any] | None = None,
         scheduler: str = "critical_path",
         eval_every: int = 1,
+        check_evaluate: int = 3,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         workers: int | None = None,
@@ -373,6 +382,7 @@ class Study:
         for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        _check_evaluate_count(check_evaluate)
         if resources is not None:
             for key, amount in dict(resources).items():
                 if not isinstance(amount, (int, float)) or amount <= 0:
@@ -426,6 +436,7 @@ class Study:
             policy_named(scheduler),
             share=reuse,
             eval_every=eval_every,
+            check_evaluate=check_evaluate,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
             gpus_per_task=gpus,
@@ -646,7 +657,15 @@ class Study:
                 session.started = True  # known results arriving during start must not end the run
                 session._check_end()
                 self.coordinator.schedule()
-                self._wait(lambda: session.finished or session.error is not None, timeout)
+                # the run ends when its trials have ended and so has every stage no trial needs
+                # any more: the report then counts every step trained for the run (see
+                # `Coordinator.report`), those a stop reached late included
+                self._wait(
+                    lambda: (
+                        session.error is not None or (session.finished and not self.coordinator.unneeded())
+                    ),
+                    timeout,
+                )
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
@@ -657,15 +676,17 @@ class Study:
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
+            trials = list(session.trials.values())
+            report = self.coordinator.report(trials, since)
         if session.error is not None:
             raise session.error
-        trials = list(session.trials.values())
-        report = self.coordinator.report(trials, since)
         return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
 
     @property
     def report(self) -> dict:
-        """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far."""
+        """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far:
+        every trial of the study (restored ones too) and the work of this session, with the
+        figures defined in `dagtune.coordinator.Coordinator.report`."""
         with self._lock:
             return self.coordinator.report()
 
@@ -725,15 +746,20 @@ def run_alone(
     trainer_kwargs: Mapping[str, Any] | None = None,
     seed: int = 0,
     fused: bool = False,
+    *,
+    check_evaluate: int = 3,
 ) -> list[dict[str, float]]:
     """Train one trial in this process, no reuse, no checkpoints; metrics after each step.
 
     This is the reference that training through dagtune must reproduce exactly. With
     `fused`, the trial (of a `dagtune.FusibleTrainer`) trains through the fused code path as
-    a group of one: the reference every fused group's members must reproduce exactly.
+    a group of one: the reference every fused group's members must reproduce exactly. Its
+    first `check_evaluate` evaluations are checked for changing the training state, as a
+    study's workers do (`TrialError` naming what changed).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    _check_evaluate_count(check_evaluate)
     config = normalize_config(config)
     task = PathTask(
         key="run_alone",
@@ -742,6 +768,7 @@ def run_alone(
         source=None,
         checkpoints=frozenset(),
         eval_every=1,
+        check_evaluate=check_evaluate,
     )
     if fused:
         from dagtune.fusion import FusedPathRunner
@@ -753,3 +780,8 @@ def run_alone(
         if event["kind"] == "error":
             raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")
     return [e["metrics"] for e in events if e["kind"] == "metrics"]
+
+
+def _check_evaluate_count(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"check_evaluate must be an int >= 0 (0: no check), got {value!r}")

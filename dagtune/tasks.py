@@ -41,7 +41,9 @@ class PathTask:
     `source` is the checkpoint point the first segment resumes from, or None for a fresh
     trainer at step 0. `checkpoints` are the absolute steps to save at (every stage end,
     points other paths branch from, periodic saves); metrics are evaluated every
-    `eval_every` steps and always at checkpoints and at the path's end.
+    `eval_every` steps and always at checkpoints and at the path's end. Each worker checks
+    its first `check_evaluate` evaluations of the model for changing the training state
+    (`dagtune.evalcheck`).
     """
 
     key: str
@@ -51,6 +53,7 @@ class PathTask:
     checkpoints: frozenset[int]
     eval_every: int = 1
     topic: str = ""
+    check_evaluate: int = 0
 
     @property
     def start(self) -> int:

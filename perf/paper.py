@@ -193,7 +193,7 @@ def run_study(
         resources={"GPU": study.gpus_per_trial},
     )
     coordinator = simulation.coordinator
-    trained_points: list[tuple[str, int, float]] = []  # every step executed: (node, step, when)
+    trained_points: list[tuple[str, int]] = []  # every step executed: (node, step)
     training = [0.0]  # virtual seconds of the executed steps themselves (no overhead)
     seen: set[tuple] = set()
     handle = coordinator.handle
@@ -202,17 +202,14 @@ def run_study(
         key = (event["task"], event.get("attempt", ""), event["step"])
         if event["kind"] == "step" and key not in seen:
             seen.add(key)
-            trained_points.append((event["node"], event["step"], executor.now()))
+            trained_points.append((event["node"], event["step"]))
             training[0] += event["seconds"]
         handle(event)
 
     coordinator.handle = recording
     result = simulation.run(_algorithm(study, configs))
     report = result.report
-    finished, training_seconds = executor.now(), training[0]
-    while coordinator.running and coordinator.pump() > 0:  # stages told to stop finish their step
-        pass
-    settled = coordinator.report()
+    training_seconds = training[0]
     trained = [
         (t.config, t.steps if t.status == "completed" else t.reported) for t in coordinator.trials.values()
     ]
@@ -238,26 +235,25 @@ def run_study(
         "unique_steps": report["unique_steps"],
         "executed_steps": report["executed_steps"],
         "redundant_steps": report["executed_steps"] - report["unique_steps"],
-        "settled_executed_steps": settled["executed_steps"],
         "training_gpu_hours": training_seconds * study.gpus_per_trial / 3600,
         "explored_merge_rate": report["trial_steps"] / report["unique_steps"],
         "reuse": report["trial_steps"] / report["executed_steps"],
-        "redundancy": redundancy(coordinator, trained_points, finished),
+        "redundancy": redundancy(coordinator, trained_points),
         "makespan_over_bound": report["makespan_seconds"] / bound["simple"],
         "makespan_over_precedence_bound": report["makespan_seconds"] / bound["precedence"],
         "simulated_in_seconds": time.perf_counter() - began,
     }
 
 
-def redundancy(coordinator, trained_points: list[tuple[str, int, float]], finished: float) -> dict[str, Any]:
+def redundancy(coordinator, trained_points: list[tuple[str, int]]) -> dict[str, Any]:
     """Why executed steps differ from unique steps, from the run itself.
 
     `needed` are the points (node, step) on the trials' paths up to the steps they reached
     (unique steps count exactly these). Every executed step is one point; a point executed
     twice is a *retrained* step (a prefix recomputed because no checkpoint was there), a
     point no trial reached is *beyond* the trials (a stage that kept training after the
-    trials it served were stopped, until its stop directive took effect), split by whether
-    it ran before or after the run ended (`finished`, virtual seconds).
+    trials it served were stopped, until its stop directive took effect; the run returns only
+    after such stages have ended, so they are all counted).
     """
     plan = coordinator.plan
     needed: set[tuple[str, int]] = set()
@@ -277,16 +273,13 @@ def redundancy(coordinator, trained_points: list[tuple[str, int, float]], finish
                 for k in range(start + 1, end + 1)
             }
     counts: dict[tuple[str, int], int] = {}
-    when: dict[tuple[str, int], float] = {}
-    for node, step, moment in trained_points:
-        counts[(node, step)] = counts.get((node, step), 0) + 1
-        when[(node, step)] = moment
+    for point in trained_points:
+        counts[point] = counts.get(point, 0) + 1
     beyond = [p for p in counts if p not in needed]
     return {
         "retrained": sum(c - 1 for c in counts.values()),
         "beyond_trials": len(beyond),
         "beyond_on_stopped_trials": sum(1 for p in beyond if p in stopped_paths),
-        "beyond_after_run_end": sum(1 for p in beyond if when[p] > finished),
         "not_trained": len(needed - set(counts)),
     }
 
@@ -301,9 +294,8 @@ def explain(redundancy: dict[str, Any]) -> str:
     if redundancy["beyond_trials"]:
         parts.append(
             f"{redundancy['beyond_trials']} step(s) trained beyond what any trial reached "
-            f"({redundancy['beyond_on_stopped_trials']} on the path of a stopped trial, "
-            f"{redundancy['beyond_after_run_end']} after the run ended): a stage keeps training until the stop "
-            "directive reaches it at a step boundary"
+            f"({redundancy['beyond_on_stopped_trials']} on the path of a stopped trial): a stage keeps "
+            "training until the stop directive reaches it at a step boundary"
         )
     if redundancy["not_trained"]:
         parts.append(f"{redundancy['not_trained']} needed step(s) never executed (served by known results)")
@@ -430,13 +422,7 @@ def markdown(result: dict[str, Any]) -> str:
     for study in result["studies"]:
         rows = [{"system": name, **run} for name, run in study["runs"].items()]
         notes = [
-            f"{name}: executed - unique = {run['redundant_steps']}: {explain(run['redundancy'])}"
-            + (
-                f"; counting the steps stages trained after the run ended, executed = {run['settled_executed_steps']:,}"
-                if run["settled_executed_steps"] != run["executed_steps"]
-                else ""
-            )
-            + "."
+            f"{name}: executed - unique = {run['redundant_steps']}: {explain(run['redundancy'])}."
             for name, run in study["runs"].items()
             if run["redundant_steps"] and name != "trial-based FIFO"
         ]

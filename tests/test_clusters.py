@@ -52,8 +52,12 @@ def run_grid(
     ) as study:
         result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8), timeout=240)
         events = client.get_events(study.coordinator.topic)
-    workers = {msg["worker"] for _, msg in events if msg.get("kind") == "start"}
-    return result.report, workers
+    return result.report, started_on(events)
+
+
+def started_on(events: list[tuple[float, list[dict]]]) -> set[str]:
+    """The workers that started tasks, from a study's topic (each message: one step's events)."""
+    return {event["worker"] for _, batch in events for event in batch if event["kind"] == "start"}
 
 
 def dask_command(*args: str) -> list[str]:
@@ -251,7 +255,7 @@ def test_a_local_cluster_scales_for_dagtunes_demand(tmp_path):
             events = client.get_events(study.coordinator.topic)
         assert client.get_metadata(list(DEMAND)) == {}  # withdrawn on close
     assert result.report["executed_steps"] == result.report["unique_steps"] == 80
-    assert len({msg["worker"] for _, msg in events if msg.get("kind") == "start"}) == 3
+    assert len(started_on(events)) == 3
     _, base, demand, workers, _ = next(h for h in adaptive.history if h[-1] >= 3)
     assert demand > 0 and base <= workers  # it grew for dagtune's demand: Dask alone would not have
 

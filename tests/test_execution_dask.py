@@ -106,3 +106,12 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
         assert [step for step, _ in seen] == list(range(1, len(seen) + 1))
         assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
         assert study.coordinator._launched == 1  # one task: the points came as events, not results
+        # each message is one step's events, the step last: the step is counted together with
+        # its metrics, so the report read when the trial ends has counted every step
+        assert study.report["executed_steps"] == 10
+        messages = [batch for _, batch in client.get_events(study.coordinator.topic)]
+        steps = [batch for batch in messages if any(e["kind"] == "metrics" for e in batch)]
+        assert [[e["step"] for e in batch if e["kind"] in ("metrics", "step")] for batch in steps] == [
+            [n, n] for n in range(1, 11)
+        ]
+        assert all(batch[-1]["kind"] == "step" for batch in steps)

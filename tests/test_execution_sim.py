@@ -217,8 +217,8 @@ def test_trial_branching_from_a_running_stage_gets_its_checkpoint_on_the_way():
 
 
 class OneEventAtATime(SimulatedExecutor):
-    """Hands the coordinator one event per poll, as a Dask topic stream may split the events
-    of one step across polls."""
+    """Hands the coordinator one event per poll, splitting the events of one step (which
+    the real executors never do): planning must not depend on receiving them together."""
 
     def __init__(self, workers: int):
         super().__init__(workers)
@@ -242,6 +242,75 @@ def test_a_trial_branching_where_a_finished_trial_ended_never_recomputes_its_pre
     while study.coordinator.running:  # the last step events are still queued
         study.coordinator.pump()
     assert study.report["executed_steps"] == study.report["unique_steps"] == 8
+
+
+def test_a_run_counts_the_step_its_last_metrics_came_from_even_when_they_arrive_apart():
+    """The run ends on its last trial's last metrics; the report waits for that step."""
+    study = Study(SyntheticTrainer, executor=OneEventAtATime(2))
+    result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=6))
+    assert (
+        result.report["executed_steps"]
+        == result.report["unique_steps"]
+        == dt.unique_steps((c, 6) for c in SPACE)
+    )
+    assert not study.coordinator.running  # nothing left to count after the run returned
+
+
+class LateDirectives(SimulatedExecutor):
+    """A directive reaches its task one step late, as on Dask, where a worker reads its
+    directives after sending a step's events: a stopped stage trains one more step."""
+
+    def __init__(self, workers: int, step_seconds):
+        super().__init__(workers, step_seconds)
+        self.late: dict[str, object] = {}
+
+    def direct(self, key, directive):
+        self.late[key] = directive
+
+    def poll(self, timeout=None):
+        events = super().poll(timeout)
+        for key in {e["task"] for e in events if e["kind"] == "step"}:
+            if key in self.late:
+                super().direct(key, self.late.pop(key))
+        return events
+
+
+class FirstToFinish(SubmitAll):
+    """Ends the run when a trial completes: the others are stopped where they are."""
+
+    def is_finished(self):
+        return any(t.status == "completed" for t in self.trials)
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_report_figures_of_a_run_with_a_stop(late):
+    """Every figure as `Coordinator.report` defines it. A (lr 0.1, a step per virtual second)
+    completes at 4 s and ends the run; B (lr 0.05, a step per 0.7 s) has reported step 5 and
+    is stopped while its step 6 runs. If the stop reaches B's stage late, it trains step 6
+    for nobody: executed, not unique, and the run waits for it to be counted."""
+    a, b = {"lr": 0.1, "batch_size": 128}, {"lr": 0.05, "batch_size": 128}
+    seconds = lambda values: 1.0 if values["lr"] == 0.1 else 0.7  # noqa: E731
+    executor = LateDirectives(2, seconds) if late else SimulatedExecutor(2, seconds)
+    study = Study(SyntheticTrainer, executor=executor)
+    result = study.run(FirstToFinish([(a, 4), (b, 8)]))
+    stopped = study.coordinator.trials[1]
+    assert (stopped.status, stopped.reported) == ("stopped", 5)
+    trained = 4 + 5 + (1 if late else 0)
+    assert result.report == {
+        "trials": 2,
+        "trial_steps": 4 + 5,  # a stopped trial counts the steps it reached
+        "unique_steps": 4 + 5,  # the two share no prefix
+        "executed_steps": trained,
+        "merge_rate": 1.0,
+        "reuse": pytest.approx(9 / trained),
+        # B's stage ends when its next step was due: 4.2 s (step 6), 4.9 s if it trained step 6
+        "gpu_seconds": pytest.approx(4.0 + (4.9 if late else 4.2)),
+        "makespan_seconds": 4.0,  # submitted at 0, the last trial ended at 4 s
+    }
+    assert not study.coordinator.running
+    assert study.report["executed_steps"] == trained  # nothing was trained after the run returned
+    points = sum(len(node.metrics) for node in study.plan.nodes.values())
+    assert points == trained  # every executed step is a point trained once (eval_every=1)
 
 
 def test_branching_behind_a_running_stage_recomputes_from_the_latest_checkpoint():
