@@ -166,8 +166,9 @@ def test_an_unreadable_trial_record_is_reported_and_the_rest_resumes(storage):
     forger.append({"r": "submit", "trial": 7, "steps": 2}, sync=True)  # no config
     with study_on(storage, "records") as again:
         assert [t.status for t in again.trials] == ["completed"]
-        (incident,) = again.incidents
-        assert "unreadable trial record" in incident and "'trial': 7" in incident
+        (incident,) = again.incidents  # reported with its place, as a bad checksum is
+        assert f"{directory}/{forger.writer}" in incident
+        assert ".jsonl:2: unreadable trial record (submit record has no field 'config')" in incident
 
 
 def test_results_are_a_zarr_group_with_learning_curves(storage):
@@ -292,7 +293,13 @@ def test_corrupt_and_foreign_journal_lines_are_reported_with_their_place_and_ski
     flipped[flipped.index(b'"step":') + 7] ^= 0x01  # a changed digit: the checksum must catch it
     lines[metrics_line] = bytes(flipped)
     lines.insert(1, b'{"e": "node", "id": "0000000000000000"}\n')  # foreign: no format tag
-    forged = {"e": "node", "id": "ffffffffffffffff", "parent": None, "start": 0, "config": {}}
+    forged = {
+        "e": "node",
+        "id": "ffffffffffffffff",
+        "parent": None,
+        "start": 0,
+        "config": config_to_json(normalize_config({"lr": 0.5})),
+    }
     lines.insert(2, encode_line(forged))  # well-formed, but its id does not match its content
     fs.pipe_file(path, b"".join(lines) + b'dj1 0badc0de {"e": ')  # ends in a cut-short line
     fs.invalidate_cache(directory)
@@ -334,7 +341,10 @@ def test_a_journal_file_of_another_model_is_refused_whole_and_reported(storage):
     with study_on(storage, "mine") as again:
         assert plan_points(again.plan) == known  # nothing of the other model came in
         assert any(copied in i and "a file of another journal" in i for i in again.incidents)
-        assert any("field 'step' must be a step >= 1, got '6'" in i for i in again.incidents)
+        assert any(
+            "metrics event field 'step' must be a step from 1 to 10000000, got '6'" in i
+            for i in again.incidents
+        )
         assert again.evaluate(config, 6) == final(config, 6)
         assert again.report["executed_steps"] == 0
 
@@ -367,7 +377,7 @@ def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(stora
     child = builder.locate(normalize_config({"lr": dt.Steps([0.1, 0.01], [3])}), 6, create=True)
     events = []
     builder.listeners.append(events.append)
-    builder.record_checkpoint(child, 6, CheckpointInfo(10, "ab"))
+    builder.record_checkpoint(child, 6, CheckpointInfo(10, "ab" * 32))
     root_event, child_event = (
         {"e": "node", "id": n.id, "parent": n.parent, "start": n.start, "config": config_to_json(n.config)}
         for n in builder.nodes.values()
@@ -383,7 +393,7 @@ def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(stora
     loader = PlanJournal(plan, Journal(fs, directory))
     loader.load()
     assert set(plan.nodes) == set(builder.nodes)
-    assert plan.nodes[child].checkpoints == {6: CheckpointInfo(10, "ab")}
+    assert plan.nodes[child].checkpoints == {6: CheckpointInfo(10, "ab" * 32)}
     assert loader.journal.incidents == [f"{directory}/notes.txt: not a journal file of this format; ignored"]
 
 
