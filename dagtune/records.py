@@ -381,8 +381,9 @@ class TrialState:
 
 @dataclass
 class StudyRecords:
-    """A study's records journal folded: the sessions' identities, the trials, each session's
-    latest work record, and every line skipped with why (``(file:line, reason)``)."""
+    """A study's records journal folded: its sessions (all of one model identity: a study
+    belongs to one model), the trials, each session's latest work record, and every line
+    skipped with why (``(file:line, reason)``)."""
 
     opened: list[Opened] = field(default_factory=list)
     trials: dict[int, TrialState] = field(default_factory=dict)
@@ -398,6 +399,10 @@ class StudyRecords:
 
     def _fold(self, record: TrialRecord, where: str) -> None:
         if isinstance(record, Opened):
+            if self.opened and record.identity != self.opened[0].identity:
+                raise RecordError(
+                    f"the study belongs to model {self.opened[0].identity}, this session names {record.identity}"
+                )
             self.opened.append(record)
         elif isinstance(record, Worked):
             self.work[record.session] = record

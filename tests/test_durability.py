@@ -14,6 +14,7 @@ import math
 import threading
 
 import pytest
+import torch
 import zarr
 from durable_helpers import SECRET
 
@@ -251,10 +252,17 @@ def corrupt(storage, study: Study, point: tuple[str, int], how: str) -> None:
         fs.pipe_file(data, fs.cat_file(data)[:100])
     elif how == "malformed marker":
         fs.pipe_file(marker, b'{"format": 1, "file": ')
+    elif how in ("empty state", "bad RNG state"):  # committed, intact, not a training state
+        state = study.store.load(study.identity, *point)
+        study.store.delete(study.identity, *point)
+        state = {} if how == "empty state" else {**state, "rng": {**state["rng"], "torch": torch.zeros(3)}}
+        study.store.save(study.identity, *point, state)
     fs.invalidate_cache(directory)
 
 
-@pytest.mark.parametrize("how", ["missing marker", "bad checksum", "truncated", "malformed marker"])
+@pytest.mark.parametrize(
+    "how", ["missing marker", "bad checksum", "truncated", "malformed marker", "empty state", "bad RNG state"]
+)
 def test_a_corrupt_checkpoint_is_never_loaded_but_detected_and_recomputed(storage, how):
     base = {"lr": dt.Steps([0.1, 0.05], [8]), "batch_size": 128}
     branch = {"lr": dt.Steps([0.1, 0.02], [8]), "batch_size": 128}
@@ -440,6 +448,41 @@ def test_failed_and_diverged_trials_are_kept_with_their_reason(storage):
     assert "RuntimeError: exploded on purpose" in frame["error"][0]
 
 
+def study_records(storage, name: str):
+    from dagtune.durable import read_records
+
+    fs, root = storage.fs()
+    return read_records(Journal(fs, f"{root}/studies/{name}/journal", header=records_header(name)))
+
+
+@pytest.mark.parametrize("failing", ["results", "plan refresh"])
+def test_closing_writes_the_records_and_releases_the_lease_whatever_failed_before(storage, failing):
+    study = study_on(storage, "closing")
+    handle = study.submit({"lr": 0.1}, 4)
+    handle.result()
+    fs, root = storage.fs()
+    leases = f"{root}/{study.identity}/leases"
+    assert fs.find(leases)  # the study holds a lease while it lives
+
+    def fail(*args):
+        raise RuntimeError(f"{failing} failed on purpose")
+
+    if failing == "results":
+        study._persistence.results.write = fail
+    else:
+        study._persistence.plan_journal.refresh = fail
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        study.close()
+    fs.invalidate_cache(leases)
+    assert fs.find(leases) == []  # released
+    records = study_records(storage, "closing")
+    assert records.trials[0].status == "completed"
+    if failing == "results":  # the work record is written before the results are
+        assert records.work_total()["executed_steps"] == 4
+    with study_on(storage, "closing") as again:  # and the study resumes
+        assert again.trials[0].result() == final({"lr": 0.1}, 4)
+
+
 # --------------------------------------------------------------------------- garbage collection
 
 
@@ -607,3 +650,64 @@ def test_credentials_never_reach_storage_logs_or_results(storage, caplog, capsys
     bucket = root.split("/")[0]
     for path in fs.find(bucket):
         assert SECRET.encode() not in fs.cat_file(path), path
+
+
+# --------------------------------------------------------------------------- storage a study can't use
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """The embedded cluster must not start: these mistakes are found before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the embedded cluster was started before the storage was checked")
+
+    monkeypatch.setattr("dagtune.cluster.embedded_cluster", refuse)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nosuchfs://runs", "storage='nosuchfs://runs' cannot be used: ValueError: Protocol not known"),
+        ("{file}", "storage='{file}' cannot be used: FileExistsError"),
+    ],
+)
+def test_a_storage_url_that_cannot_be_used_fails_before_any_cluster_starts(
+    tmp_path, no_cluster, url, message
+):
+    file = tmp_path / "a-file"
+    file.write_text("not a directory")
+    with pytest.raises(ValueError) as refused:
+        Study(SyntheticTrainer, storage=url.format(file=file))
+    assert message.format(file=file) in str(refused.value)
+
+
+def test_memory_storage_is_refused_where_worker_processes_cannot_share_it(no_cluster):
+    with pytest.raises(
+        ValueError,
+        match="storage='memory://runs' is the memory of this process, but the "
+        "embedded cluster's workers are processes of their own",
+    ):
+        Study(SyntheticTrainer, storage="memory://runs")
+    store = CheckpointStore(f"memory://shared-{threading.get_ident()}")
+    with Study(SyntheticTrainer, executor=SimulatedExecutor(2, store=store)) as study:  # in-process: fine
+        assert study.submit({"lr": 0.1}, 3).result() == final({"lr": 0.1}, 3)
+
+
+@pytest.mark.slow
+def test_memory_storage_works_with_workers_in_this_process_and_is_refused_with_others(client):
+    from distributed import Client, LocalCluster
+
+    with pytest.raises(ValueError, match=r"2 Dask worker\(s\) run in other processes"):
+        Study(SyntheticTrainer, storage="memory://elsewhere", client=client)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as here,
+        Study(SyntheticTrainer, storage="memory://here", client=here) as study,
+    ):
+        assert study.submit({"lr": 0.1}, 3).result(timeout=60) == final({"lr": 0.1}, 3)
+
+
+def test_results_are_read_only_from_inside_the_storage_root(tmp_path):
+    with pytest.raises(ValueError, match=r"'\.\./\.\./outside' is not a study name"):
+        open_results(str(tmp_path / "runs"), "../../outside")
