@@ -10,7 +10,7 @@ extra checkpoints it should save on its way and where it may stop.
 
 Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
 plain record, which is how a study journals its trials, and `restore` rebuilds trials from
-those records when a study resumes. A checkpoint that fails verification when a task loads
+those records, checked and folded by `dagtune.records`, when a study resumes. A checkpoint that fails verification when a task loads
 it (``corrupt`` event) is dropped from the plan and deleted, and the work it held is planned
 again from an earlier point; it is not a trainer failure. `absorb` takes plan events written
 by other coordinators (studies of the same model running at the same time).
