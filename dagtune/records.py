@@ -144,6 +144,8 @@ def parse_metrics(value: Any, owner: str = "metrics", *, finite: bool = False) -
         raise RecordError(f"{owner} must be a dict of metric name -> number, got {_shown(value)}")
     metrics = {}
     for name, number in value.items():
+        if not isinstance(name, str):
+            raise RecordError(f"{owner} must name its metrics with strings, got {_shown(name)}")
         if not _is_number(number):
             raise RecordError(f"{owner}[{_shown(name)}] must be a number, got {_shown(number)}")
         try:
@@ -176,8 +178,8 @@ def _shorten(text: str, limit: int = 200) -> str:
 def _shown(value: Any) -> str:
     try:
         return _shorten(repr(value), _SHOWN)
-    except ValueError:  # an int too long for repr
-        return f"an int of {value.bit_length()} bits"
+    except ValueError:  # it holds an int too long to write out
+        return f"a {type(value).__name__} too large to show"
 
 
 class _Fields:
@@ -210,13 +212,8 @@ class _Fields:
         )
         return self.get(name, ok, what, optional=optional)
 
-    def node(self, name: str, *, optional: bool = False) -> str | None:
-        return self.get(
-            name,
-            lambda v: isinstance(v, str) and _NODE.match(v),
-            "a node id (16 hex digits)",
-            optional=optional,
-        )
+    def node(self, name: str) -> str:
+        return self.get(name, lambda v: isinstance(v, str) and _NODE.match(v), "a node id (16 hex digits)")
 
     def step(self, name: str = "step", least: int = 1) -> int:
         return self.integer(name, least, MAX_STEPS, "a step")
@@ -327,7 +324,7 @@ def _ended(fields: _Fields) -> Ended:
     ends = STATUSES[1:]
     status = fields.get("status", lambda v: v in ends, f"one of {', '.join(ends)}")
     metrics = None
-    if fields.record.get("metrics") is not None:
+    if fields.record.get("metrics") is not None or status in (COMPLETED, DIVERGED):  # these have results
         metrics = fields.metrics(finite=status != DIVERGED)
     return Ended(
         trial=fields.trial(),

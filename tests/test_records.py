@@ -185,6 +185,10 @@ def test_everything_dagtune_writes_reads_back(base):
         ),
         ({"r": "end", "trial": 1, "status": "pending", "steps": 3}, "field 'status' must be one of"),
         (
+            {"r": "end", "trial": 1, "status": "completed", "steps": 3, "metrics": None},
+            "field 'metrics' must be a dict",
+        ),
+        (
             {"r": "end", "trial": 1, "status": "completed", "steps": 3, "metrics": "notadict"},
             "field 'metrics' must be a dict of metric name -> number, got 'notadict'",
         ),
@@ -229,7 +233,7 @@ def test_records_that_contradict_earlier_ones_are_skipped_with_their_place():
         {"r": "submit", "trial": 1, "config": {"wd": {"type": "Constant", "value": 0.1}}, "steps": 4},  # 3
         {"r": "extend", "trial": 9, "steps": 8},  # 4: never submitted
         {"r": "extend", "trial": 0, "steps": 3},  # 5: fewer steps
-        {"r": "end", "trial": 0, "status": "completed", "steps": 3, "metrics": None},  # 6: not its steps
+        {"r": "end", "trial": 0, "status": "completed", "steps": 3, "metrics": {}},  # 6: not its steps
         {"r": "end", "trial": 0, "status": "stopped", "steps": 9, "metrics": None},  # 7: beyond its steps
         {"r": "end", "trial": 0, "status": "completed", "steps": 4, "metrics": {"loss": 0.5}},
         {"r": "end", "trial": 0, "status": "stopped", "steps": 2, "metrics": None},  # 9: ended already
