@@ -602,7 +602,8 @@ class Study:
     @property
     def incidents(self) -> list[str]:
         """Problems found and worked around: corrupt checkpoints (dropped and recomputed),
-        corrupt or foreign journal lines (skipped), each with where it was."""
+        corrupt or foreign journal lines and lines whose values dagtune never writes
+        (skipped; `dagtune.records`), each with where it was (``file:line`` for a line)."""
         with self._lock:
             found = list(self._persistence.incidents) if self._persistence else []
             return found + list(self.coordinator.incidents)
