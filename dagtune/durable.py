@@ -281,6 +281,7 @@ class Persistence:
             self.tick(coordinator, force=True)
         finally:
             try:
+                self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()
             finally:
                 self.leases.release()
