@@ -32,7 +32,14 @@ from dagtune.plan._journal import Journal, PlanJournal
 from dagtune.records import COMPLETED, PENDING, StudyRecords, read_study_records
 from dagtune.results import ResultsWriter, results_url
 
-__all__ = ["Leases", "Persistence", "needed_by_stored_studies", "plan_header", "records_header"]
+__all__ = [
+    "Leases",
+    "Persistence",
+    "needed_by_stored_studies",
+    "plan_header",
+    "read_records",
+    "records_header",
+]
 
 log = logging.getLogger("dagtune")
 
