@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.config import Config, config_first_difference, config_to_json
+from dagtune.config import Config, check_config_finite, config_first_difference, config_to_json
 from dagtune.executor import Executor
 from dagtune.plan import CheckpointInfo, SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
 from dagtune.records import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, TrialState, check_steps
@@ -153,8 +153,11 @@ class Coordinator:
     # ------------------------------------------------------------------ trials
 
     def submit(self, config: Config, steps: int, tag: Any = None) -> Trial:
-        """Add a trial; known results are delivered at once (no training for those)."""
+        """Add a trial; known results are delivered at once (no training for those). Steps
+        that are not a valid count, or a config without a finite value before them, are a
+        ValueError before anything is recorded."""
         check_steps(steps)
+        check_config_finite(config, steps)
         trial = Trial(self._next_id, config, steps, tag, submitted_at=self.executor.now())
         self._next_id += 1
         if not self.share:
@@ -206,6 +209,7 @@ class Coordinator:
         checkpoint, never restarts."""
         trial = self.trials[trial_id]
         check_steps(steps)
+        check_config_finite(trial.config, steps)
         if steps <= trial.steps:
             raise ValueError(
                 f"extend needs more steps than trial {trial_id} has ({trial.steps}), got {steps}"

@@ -320,6 +320,20 @@ def test_steps_are_checked_when_written_as_when_read():
             study.coordinator.extend(trial.id, 2.5)
 
 
+def test_a_trial_without_finite_values_is_refused_before_anything_is_recorded(base):
+    with copy_of(base) as path:
+        with open_study(path) as study:
+            with pytest.raises(
+                ValueError, match=r"config\['lr'\]: Exponential\(1.0, 10.0\) has no finite value"
+            ):
+                study.submit({"lr": dt.Exponential(1.0, 10.0)}, 400)
+            trial = study.submit({"lr": dt.Exponential(1.0, 10.0)}, 300).trial  # finite that far
+            with pytest.raises(ValueError, match="has no finite value at step 309"):
+                study.coordinator.extend(trial.id, 400)
+        stored = load_study(CheckpointStore(path), NAME)
+        assert stored.incidents == [] and [(t.id, t.steps) for t in stored.trials][-1] == (5, 300)
+
+
 # --------------------------------------------------------------------------- tampered journals
 
 
