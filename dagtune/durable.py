@@ -134,7 +134,7 @@ def needed_by_stored_studies(
         if name == exclude:
             continue
         journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
-        records = read_records(journal)  # what it skips, that study reports when it resumes
+        records = read_study_records((e.record, e.where) for e in journal.read_new())  # its own to report
         if not any(opened.identity == identity for opened in records.opened):
             continue
         for state in records.trials.values():
