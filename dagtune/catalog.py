@@ -11,16 +11,16 @@ except `collect_garbage` (which journals the checkpoints it deletes, as a study 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.config import config_from_json
-from dagtune.coordinator import COMPLETED, PENDING, Trial
-from dagtune.durable import Leases, plan_header, records_header
+from dagtune.coordinator import Trial
+from dagtune.durable import Leases, plan_header, read_records, records_header
 from dagtune.plan import SearchPlan, unique_steps
 from dagtune.plan._journal import Journal, PlanJournal
+from dagtune.records import COMPLETED, PENDING, TrialState, is_study_name
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
@@ -53,9 +53,7 @@ class StudyNameError(StorageError):
 
 def check_study_name(name: str) -> str:
     """`name` if a `Study` could have it (the same rule), else `StudyNameError`."""
-    from dagtune.study import _NAME
-
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_study_name(name):
         raise StudyNameError(f"{name!r} is not a study name (1-128 letters, digits, '.', '_' or '-')")
     return name
 
@@ -84,10 +82,8 @@ def list_studies(store: CheckpointStore) -> list[str]:
         paths = store.fs.ls(base, detail=False)
     except FileNotFoundError:
         return []
-    from dagtune.study import _NAME
-
     names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
-    return sorted(name for name in names if _NAME.match(name))  # no study has another name
+    return sorted(name for name in names if is_study_name(name))  # no study has another name
 
 
 @dataclass
@@ -139,76 +135,43 @@ def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
 
 
 def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None = None) -> StoredStudy:
-    """Study `name` from `store`; `plans` caches plan journals by identity across calls."""
+    """Study `name` from `store`; `plans` caches plan journals by identity across calls.
+
+    Every line is checked as it is read (`dagtune.records`): one that is not what dagtune
+    writes is skipped and listed in the study's `incidents` as ``file:line: reason``."""
     check_study_name(name)
-    records = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
-    entries = [e.record for e in records.read_new()]
-    opens = [r for r in entries if r.get("r") == "open"]
-    if not opens:
+    journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
+    records = read_records(journal)
+    if not records.opened:
         known = ", ".join(list_studies(store)) or "none"
         raise StorageError(f"no study {name!r} in {store.url} (studies there: {known})")
-    identity = opens[-1]["identity"]
-    describe = {k: v for k, v in opens[-1].items() if k not in ("r", "t", "identity")}
+    opened = records.opened[-1]
+    describe = {"trainer": opened.trainer, "seed": opened.seed, "version": opened.version}
     plans = {} if plans is None else plans
-    if identity not in plans:
-        plans[identity] = load_plan(store, identity)
-    journal = plans[identity]
-    trials = _trials(entries, journal.plan)
-    incidents = [*records.incidents, *journal.journal.incidents]
-    return StoredStudy(name, identity, describe, trials, journal.plan, incidents, _work(entries))
+    if opened.identity not in plans:
+        plans[opened.identity] = load_plan(store, opened.identity)
+    plan_journal = plans[opened.identity]
+    trials = _trials(records.trials.values(), plan_journal.plan)
+    incidents = [*journal.incidents, *plan_journal.journal.incidents]
+    return StoredStudy(
+        name, opened.identity, describe, trials, plan_journal.plan, incidents, records.work_total()
+    )
 
 
-def _work(records: list[dict]) -> dict[str, float] | None:
-    """Executed steps and GPU-seconds over the study's sessions (the last `work` record of
-    each), or None if no session recorded any (studies written before these records)."""
-    last: dict[str, dict] = {}
-    for record in records:
-        if record.get("r") == "work" and isinstance(record.get("session"), str):
-            last[record["session"]] = record
-    if not last:
-        return None
-    try:
-        return {
-            "executed_steps": sum(int(r["executed_steps"]) for r in last.values()),
-            "gpu_seconds": sum(float(r["gpu_seconds"]) for r in last.values()),
-        }
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
+def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
     """Trials as a resumed coordinator would rebuild them, with their curves from the plan."""
-    states: dict[int, dict] = {}
-    for record in records:
-        kind, trial_id = record.get("r"), record.get("trial")
-        if kind == "submit":
-            states[trial_id] = {
-                "config": record["config"],
-                "steps": record["steps"],
-                "status": PENDING,
-                "salt": record.get("salt", ""),
-            }
-        elif kind == "extend" and trial_id in states:
-            states[trial_id].update(steps=record["steps"], status=PENDING)
-        elif kind == "end" and trial_id in states:
-            states[trial_id].update(
-                status=record["status"], metrics=record.get("metrics"), error=record.get("error")
-            )
-            states[trial_id]["reached"] = record.get("steps", 0)
     trials = []
-    for trial_id in sorted(states):
-        state = states[trial_id]
-        config = config_from_json(state["config"])
-        trial = Trial(trial_id, config, state["steps"], status=state["status"], error=state.get("error"))
-        trial.node = plan.locate(config, trial.steps, salt=state["salt"]) or ""  # reading writes nothing
+    for state in sorted(states, key=lambda s: s.id):
+        trial = Trial(state.id, state.config, state.steps, status=state.status, error=state.error)
+        trial.node = plan.locate(state.config, state.steps, salt=state.salt) or ""  # reading writes nothing
         trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []
-        known = plan.curve(trial.node, trial.steps) if trial.node else []
-        reached = state.get("reached")
-        if reached is None:  # pending: as far as the plan has metrics, without a gap
-            reached = next((i for i, m in enumerate(known) if m is None), len(known))
-        trial.curve = [(s + 1, m) for s, m in enumerate(known[:reached]) if m is not None]
+        known = plan.known_metrics(trial.node, trial.steps) if trial.node else []
+        reached = state.reached
+        if state.status == PENDING:  # as far as the plan has metrics, without a gap
+            reached = next((i for i, (step, _) in enumerate(known) if step != i + 1), len(known))
+        trial.curve = [(step, metrics) for step, metrics in known if step <= reached]
         trial.reported = reached
-        trial.metrics = state.get("metrics") or (trial.curve[-1][1] if trial.curve else None)
+        trial.metrics = state.metrics or (trial.curve[-1][1] if trial.curve else None)
         trials.append(trial)
     return trials
 

@@ -43,7 +43,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.plan import CheckpointInfo
 
-__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore"]
+__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 
 FORMAT_VERSION = 1
 MARKER = "COMMIT"
@@ -53,6 +53,13 @@ _DATA_FILE = re.compile(r"^state-[0-9a-f]{16}\.pt$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STEP_DIR = re.compile(r"^[0-9]{9,}$")
 _LOCAL_PROTOCOLS = ("file", "local")
+_PROCESS = uuid.uuid4().hex  # this process, wherever it runs
+
+
+def process_token() -> str:
+    """An id of this process, unique across machines: two copies of a store with the same
+    token share the process's memory."""
+    return _PROCESS
 
 
 class CheckpointError(Exception):
@@ -79,7 +86,9 @@ class CheckpointStore:
     Dask worker means the same place) or any fsspec URL (``memory://runs``,
     ``s3://bucket/runs``); `storage_options` go to the filesystem (credentials, endpoint).
     The store pickles as its URL and options and opens the filesystem lazily, in the process
-    that uses it.
+    that uses it. ``memory://`` storage is the memory of one process (`process_local`): a copy
+    of such a store in another process refuses to open rather than use an empty memory of its
+    own.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None):
@@ -92,22 +101,35 @@ class CheckpointStore:
         self.storage_options = dict(storage_options or {})
         self._fs: fsspec.AbstractFileSystem | None = None
         self._root = ""
+        self._process = _PROCESS  # where it was made
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return f"CheckpointStore({self.url!r})"
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {"url": self.url, "storage_options": self.storage_options, "process": self._process}
 
     def __setstate__(self, state: dict) -> None:
         self.url = state["url"]
         self.storage_options = state["storage_options"]
+        self._process = state.get("process", _PROCESS)
         self._fs, self._root = None, ""
+
+    @property
+    def process_local(self) -> bool:
+        """Whether only the process that made the store sees the storage (fsspec's
+        ``memory://``): Dask workers in other processes can't share its checkpoints."""
+        return fsspec.utils.get_protocol(self.url) == "memory"
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
         """The filesystem, opened on first use."""
         if self._fs is None:
+            if self.process_local and self._process != _PROCESS:
+                raise ValueError(
+                    f"storage {self.url!r} is the memory of the process that made this store, not of "
+                    "this one: its checkpoints can't be shared here (use a directory or an object store)"
+                )
             fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
             self._fs, self._root = fs, root.rstrip("/")
         return self._fs
@@ -403,13 +425,18 @@ def serialize_state(state: dict) -> bytes:
     return data
 
 
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
 def _short(error: Exception) -> str:
-    """The telling line of an error (torch's weights_only refusal is a page of advice)."""
+    """The telling part of an error: for torch's weights_only refusal (a page of advice) the
+    global it refused and its reason, else the error's first line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "WeightsUnpickler error" in line:
-            return line
-    return lines[0] if lines else type(error).__name__
+    reason = next((line for line in lines if _GLOBAL.search(line)), None)
+    if reason is not None:
+        return f"refused global {_GLOBAL.search(reason)[1]} ({reason})"
+    reason = next((line for line in lines if "WeightsUnpickler error" in line), None)
+    return reason or (lines[0] if lines else type(error).__name__)
 
 
 def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:

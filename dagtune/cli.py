@@ -375,6 +375,8 @@ def tree(storage: str, study: str | None) -> None:
         ends: dict[str, list[str]] = {}
         metric = snapshot["metric"]
         for trial in stored.trials:
+            if not trial.segments:  # the plan has no path for it (its node events are missing)
+                continue
             value = (trial.metrics or {}).get(metric)
             shown = f"{value:.4g}" if isinstance(value, float) else "—"
             ends.setdefault(trial.segments[-1][0], []).append(f"#{trial.id} {shown}")
@@ -433,23 +435,51 @@ def gc(storage: str, keep_best: int, budget_bytes: int | None, dry_run: bool) ->
 @main.command()
 @click.argument("storage")
 @click.option("--study", "studies", multiple=True, help="Only these studies (repeatable).")
-@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Where to listen; 0.0.0.0: every interface (anyone who reaches it may read the page).",
+)
 @click.option("--port", default=8790, show_default=True, help="0: any free port.")
 @click.option("--refresh", default=5.0, show_default=True, help="Seconds between re-reading storage.")
+@click.option(
+    "--allow-origin",
+    "origins",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Also accept a browser at this address (a proxy or tunnel; repeatable).",
+)
 @_user_errors
-def dashboard(storage: str, studies: tuple[str, ...], address: str, port: int, refresh: float) -> None:
+def dashboard(
+    storage: str, studies: tuple[str, ...], address: str, port: int, refresh: float, origins: tuple[str, ...]
+) -> None:
     """Serve the dagtune page for the studies in STORAGE (no study needs to run)."""
-    from dagtune.dashboard.server import serve
+    from dagtune.dashboard.server import serve, websocket_origins
 
     for name in studies:
         check_study_name(name)
+    for origin in origins:
+        host, _, number = origin.rpartition(":")
+        if not host or ":" in host or not number.isdigit():
+            raise UserError(f"--allow-origin {origin!r} is not HOST:PORT", "e.g. --allow-origin myhost:8790")
     try:
-        server = serve(storage, names=list(studies) or None, address=address, port=port, refresh=refresh)
+        server = serve(
+            storage,
+            names=list(studies) or None,
+            address=address,
+            port=port,
+            refresh=refresh,
+            allow_origins=origins,
+        )
     except OSError as error:
         raise UserError(
             f"cannot listen on {address}:{port}: {error}", "choose another --port (0: any free one)"
         ) from None
     click.echo(f"dagtune dashboard: http://{address}:{server.port}/dagtune (Ctrl-C stops it)")
+    if address != "127.0.0.1" or origins:
+        allowed = websocket_origins(address, server.port, origins)
+        click.echo(f"browsers may open it as: {', '.join(f'http://{o}/dagtune' for o in allowed)}")
     sys.stdout.flush()
     try:
         server.io_loop.start()

@@ -10,7 +10,7 @@ extra checkpoints it should save on its way and where it may stop.
 
 Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
 plain record, which is how a study journals its trials, and `restore` rebuilds trials from
-those records when a study resumes. A checkpoint that fails verification when a task loads
+those records, checked and folded by `dagtune.records`, when a study resumes. A checkpoint that fails verification when a task loads
 it (``corrupt`` event) is dropped from the plan and deleted, and the work it held is planned
 again from an earlier point; it is not a trainer failure. `absorb` takes plan events written
 by other coordinators (studies of the same model running at the same time).
@@ -27,17 +27,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.config import Config, config_first_difference, config_from_json, config_to_json
+from dagtune.config import Config, check_config_finite, config_first_difference, config_to_json
 from dagtune.executor import Executor
 from dagtune.plan import CheckpointInfo, SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
+from dagtune.records import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, TrialState, check_steps
 from dagtune.scheduling import CostModel, Pausable, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 __all__ = ["Coordinator", "Trial", "TrialListener"]
 
 log = logging.getLogger("dagtune")
-
-PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
 
 
 @dataclass(eq=False)
@@ -156,7 +155,11 @@ class Coordinator:
     # ------------------------------------------------------------------ trials
 
     def submit(self, config: Config, steps: int, tag: Any = None) -> Trial:
-        """Add a trial; known results are delivered at once (no training for those)."""
+        """Add a trial; known results are delivered at once (no training for those). Steps
+        that are not a valid count, or a config without a finite value before them, are a
+        ValueError before anything is recorded."""
+        check_steps(steps)
+        check_config_finite(config, steps)
         trial = Trial(self._next_id, config, steps, tag, submitted_at=self.executor.now())
         self._next_id += 1
         if not self.share:
@@ -175,65 +178,29 @@ class Coordinator:
         self._request(trial)
         return trial
 
-    def restore(self, records: Iterable[dict]) -> list[Trial]:
-        """Rebuild trials from the records of an earlier session (see `recorders`): finished
-        trials come back with their status and metrics, pending ones are requested again
-        and resume from the latest committed checkpoint the plan knows."""
-        states: dict[int, dict] = {}
-        for record in records:
-            try:
-                self._fold(states, record)
-            except (KeyError, TypeError, ValueError, AttributeError) as error:
-                self.incidents.append(f"unreadable trial record {record!r} ({error!r}); skipped")
+    def restore(self, states: Iterable[TrialState]) -> list[Trial]:
+        """Rebuild trials from what an earlier session's records say (`dagtune.records`):
+        finished trials come back with their status and metrics, pending ones are requested
+        again and resume from the latest committed checkpoint the plan knows."""
         restored = []
-        for trial_id in sorted(states):
-            state = states[trial_id]
-            config = state["config"]
-            trial = Trial(trial_id, config, state["steps"], state["tag"], submitted_at=self.executor.now())
+        for state in sorted(states, key=lambda s: s.id):
+            trial = Trial(state.id, state.config, state.steps, state.tag, submitted_at=self.executor.now())
             if not self.share:
-                trial.salt = state["salt"] or f"{self.name}/{trial.id}"
-            self.trials[trial_id] = trial
-            self._next_id = max(self._next_id, trial_id + 1)
+                trial.salt = state.salt or f"{self.name}/{trial.id}"
+            self.trials[trial.id] = trial
+            self._next_id = max(self._next_id, trial.id + 1)
             restored.append(trial)
-            if state["status"] == PENDING:
+            if state.status == PENDING:
                 self._request(trial)
                 continue
-            trial.node = self.plan.locate(config, trial.steps, create=True, salt=trial.salt)
+            trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
             trial.segments = self.plan.segments(trial.node, trial.steps)
-            reached = state["reached"]
-            known = self.plan.curve(trial.node, trial.steps)[:reached]
-            trial.curve = [(s + 1, m) for s, m in enumerate(known) if m is not None]
-            trial.reported, trial.metrics = reached, state["metrics"]
-            trial.status, trial.error = state["status"], state["error"]
+            known = self.plan.known_metrics(trial.node, trial.steps)
+            trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
+            trial.reported, trial.metrics = state.reached, state.metrics
+            trial.status, trial.error = state.status, state.error
             trial.finished_at = trial.submitted_at
         return restored
-
-    @staticmethod
-    def _fold(states: dict[int, dict], record: dict) -> None:
-        """Apply one trial record to the trial states being restored."""
-        kind, trial_id = record.get("r"), record.get("trial")
-        if kind == "submit":
-            if isinstance(trial_id, bool) or not isinstance(trial_id, int) or trial_id < 0:
-                raise ValueError(f"bad trial id {trial_id!r}")
-            states[trial_id] = {
-                "config": config_from_json(record["config"]),
-                "steps": int(record["steps"]),
-                "tag": record.get("tag"),
-                "status": PENDING,
-                "metrics": None,
-                "error": None,
-                "reached": 0,
-                "salt": str(record.get("salt", "")),
-            }
-        elif kind == "extend" and trial_id in states:
-            states[trial_id].update(steps=int(record["steps"]), status=PENDING)
-        elif kind == "end" and trial_id in states:
-            states[trial_id].update(
-                status=str(record["status"]),
-                metrics=record.get("metrics"),
-                error=record.get("error"),
-                reached=int(record.get("steps", 0)),
-            )
 
     def _record(self, record: dict) -> None:
         for recorder in self.recorders:
@@ -243,6 +210,8 @@ class Coordinator:
         """Train a trial further (ASHA promotion, PBT continuation): it resumes from its
         checkpoint, never restarts."""
         trial = self.trials[trial_id]
+        check_steps(steps)
+        check_config_finite(trial.config, steps)
         if steps <= trial.steps:
             raise ValueError(
                 f"extend needs more steps than trial {trial_id} has ({trial.steps}), got {steps}"

@@ -26,12 +26,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import COMPLETED, PENDING, Coordinator, Trial
+from dagtune.coordinator import Coordinator, Trial
 from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal
+from dagtune.records import COMPLETED, PENDING, StudyRecords, read_study_records
 from dagtune.results import ResultsWriter, results_url
 
-__all__ = ["Leases", "Persistence", "needed_by_stored_studies", "plan_header", "records_header"]
+__all__ = [
+    "Leases",
+    "Persistence",
+    "needed_by_stored_studies",
+    "plan_header",
+    "read_records",
+    "records_header",
+]
 
 log = logging.getLogger("dagtune")
 
@@ -104,6 +112,15 @@ def records_header(name: str) -> dict:
     return {"journal": "study", "name": name}
 
 
+def read_records(journal: Journal) -> StudyRecords:
+    """The records of `journal` not read yet, checked and folded (`dagtune.records`); the
+    lines skipped are reported as the journal's incidents (``file:line: reason``)."""
+    records = read_study_records((entry.record, entry.where) for entry in journal.read_new())
+    for where, reason in records.skipped:
+        journal.report(where, reason)
+    return records
+
+
 def needed_by_stored_studies(
     store: CheckpointStore, identity: str, plan: SearchPlan, exclude: str
 ) -> set[Point]:
@@ -117,20 +134,14 @@ def needed_by_stored_studies(
         if name == exclude:
             continue
         journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
-        records = [e.record for e in journal.read_new()]
-        if not any(r.get("r") == "open" and r.get("identity") == identity for r in records):
+        records = read_study_records((e.record, e.where) for e in journal.read_new())  # its own to report
+        if not any(opened.identity == identity for opened in records.opened):
             continue
-        states: dict[int, dict] = {}
-        for record in records:
-            try:
-                Coordinator._fold(states, record)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue  # reported by that study when it resumes
-        for state in states.values():
-            if state["status"] not in (COMPLETED, PENDING):
+        for state in records.trials.values():
+            if state.status not in (COMPLETED, PENDING):
                 continue
-            node = plan.locate(state["config"], state["steps"])
-            latest = None if node is None else plan.latest_checkpoint(node, state["steps"])
+            node = plan.locate(state.config, state.steps, salt=state.salt)
+            latest = None if node is None else plan.latest_checkpoint(node, state.steps)
             if latest is not None:
                 needed.add(latest)
     return needed
@@ -162,7 +173,7 @@ class Persistence:
         self.clock = clock
         root = store.root
         self.records = Journal(store.fs, f"{root}/studies/{name}/journal", header=records_header(name))
-        self.earlier = [entry.record for entry in self.records.read_new()]
+        self.earlier = read_records(self.records)
         self._check_identity(describe)
         self.plan_journal = PlanJournal(
             SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
@@ -181,12 +192,12 @@ class Persistence:
         return self.plan_journal.plan
 
     def _check_identity(self, describe: Mapping[str, Any]) -> None:
-        for record in self.earlier:
-            if record.get("r") == "open" and record.get("identity") != self.identity:
-                theirs = {k: record.get(k) for k in describe}
+        for opened in self.earlier.opened:
+            if opened.identity != self.identity:
+                theirs = {k: getattr(opened, k, None) for k in describe}
                 raise ValueError(
                     f"study {self.name!r} in {self.store.url} belongs to another model "
-                    f"(identity {record.get('identity')}: {theirs}; this one is {self.identity}: "
+                    f"(identity {opened.identity}: {theirs}; this one is {self.identity}: "
                     f"{dict(describe)}). Resuming needs the same trainer, trainer arguments, seed "
                     "and version; give a new study another name."
                 )
@@ -195,7 +206,7 @@ class Persistence:
         """Record the coordinator's trial changes from now on and restore the trials of
         earlier sessions; returns the restored trials."""
         coordinator.store = self.store
-        restored = coordinator.restore(self.earlier)
+        restored = coordinator.restore(self.earlier.trials.values())
         coordinator.recorders.append(self._record)
         return restored
 
@@ -217,16 +228,25 @@ class Persistence:
             self._refreshed = now
             coordinator.absorb(self.plan_journal.refresh())
         self._renew_lease(coordinator, force)
-        if force or now - self._results_at >= self.results_seconds:
+        results_due = force or now - self._results_at >= self.results_seconds
+        if results_due:
             self._results_at = now
-            self.results.write(coordinator.trials)
             self._record_work(coordinator)
         if force:
-            self.plan_journal.journal.flush()
-            self.records.flush()
+            self.flush()
         else:
             self.plan_journal.journal.maybe_flush()
             self.records.maybe_flush()
+        if results_due:  # last: the journals never wait for the results
+            self.results.write(coordinator.trials)
+
+    def flush(self) -> None:
+        """Write both journals' buffered lines: the plan's first (a trial's end record must
+        never be read before the plan events it needs)."""
+        try:
+            self.plan_journal.journal.flush()
+        finally:
+            self.records.flush()
 
     def _record_work(self, coordinator: Coordinator) -> None:
         """What this session trained so far (executed steps, GPU-seconds of finished tasks),
@@ -260,6 +280,15 @@ class Persistence:
         held = Leases.held(self.store, self.identity, exclude=self.leases.writer)
         return held | needed_by_stored_studies(self.store, self.identity, self.plan, exclude=self.name)
 
-    def close(self) -> None:
-        """The study ends: its lease goes (what it keeps is in its trial records)."""
-        self.leases.release()
+    def close(self, coordinator: Coordinator) -> None:
+        """The study ends: its last work and results are written, both journals flushed and
+        its lease released (what it keeps is in its trial records). The journals and the
+        lease are seen to whatever fails before them; the first failure is raised after."""
+        try:
+            self.tick(coordinator, force=True)
+        finally:
+            try:
+                self._record_work(coordinator)  # done already unless the tick failed before it
+                self.flush()
+            finally:
+                self.leases.release()

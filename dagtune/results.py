@@ -10,10 +10,12 @@ zarr, xarray or `open_results` (pandas). The group lives at
     final/<metric>  float64 [trial]          curve/<metric>  float64 [trial, step] (NaN: not evaluated)
 
 with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
-name, since a metric name may hold characters an array name can't). Rows are trial ids.
-Writing rewrites only the rows of trials that changed since the last write. Works with
-zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their two ways of making
-an array and of storing variable-length text.
+name, since a metric name may hold characters an array name can't). There is one row per
+trial, in trial id order (``trial_id`` says which). Writing rewrites the per-trial arrays,
+which are small, and adds to the learning curves only the points reported since the last
+write, so neither time nor memory grows with the largest trial id or with the steps between
+points. Works with zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their
+two ways of making an array and of storing variable-length text.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import numpy as np
 
 from dagtune.config import config_dumps, config_from_json
 from dagtune.coordinator import Trial
+from dagtune.records import is_study_name
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
 FORMAT = "dagtune-results/1"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
+_CHUNK_VALUES = 65536
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -79,46 +83,55 @@ class ResultsWriter:
         self.study, self.identity = study, identity
         self._group: Any = None
         self._written: dict[int, tuple] = {}  # trial id -> what its row showed when written
+        self._rows: list[int] | None = None  # trial ids in row order, as last written
+        self._keys: dict[str, str] = {}  # metric -> array name, as last written
+        self._points: dict[int, int] = {}  # trial id -> curve points written
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return f"ResultsWriter({self.url!r})"
 
     def write(self, trials: Mapping[int, Trial]) -> bool:
         """Bring the group up to date with `trials`; False if nothing had changed."""
-        changed = sorted(i for i, t in trials.items() if self._written.get(i) != _snapshot(t))
+        ids = sorted(trials)
+        changed = [i for i in ids if self._written.get(i) != _snapshot(trials[i])]
         if not changed:
             return False
         group = self._group
         if group is None:
             group = self._group = _open_group(self.url, "a", self.storage_options)
-        n = max(trials) + 1
-        ordered = [trials.get(i) for i in range(n)]
-        steps = max((_reached(t) for t in ordered if t is not None), default=0)
-        steps = max(steps, max((s for t in ordered if t is not None for s, _ in t.curve), default=0))
-        metrics = sorted({m for t in ordered if t is not None for _, ms in t.curve for m in ms})
-        keys = {m: _UNSAFE.sub("_", m) for m in metrics}
+        ordered = [trials[i] for i in ids]
+        steps = max((_reached(t) for t in ordered), default=0)
+        steps = max(steps, max((s for t in ordered for s, _ in t.curve), default=0))
+        keys = _array_names({m for t in ordered for _, ms in t.curve for m in ms})
+        # curves are appended to; they are written whole when rows moved or a metric is new
+        whole = self._rows is None or ids[: len(self._rows)] != self._rows or keys != self._keys
         group.attrs.update(
             {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
         )
-        _put(group, "trial_id", np.arange(n, dtype=np.int64))
-        _put(group, "status", _text([t.status if t else "" for t in ordered]))
-        _put(group, "steps", np.array([_reached(t) if t else 0 for t in ordered], dtype=np.int64))
-        _put(group, "config", _text([config_dumps(t.config) if t else "" for t in ordered]))
-        _put(group, "error", _text([(t.error or "") if t else "" for t in ordered]))
+        _put(group, "trial_id", np.array(ids, dtype=np.int64))
+        _put(group, "status", _text([t.status for t in ordered]))
+        _put(group, "steps", np.array([_reached(t) for t in ordered], dtype=np.int64))
+        _put(group, "config", _text([config_dumps(t.config) for t in ordered]))
+        _put(group, "error", _text([t.error or "" for t in ordered]))
         _put(group, "step", np.arange(1, steps + 1, dtype=np.int64))
-        lo, hi = changed[0], changed[-1] + 1
         for metric, key in keys.items():
-            final = np.array(
-                [np.nan if t is None or not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
-            )
-            _put(group, f"final/{key}", final)
-            rows = np.full((hi - lo, steps), np.nan)
-            for row, trial in enumerate(ordered[lo:hi]):
-                for step, values in trial.curve if trial is not None else ():
-                    if metric in values:
-                        rows[row, step - 1] = values[metric]
-            curve = _array(group, f"curve/{key}", (n, steps))
-            curve[lo:hi, :steps] = rows
+            final = [np.nan if not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
+            _put(group, f"final/{key}", np.array(final, dtype=np.float64))
+            rows, columns, values = [], [], []
+            for row, trial in enumerate(ordered):
+                for step, reported in trial.curve[0 if whole else self._points.get(trial.id, 0) :]:
+                    if metric in reported:
+                        rows.append(row)
+                        columns.append(step - 1)
+                        values.append(reported[metric])
+            curve = _curve(group, f"curve/{key}", (len(ids), steps), clear=whole)
+            if values:
+                curve.set_coordinate_selection(
+                    (np.array(rows, dtype=np.int64), np.array(columns, dtype=np.int64)),
+                    np.array(values, dtype=np.float64),
+                )
+        self._rows, self._keys = ids, keys
+        self._points = {t.id: len(t.curve) for t in ordered}
         for i in changed:
             self._written[i] = _snapshot(trials[i])
         return True
@@ -132,15 +145,39 @@ def _snapshot(trial: Trial) -> tuple:
     return (trial.status, trial.steps, trial.reported, len(trial.curve), trial.error)
 
 
-def _array(group: Any, name: str, shape: tuple[int, ...]):
-    """The float array `name`, created or grown to `shape` (new cells are NaN)."""
-    if name in group:
-        array = group[name]
-        if array.shape != shape:
-            array.resize(tuple(max(a, b) for a, b in zip(array.shape, shape)))
-        return array
-    chunks = (_CHUNK_TRIALS, _CHUNK_STEPS)[: len(shape)]
-    return _create(group, name, shape=shape, dtype="float64", chunks=chunks, fill_value=np.nan)
+def _array_names(metrics: set[str]) -> dict[str, str]:
+    """An array name for each metric: its characters an array name can't hold replaced,
+    never ``.`` or ``..``, at most 100 characters, and distinct (``_2``, ``_3``, ... after a
+    name another metric's became first)."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for metric in sorted(metrics):
+        base = _UNSAFE.sub("_", metric)[:100]
+        if base.strip(".") == "":
+            base = f"metric{base}"
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        names[metric] = name
+    return names
+
+
+def _curve(group: Any, name: str, shape: tuple[int, int], *, clear: bool):
+    """The float array `name` of `shape` (created, or grown with NaN cells); every cell NaN
+    with `clear`."""
+    if name not in group:
+        return _create(
+            group, name, shape=shape, dtype="float64", chunks=(_CHUNK_TRIALS, _CHUNK_STEPS), fill_value=np.nan
+        )
+    array = group[name]
+    if clear:
+        array.resize((0, 0))  # drops every chunk: the cells read as NaN again
+    grown = shape if clear else tuple(max(a, b) for a, b in zip(array.shape, shape))
+    if array.shape != grown:
+        array.resize(grown)
+    return array
 
 
 def _put(group: Any, name: str, values: np.ndarray) -> None:
@@ -153,7 +190,7 @@ def _put(group: Any, name: str, values: np.ndarray) -> None:
         name,
         shape=values.shape,
         dtype=values.dtype,
-        chunks=(max(1, min(len(values), 4096)),),
+        chunks=(max(1, min(len(values), _CHUNK_VALUES)),),
         overwrite=True,
     )
     if len(values):
@@ -210,7 +247,10 @@ class StudyResults:
 
 
 def open_results(storage: str, name: str, storage_options: Mapping[str, Any] | None = None) -> StudyResults:
-    """Read the results of study `name` under `storage` (a directory or fsspec URL)."""
+    """Read the results of study `name` under `storage` (a directory or fsspec URL); a name
+    no study can have (one that would leave the storage root, like ``../x``) is a ValueError."""
     import os
 
+    if not is_study_name(name):
+        raise ValueError(f"{name!r} is not a study name (1-128 letters, digits, '.', '_' or '-')")
     return StudyResults(_open_group(results_url(os.fspath(storage), name), "r", storage_options))

@@ -13,7 +13,8 @@ A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that
 from exactly that point continues in memory without reading storage.
 
 A checkpoint that fails verification (`CheckpointError`: missing marker, bad checksum,
-truncated file) is never loaded: the task ends with a ``corrupt`` event naming the point,
+truncated file, or a committed state that is not a trainer state and RNG states as this
+module saves them) is never used: the task ends with a ``corrupt`` event naming the point,
 and the coordinator plans the work again from an earlier one.
 """
 
@@ -34,7 +35,7 @@ from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.plan import CheckpointInfo
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
-from dagtune.trainer import Trainer, build_trainer, capture_rng, isolated_rng, restore_rng
+from dagtune.trainer import Trainer, build_trainer, capture_rng, check_rng_state, isolated_rng, restore_rng
 
 __all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "to_metrics"]
 
@@ -97,11 +98,31 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     metrics = {}
     for name, value in raw.items():
         if hasattr(value, "item"):
-            value = value.item()
+            try:
+                value = value.item()
+            except (RuntimeError, ValueError) as error:  # a tensor or array of several numbers
+                shape = tuple(getattr(value, "shape", ()))
+                raise TypeError(
+                    f"{where} returned metric {name!r} as a {type(value).__name__} of shape {shape}, "
+                    f"not one number ({error})"
+                ) from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} returned a non-numeric metric {name!r}: {value!r}")
         metrics[str(name)] = float(value)
     return metrics
+
+
+def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
+    """The trainer's state and the RNG states of a loaded checkpoint; a `CheckpointError` if
+    it holds anything else (committed and intact, but not a state this module saved)."""
+    if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
+        found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"not a training state: it needs 'trainer' and 'rng', it holds {found}")
+    try:
+        check_rng_state(state["rng"])
+    except ValueError as error:
+        raise CheckpointError(f"not a training state: {error}") from None
+    return state["trainer"], state["rng"]
 
 
 class _CorruptError(Exception):
@@ -195,12 +216,12 @@ class PathRunner:
         if self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
         try:
-            state = self.store.load(spec.identity, node, step)
+            trainer_state, rng_state = _checkpoint_parts(self.store.load(spec.identity, node, step))
         except CheckpointError as error:
             raise _CorruptError(node, step, error) from error
         trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-        trainer.load_state_dict(state["trainer"])
-        restore_rng(state["rng"])
+        trainer.load_state_dict(trainer_state)
+        restore_rng(rng_state)
         return trainer, [self._event("load", node, step, origin="storage")]
 
     # ------------------------------------------------------------------ the loop

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
+from dagtune.records import check_steps, is_study_name
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
 from dagtune.tasks import PathTask, Segment, TrainerSpec
@@ -47,8 +47,6 @@ from dagtune.trainer import Trainer
 log = logging.getLogger("dagtune")
 
 __all__ = ["Result", "Study", "TrialError", "TrialHandle", "TrialResult", "model_identity", "run_alone"]
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class TrialError(RuntimeError):
@@ -375,7 +373,7 @@ class Study:
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not is_study_name(name):
             raise ValueError(f"name must be 1-128 letters, digits, '.', '_' or '-', got {name!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
@@ -403,8 +401,11 @@ class Study:
         self._changed = threading.Condition(self._lock)
         self._failure: BaseException | None = None
         self._closed = False
+        self._gc_at = time.monotonic()
         if executor is None:
-            self.store = CheckpointStore(self.storage, storage_options)
+            self.store = self._open_storage(storage_options)
+            if client is None:  # the embedded cluster's workers are processes of their own
+                self._check_shared_storage(None)
             executor = self._dask_executor(client, workers)
         else:
             self.store = getattr(executor, "store", None)
@@ -449,7 +450,6 @@ class Study:
             if self._restored:
                 self._names = tuple(self._restored[0].config)
         self._metric: tuple[str | None, str] = (None, "max")
-        self._gc_at = time.monotonic()
         self._virtual = getattr(executor, "virtual", False)
         if not self._virtual:
             self._driver = threading.Thread(target=self._drive, name=f"dagtune-{name}", daemon=True)
@@ -470,6 +470,40 @@ class Study:
 
         return DemandPublisher(self).start()
 
+    def _open_storage(self, storage_options: Mapping[str, Any] | None) -> CheckpointStore:
+        """The checkpoint store, its filesystem opened and its root made: a storage URL that
+        can't be used fails here, naming it, before any cluster starts."""
+        try:
+            store = CheckpointStore(self.storage, storage_options)
+            store.fs.makedirs(store.root, exist_ok=True)
+        except (ValueError, ImportError, OSError) as error:
+            raise ValueError(
+                f"storage={self.storage!r} cannot be used: {type(error).__name__}: {error}"
+            ) from None
+        return store
+
+    def _check_shared_storage(self, client: Any) -> None:
+        """Refuse storage only this process sees (``memory://``) when Dask workers run in
+        other processes (the embedded cluster's always do, with `client` None): each would
+        keep its checkpoints to itself and the others would find them missing."""
+        if not self.store.process_local:
+            return
+        from dagtune.checkpoints import process_token
+
+        if client is None:
+            elsewhere = "the embedded cluster's workers are processes of their own"
+        else:
+            here = process_token()
+            others = sorted(a for a, token in client.run(process_token).items() if token != here)
+            if not others:
+                return
+            elsewhere = f"{len(others)} Dask worker(s) run in other processes ({', '.join(others[:3])})"
+        raise ValueError(
+            f"storage={self.storage!r} is the memory of this process, but {elsewhere}: checkpoints "
+            "could not be shared between them. Give a directory or an object store URL (s3://...), "
+            "or run the workers in this process (LocalCluster(processes=False))."
+        )
+
     def _dask_executor(self, client: Any, workers: int | None) -> Executor:
         from distributed import Client
 
@@ -482,6 +516,7 @@ class Study:
             self._owned_cluster = (client, cluster)
         self.client = client
         check_resources(client, self.resources)
+        self._check_shared_storage(client)
         slow = slow_allocator_workers(client)
         if slow:
             log.warning(
@@ -512,6 +547,10 @@ class Study:
         """Periodic durable work (journals, results) and automatic checkpoint collection."""
         if self._persistence is not None:
             self._persistence.tick(self.coordinator, force=force)
+        self._collect_when_due()
+
+    def _collect_when_due(self) -> None:
+        """Collect checkpoints if the study's policy collects every so often and it is time."""
         policy = self.gc_policy
         interval = None if policy is None else policy.interval_seconds
         if interval is not None and time.monotonic() - self._gc_at >= interval:
@@ -574,7 +613,8 @@ class Study:
     @property
     def incidents(self) -> list[str]:
         """Problems found and worked around: corrupt checkpoints (dropped and recomputed),
-        corrupt or foreign journal lines (skipped), each with where it was."""
+        corrupt or foreign journal lines and lines whose values dagtune never writes
+        (skipped; `dagtune.records`), each with where it was (``file:line`` for a line)."""
         with self._lock:
             found = list(self._persistence.incidents) if self._persistence else []
             return found + list(self.coordinator.incidents)
@@ -625,8 +665,7 @@ class Study:
         In a resumed study, the first submission of a restored trial's config and steps is
         that trial (finished: its results at once; pending: it trains on), so running the
         same script again continues it instead of adding trials."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_steps(steps)
         config = self._check_config(config)
         trial = self._take_restored(config, steps) or self._call(self.coordinator.submit, config, steps)
         return TrialHandle(self, trial)
@@ -702,9 +741,11 @@ class Study:
         try:
             if getattr(self, "coordinator", None) is not None:
                 with self._lock:
-                    self._tick(force=True)  # the last journal batch and results
-                    if self._persistence is not None:
-                        self._persistence.close()
+                    try:
+                        self._collect_when_due()
+                    finally:  # the last work, journal lines and results; the lease goes
+                        if self._persistence is not None:
+                            self._persistence.close(self.coordinator)
         finally:
             self._stop_execution()
 

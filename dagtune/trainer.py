@@ -29,6 +29,7 @@ __all__ = [
     "Trainer",
     "build_trainer",
     "capture_rng",
+    "check_rng_state",
     "isolated_rng",
     "restore_rng",
     "seed_everything",
@@ -183,19 +184,39 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     state and this process have, and ignored where CUDA is not available.
     """
     if "python" in state:
-        py = state["python"]
-        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]))
+        random.setstate(_python_state(state["python"]))
     if "numpy" in state:
-        npy = state["numpy"]
-        key = np.asarray(npy["key"], dtype=np.int64).astype(np.uint32)
-        np.random.set_state(
-            (npy["kind"], key, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
-        )
+        np.random.set_state(_numpy_state(state["numpy"]))
     if "torch" in state:
         torch.set_rng_state(_byte_tensor(state["torch"]))
     if state.get("cuda") and torch.cuda.is_available():
         for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(_byte_tensor(cuda_state), device)
+
+
+def check_rng_state(state: Any) -> None:
+    """Raise a ValueError unless `state` holds what `capture_rng` returns (python's, numpy's
+    and torch's states, and CUDA's if present): each part is restored into a throwaway
+    generator, which checks it exactly as `restore_rng` would, and nothing global changes."""
+    if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= state.keys():
+        found = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"an RNG state needs 'python', 'numpy' and 'torch', got {found}")
+    try:
+        random.Random().setstate(_python_state(state["python"]))
+        np.random.RandomState().set_state(_numpy_state(state["numpy"]))
+        for part in [state["torch"], *(state.get("cuda") or ())]:
+            torch.Generator().set_state(_byte_tensor(part))
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as error:
+        raise ValueError(f"not an RNG state captured by dagtune: {type(error).__name__}: {error}") from None
+
+
+def _python_state(py: Mapping[str, Any]) -> tuple:
+    return int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]
+
+
+def _numpy_state(npy: Mapping[str, Any]) -> tuple:
+    key = np.asarray(npy["key"], dtype=np.int64).astype(np.uint32)
+    return npy["kind"], key, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"])
 
 
 def _byte_tensor(value: Any) -> torch.Tensor:

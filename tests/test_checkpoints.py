@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import pickle
 import threading
 import uuid
@@ -230,8 +231,31 @@ def test_arbitrary_objects_are_refused_at_load(store):
     marker = {"format": 1, "file": f"state-{sha[:16]}.pt", "nbytes": len(data), "sha256": sha}
     store.fs.pipe_file(f"{directory}/COMMIT", json.dumps(marker).encode())
     assert store.info(IDENTITY, NODE, 3) == CheckpointInfo(len(data), sha)
-    with pytest.raises(CheckpointError, match="weights_only"):
+    with pytest.raises(
+        CheckpointError, match=r"weights_only=True: refused global test_checkpoints\.Arbitrary"
+    ):
         store.load(IDENTITY, NODE, 3)
+
+
+class Shell:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_naming_what_it_calls(store):
+    buffer = io.BytesIO()
+    torch.save({"thing": Shell()}, buffer)
+    data = buffer.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    directory = store.directory(IDENTITY, NODE, 3)
+    store.fs.makedirs(directory, exist_ok=True)
+    store.fs.pipe_file(f"{directory}/state-{sha[:16]}.pt", data)
+    marker = {"format": 1, "file": f"state-{sha[:16]}.pt", "nbytes": len(data), "sha256": sha}
+    store.fs.pipe_file(f"{directory}/COMMIT", json.dumps(marker).encode())
+    with pytest.raises(CheckpointError) as refused:
+        store.load(IDENTITY, NODE, 3)
+    # torch's reason is kept, not only its boilerplate: the global and why it was refused
+    assert "refused global posix.system" in str(refused.value) and "blocked" in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -298,6 +322,17 @@ def test_picklable(store):
     assert copy.url == store.url and copy.storage_options == store.storage_options
     assert copy.info(IDENTITY, NODE, 3) == info
     assert_same(copy.load(IDENTITY, NODE, 3), store.load(IDENTITY, NODE, 3))
+
+
+def test_a_memory_store_opens_only_in_the_process_that_made_it():
+    store = CheckpointStore(f"memory://dagtune-test-{uuid.uuid4().hex}")
+    assert store.process_local and not CheckpointStore("/tmp/x").process_local
+    here = pickle.loads(pickle.dumps(store))
+    assert here.info(IDENTITY, NODE, 3) is None  # in this process: the same memory
+    elsewhere = CheckpointStore.__new__(CheckpointStore)
+    elsewhere.__setstate__({**store.__getstate__(), "process": "another process"})  # as unpickled there
+    with pytest.raises(ValueError, match="is the memory of the process that made this store"):
+        elsewhere.info(IDENTITY, NODE, 3)
 
 
 def test_local_paths_are_made_absolute_and_options_hidden(tmp_path, monkeypatch):

@@ -139,6 +139,11 @@ def test_gc_dry_run_then_for_real(storage, tmp_path):
         ),
         (["tree", ".", "--study", "a b"], "--study 'a b' is not a study name", "Hint:"),
         (["dashboard", ".", "--study", "[x]"], "--study '[x]' is not a study name", "Hint:"),
+        (
+            ["dashboard", ".", "--allow-origin", "host"],
+            "--allow-origin 'host' is not HOST:PORT",
+            "Hint: e.g.",
+        ),
         (["run", "x.py", "--resources", "GPU"], "--resources 'GPU' is not NAME=AMOUNT", "Hint: e.g."),
     ],
 )
@@ -420,3 +425,63 @@ def test_dashboard_command_serves_the_page(storage):
         process.terminate()
         process.wait(timeout=30)
     assert process.returncode is not None
+
+
+def websocket_status(host: str, port: int, origin: str) -> str:
+    """How the page's websocket answers a browser at `origin` (``"open"`` or the HTTP error)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def attempt() -> str:
+        request = HTTPRequest(f"ws://{host}:{port}/dagtune/ws", headers={"Origin": f"http://{origin}"})
+        try:
+            (await websocket_connect(request)).close()
+        except HTTPClientError as error:
+            return f"HTTP {error.code}"
+        return "open"
+
+    return asyncio.run(attempt())
+
+
+@pytest.mark.slow
+def test_the_page_on_every_interface_accepts_browsers_at_this_machines_addresses(storage):
+    import socket
+
+    import psutil
+
+    from dagtune.dashboard.server import websocket_origins
+
+    outside = sorted(
+        entry.address
+        for entries in psutil.net_if_addrs().values()
+        for entry in entries
+        if entry.family == socket.AF_INET and not entry.address.startswith("127.")
+    )
+    if not outside:
+        pytest.skip("this machine has no IPv4 address but loopback")
+    assert websocket_origins("127.0.0.1", 8790) == ["127.0.0.1:8790", "localhost:8790"]  # the default
+    command = [
+        sys.executable,
+        "-m",
+        "dagtune.cli",
+        "dashboard",
+        storage,
+        "--address",
+        "0.0.0.0",
+        "--port",
+        "0",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("dagtune dashboard: http://0.0.0.0:"), first + process.stdout.read()
+        port = int(first.split()[2].split(":")[2].split("/")[0])
+        assert f"http://{outside[0]}:{port}/dagtune" in process.stdout.readline()
+        for origin in (outside[0], socket.gethostname(), "localhost"):  # what a browser may use
+            assert websocket_status(outside[0], port, f"{origin}:{port}") == "open", origin
+        assert websocket_status("127.0.0.1", port, f"evil.example:{port}") == "HTTP 403"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -14,6 +14,7 @@ import math
 import threading
 
 import pytest
+import torch
 import zarr
 from durable_helpers import SECRET
 
@@ -166,8 +167,9 @@ def test_an_unreadable_trial_record_is_reported_and_the_rest_resumes(storage):
     forger.append({"r": "submit", "trial": 7, "steps": 2}, sync=True)  # no config
     with study_on(storage, "records") as again:
         assert [t.status for t in again.trials] == ["completed"]
-        (incident,) = again.incidents
-        assert "unreadable trial record" in incident and "'trial': 7" in incident
+        (incident,) = again.incidents  # reported with its place, as a bad checksum is
+        assert f"{directory}/{forger.writer}" in incident
+        assert ".jsonl:2: unreadable trial record (submit record has no field 'config')" in incident
 
 
 def test_results_are_a_zarr_group_with_learning_curves(storage):
@@ -250,10 +252,17 @@ def corrupt(storage, study: Study, point: tuple[str, int], how: str) -> None:
         fs.pipe_file(data, fs.cat_file(data)[:100])
     elif how == "malformed marker":
         fs.pipe_file(marker, b'{"format": 1, "file": ')
+    elif how in ("empty state", "bad RNG state"):  # committed, intact, not a training state
+        state = study.store.load(study.identity, *point)
+        study.store.delete(study.identity, *point)
+        state = {} if how == "empty state" else {**state, "rng": {**state["rng"], "torch": torch.zeros(3)}}
+        study.store.save(study.identity, *point, state)
     fs.invalidate_cache(directory)
 
 
-@pytest.mark.parametrize("how", ["missing marker", "bad checksum", "truncated", "malformed marker"])
+@pytest.mark.parametrize(
+    "how", ["missing marker", "bad checksum", "truncated", "malformed marker", "empty state", "bad RNG state"]
+)
 def test_a_corrupt_checkpoint_is_never_loaded_but_detected_and_recomputed(storage, how):
     base = {"lr": dt.Steps([0.1, 0.05], [8]), "batch_size": 128}
     branch = {"lr": dt.Steps([0.1, 0.02], [8]), "batch_size": 128}
@@ -292,7 +301,13 @@ def test_corrupt_and_foreign_journal_lines_are_reported_with_their_place_and_ski
     flipped[flipped.index(b'"step":') + 7] ^= 0x01  # a changed digit: the checksum must catch it
     lines[metrics_line] = bytes(flipped)
     lines.insert(1, b'{"e": "node", "id": "0000000000000000"}\n')  # foreign: no format tag
-    forged = {"e": "node", "id": "ffffffffffffffff", "parent": None, "start": 0, "config": {}}
+    forged = {
+        "e": "node",
+        "id": "ffffffffffffffff",
+        "parent": None,
+        "start": 0,
+        "config": config_to_json(normalize_config({"lr": 0.5})),
+    }
     lines.insert(2, encode_line(forged))  # well-formed, but its id does not match its content
     fs.pipe_file(path, b"".join(lines) + b'dj1 0badc0de {"e": ')  # ends in a cut-short line
     fs.invalidate_cache(directory)
@@ -334,7 +349,10 @@ def test_a_journal_file_of_another_model_is_refused_whole_and_reported(storage):
     with study_on(storage, "mine") as again:
         assert plan_points(again.plan) == known  # nothing of the other model came in
         assert any(copied in i and "a file of another journal" in i for i in again.incidents)
-        assert any("field 'step' must be a step >= 1, got '6'" in i for i in again.incidents)
+        assert any(
+            "metrics event field 'step' must be a step from 1 to 10000000, got '6'" in i
+            for i in again.incidents
+        )
         assert again.evaluate(config, 6) == final(config, 6)
         assert again.report["executed_steps"] == 0
 
@@ -367,7 +385,7 @@ def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(stora
     child = builder.locate(normalize_config({"lr": dt.Steps([0.1, 0.01], [3])}), 6, create=True)
     events = []
     builder.listeners.append(events.append)
-    builder.record_checkpoint(child, 6, CheckpointInfo(10, "ab"))
+    builder.record_checkpoint(child, 6, CheckpointInfo(10, "ab" * 32))
     root_event, child_event = (
         {"e": "node", "id": n.id, "parent": n.parent, "start": n.start, "config": config_to_json(n.config)}
         for n in builder.nodes.values()
@@ -383,7 +401,7 @@ def test_journals_of_several_writers_merge_whatever_order_events_arrive_in(stora
     loader = PlanJournal(plan, Journal(fs, directory))
     loader.load()
     assert set(plan.nodes) == set(builder.nodes)
-    assert plan.nodes[child].checkpoints == {6: CheckpointInfo(10, "ab")}
+    assert plan.nodes[child].checkpoints == {6: CheckpointInfo(10, "ab" * 32)}
     assert loader.journal.incidents == [f"{directory}/notes.txt: not a journal file of this format; ignored"]
 
 
@@ -428,6 +446,40 @@ def test_failed_and_diverged_trials_are_kept_with_their_reason(storage):
     frame = open_results(storage.url, "faults", storage.options).trials
     assert list(frame["status"]) == ["failed", "diverged", "completed"]
     assert "RuntimeError: exploded on purpose" in frame["error"][0]
+
+
+def study_records(storage, name: str):
+    from dagtune.durable import read_records
+
+    fs, root = storage.fs()
+    return read_records(Journal(fs, f"{root}/studies/{name}/journal", header=records_header(name)))
+
+
+@pytest.mark.parametrize("failing", ["results", "plan refresh"])
+def test_closing_writes_the_records_and_releases_the_lease_whatever_failed_before(storage, failing):
+    study = study_on(storage, "closing")
+    handle = study.submit({"lr": 0.1}, 4)
+    handle.result()
+    fs, root = storage.fs()
+    leases = f"{root}/{study.identity}/leases"
+    assert fs.find(leases)  # the study holds a lease while it lives
+
+    def fail(*args):
+        raise RuntimeError(f"{failing} failed on purpose")
+
+    if failing == "results":
+        study._persistence.results.write = fail
+    else:
+        study._persistence.plan_journal.refresh = fail
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        study.close()
+    fs.invalidate_cache(leases)
+    assert fs.find(leases) == []  # released
+    records = study_records(storage, "closing")
+    assert records.trials[0].status == "completed"
+    assert records.work_total()["executed_steps"] == 4  # what this session trained
+    with study_on(storage, "closing") as again:  # and the study resumes
+        assert again.trials[0].result() == final({"lr": 0.1}, 4)
 
 
 # --------------------------------------------------------------------------- garbage collection
@@ -597,3 +649,64 @@ def test_credentials_never_reach_storage_logs_or_results(storage, caplog, capsys
     bucket = root.split("/")[0]
     for path in fs.find(bucket):
         assert SECRET.encode() not in fs.cat_file(path), path
+
+
+# --------------------------------------------------------------------------- storage a study can't use
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """The embedded cluster must not start: these mistakes are found before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the embedded cluster was started before the storage was checked")
+
+    monkeypatch.setattr("dagtune.cluster.embedded_cluster", refuse)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nosuchfs://runs", "storage='nosuchfs://runs' cannot be used: ValueError: Protocol not known"),
+        ("{file}", "storage='{file}' cannot be used: FileExistsError"),
+    ],
+)
+def test_a_storage_url_that_cannot_be_used_fails_before_any_cluster_starts(
+    tmp_path, no_cluster, url, message
+):
+    file = tmp_path / "a-file"
+    file.write_text("not a directory")
+    with pytest.raises(ValueError) as refused:
+        Study(SyntheticTrainer, storage=url.format(file=file))
+    assert message.format(file=file) in str(refused.value)
+
+
+def test_memory_storage_is_refused_where_worker_processes_cannot_share_it(no_cluster):
+    with pytest.raises(
+        ValueError,
+        match="storage='memory://runs' is the memory of this process, but the "
+        "embedded cluster's workers are processes of their own",
+    ):
+        Study(SyntheticTrainer, storage="memory://runs")
+    store = CheckpointStore(f"memory://shared-{threading.get_ident()}")
+    with Study(SyntheticTrainer, executor=SimulatedExecutor(2, store=store)) as study:  # in-process: fine
+        assert study.submit({"lr": 0.1}, 3).result() == final({"lr": 0.1}, 3)
+
+
+@pytest.mark.slow
+def test_memory_storage_works_with_workers_in_this_process_and_is_refused_with_others(client):
+    from distributed import Client, LocalCluster
+
+    with pytest.raises(ValueError, match=r"2 Dask worker\(s\) run in other processes"):
+        Study(SyntheticTrainer, storage="memory://elsewhere", client=client)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as here,
+        Study(SyntheticTrainer, storage="memory://here", client=here) as study,
+    ):
+        assert study.submit({"lr": 0.1}, 3).result(timeout=60) == final({"lr": 0.1}, 3)
+
+
+def test_results_are_read_only_from_inside_the_storage_root(tmp_path):
+    with pytest.raises(ValueError, match=r"'\.\./\.\./outside' is not a study name"):
+        open_results(str(tmp_path / "runs"), "../../outside")

@@ -18,6 +18,7 @@ from dagtune.trainer import (
     Trainer,
     build_trainer,
     capture_rng,
+    check_rng_state,
     isolated_rng,
     restore_rng,
     seed_everything,
@@ -392,3 +393,36 @@ def test_checkpoints_anywhere_never_change_the_batches(n, batch_size, seed, shuf
     epochs = -(-len(stream) // n) if stream else 0
     reference = ResumableBatches(n, 1, seed, shuffle=shuffle)
     assert stream == flat(reference.permutation(e).tolist() for e in range(epochs))[: len(stream)]
+
+
+def test_a_metric_that_is_not_one_number_is_named():
+    from dagtune.runner import to_metrics
+
+    assert to_metrics({"loss": torch.tensor(0.5), "n": np.int64(3)}, "Trainer.train()") == {
+        "loss": 0.5,
+        "n": 3.0,
+    }
+    with pytest.raises(
+        TypeError, match=r"evaluate\(\) returned metric 'acc' as a Tensor of shape \(2,\), not one"
+    ):
+        to_metrics({"loss": torch.tensor(0.5), "acc": torch.ones(2)}, "Trainer.evaluate()")
+    with pytest.raises(TypeError, match=r"metric 'acc' as a ndarray of shape \(3,\)"):
+        to_metrics({"acc": np.zeros(3)}, "Trainer.evaluate()")
+
+
+def test_an_rng_state_is_checked_without_touching_the_generators():
+    seed_everything(3)
+    state = through_bytes(capture_rng())
+    check_rng_state(state)
+    expected = draws()
+    seed_everything(3)
+    for bad in (
+        {},
+        [],
+        {**state, "numpy": {"kind": "MT19937"}},
+        {**state, "torch": torch.zeros(3)},
+        {**state, "python": {"version": 3, "state": [1, 2], "gauss_next": None}},
+    ):
+        with pytest.raises(ValueError, match="RNG state"):
+            check_rng_state(bad)
+    assert draws() == expected  # checking restored nothing

@@ -4,18 +4,23 @@ A Bokeh server (bokeh's own, on 127.0.0.1 by default) serves the same page as th
 dashboard's (`dagtune.dashboard.page`); its snapshots are read from the studies' records
 and search plans in storage (`dagtune.catalog`) and re-read every `refresh` seconds, so a
 study running elsewhere shows up as its journals are flushed.
+
+The page talks to the server over a websocket, which Bokeh accepts only from the origins
+(``host:port`` as the browser's address bar has it) it was told about: `websocket_origins`
+lists the names and addresses of this machine a browser can reach the bound address by.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagtune.catalog import StorageError, list_studies, load_study, open_storage, stored_snapshot
 
-__all__ = ["StoredSnapshots", "serve"]
+__all__ = ["StoredSnapshots", "serve", "websocket_origins"]
 
 
 class StoredSnapshots:
@@ -54,6 +59,40 @@ def free_port(address: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+_EVERY_INTERFACE = ("0.0.0.0", "::", "")
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def websocket_origins(address: str, port: int, extra: Iterable[str] = ()) -> list[str]:
+    """The origins a browser may open the page from when the server listens on `address`:
+    ``localhost`` and ``127.0.0.1`` always; for another address also that address and this
+    machine's host names; for every interface (``0.0.0.0``, ``::``) also every IPv4 address
+    of this machine. Each is ``host:port``; `extra` adds more as they are (a proxy's or a
+    tunnel's ``host:port``). Bokeh's origin check can't hold an IPv6 address (it splits at
+    colons), so a browser must reach a server on IPv6 by a host name."""
+    hosts = {"localhost", "127.0.0.1", address}
+    if not _loopback(address):
+        hosts |= {socket.gethostname(), socket.getfqdn()}
+    if address in _EVERY_INTERFACE:
+        import psutil
+
+        hosts |= {
+            entry.address
+            for entries in psutil.net_if_addrs().values()
+            for entry in entries
+            if entry.family == socket.AF_INET
+        }
+    return [f"{host}:{port}" for host in sorted(h for h in hosts if h and ":" not in h)] + list(extra)
+
+
 def serve(
     storage: str,
     *,
@@ -62,10 +101,12 @@ def serve(
     port: int = 8790,
     refresh: float = 5.0,
     storage_options: Mapping[str, Any] | None = None,
+    allow_origins: Iterable[str] = (),
 ):
     """Start serving the page for `storage` at ``http://{address}:{port}/dagtune`` (port 0:
-    a free one); returns the started `bokeh.server.server.Server` (``server.io_loop.start()``
-    runs it, ``server.stop()`` stops it). Raises `StorageError` for unreadable storage."""
+    a free one) to browsers at `websocket_origins` (plus `allow_origins`); returns the
+    started `bokeh.server.server.Server` (``server.io_loop.start()`` runs it,
+    ``server.stop()`` stops it). Raises `StorageError` for unreadable storage."""
     from bokeh.application import Application
     from bokeh.application.handlers.function import FunctionHandler
     from bokeh.server.server import Server
@@ -84,7 +125,7 @@ def serve(
         {"/dagtune": Application(FunctionHandler(make))},
         address=address,
         port=port,
-        allow_websocket_origin=[f"{address}:{port}", f"localhost:{port}"],
+        allow_websocket_origin=websocket_origins(address, port, allow_origins),
     )
     server.start()
     return server

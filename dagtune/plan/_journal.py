@@ -16,8 +16,10 @@ with a ``{"h": header}`` line, and a reader that knows the header skips (and rep
 file that carries another one or none, such as a file copied from another model's plan.
 
 Each line checks itself: ``dj1 <crc32 of the JSON, 8 hex digits> <JSON>``. A line that
-does not start with the format tag, fails its checksum or is not a JSON object is reported
-as ``file:line`` with the reason (in `incidents`) and skipped, never guessed at. Readers
+does not start with the format tag, fails its checksum, is not a JSON object or has a time
+stamp that is not a finite number is reported as ``file:line`` with the reason (in
+`incidents`) and skipped, never guessed at; so is a line whose fields are not what dagtune
+writes (`dagtune.records` checks them). Readers
 merge all writers' records by their time stamp, keeping each writer's own order, and can
 `read_new` later to pick up what other writers appended since.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -42,8 +45,8 @@ from dataclasses import dataclass
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dagtune.config import config_dumps, config_from_json
-from dagtune.plan._plan import SearchPlan, node_id
+from dagtune.plan._plan import SearchPlan
+from dagtune.records import RecordError, parse_plan_event
 
 __all__ = ["Entry", "Journal", "PlanJournal"]
 
@@ -81,9 +84,15 @@ def decode_line(line: bytes) -> dict:
         raise ValueError(f"malformed checksum {checksum[:16]!r}") from None
     if len(checksum) != 8 or zlib.crc32(body) != expected:
         raise ValueError("checksum mismatch (corrupted line)")
-    record = json.loads(body)
+    try:
+        record = json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(record, dict):
         raise ValueError("not a JSON object")
+    stamp = record.get("t", 0.0)
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+        raise ValueError(f"time stamp 't' must be a finite number, got {str(stamp)[:40]!r}")
     return record
 
 
@@ -280,74 +289,22 @@ class PlanJournal:
     refresh = load
 
     def _apply(self, entry: Entry, applied: list[dict]) -> None:
-        event = {k: v for k, v in entry.record.items() if k != "t"}
         try:
-            missing = self._missing_node(event)
-            if missing is not None:
-                self._waiting.setdefault(missing, []).append(entry)
-                return
-            _check_event(event)
-            if event.get("e") == "node":
-                _check_node_id(event)
-            changed = self.plan.apply(event, emit=False)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            self.journal.report(entry.where, f"invalid search plan event ({error!r}); skipped")
+            parsed = parse_plan_event(entry.record)
+        except RecordError as error:
+            self.journal.report(entry.where, f"invalid search plan event ({error}); skipped")
+            return
+        needed = parsed.needs
+        if needed is not None and needed not in self.plan.nodes:
+            self._waiting.setdefault(needed, []).append(entry)
+            return
+        try:
+            changed = self.plan.apply(parsed.event, emit=False, live_config=parsed.config)
+        except ValueError as error:  # it does not fit the plan (e.g. a point before its node)
+            self.journal.report(entry.where, f"invalid search plan event ({error}); skipped")
             return
         if changed:
-            applied.append(event)
-        if event.get("e") == "node":
-            for waiting in self._waiting.pop(event["id"], []):
+            applied.append(parsed.event)
+        if parsed.event["e"] == "node":
+            for waiting in self._waiting.pop(parsed.event["id"], []):
                 self._apply(waiting, applied)
-
-    def _missing_node(self, event: dict) -> str | None:
-        kind = event.get("e")
-        needed = event.get("parent") if kind == "node" else event.get("node")
-        if kind != "node" and not isinstance(needed, str):
-            raise ValueError(f"event without a node: {event!r}")
-        if needed is not None and needed not in self.plan.nodes:
-            return needed
-        return None
-
-
-def _check_event(event: dict) -> None:
-    """Raise ValueError naming the field of a search plan event that has the wrong type."""
-
-    def need(name: str, ok: Callable[[object], bool], what: str) -> None:
-        if name not in event or not ok(event[name]):
-            raise ValueError(f"{event.get('e')} event field {name!r} must be {what}, got {event.get(name)!r}")
-
-    def count(value: object, least: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-    kind = event.get("e")
-    if kind == "node":
-        need("id", lambda v: isinstance(v, str), "a node id")
-        need("parent", lambda v: v is None or isinstance(v, str), "a node id or null")
-        need("start", lambda v: count(v, 0), "a step >= 0")
-        need("config", lambda v: isinstance(v, dict), "a config")
-        return
-    need("node", lambda v: isinstance(v, str), "a node id")
-    need("step", lambda v: count(v, 1), "a step >= 1")
-    if kind == "checkpoint":
-        need("nbytes", lambda v: count(v, 0), "a size in bytes")
-        need("sha256", lambda v: isinstance(v, str), "a hex digest")
-    elif kind == "metrics":
-        need(
-            "metrics",
-            lambda v: (
-                isinstance(v, dict)
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
-            ),
-            "a dict of numbers",
-        )
-
-
-def _check_node_id(event: dict) -> None:
-    """A node's id is the hash of its content: a line that does not match was tampered with
-    or comes from another format."""
-    config = config_from_json(event["config"])
-    expected = node_id(
-        event["parent"], event["start"], config, event.get("salt", "") if event.get("private") else ""
-    )
-    if event["id"] != expected:
-        raise ValueError(f"node id {event['id']} does not match its content ({config_dumps(config)[:80]})")

@@ -18,7 +18,6 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +25,12 @@ from typing import Any
 from dagtune.config import (
     Config,
     check_config_finite,
-    config_dumps,
     config_first_difference,
     config_from_json,
     config_to_json,
     value_key,
 )
+from dagtune.records import node_id
 
 __all__ = ["CheckpointInfo", "Node", "SearchPlan"]
 
@@ -63,11 +62,6 @@ class Node:
                 yield from ids
 
 
-def node_id(parent: str | None, start: int, config: Config, salt: str = "") -> str:
-    text = f"{parent or ''}|{start}|{config_dumps(config)}|{salt}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 class SearchPlan:
     """Nodes, requests, checkpoints and metrics of one model identity.
 
@@ -93,6 +87,11 @@ class SearchPlan:
         `live_config` is the already-parsed config of a node event, to skip parsing its JSON.
         """
         kind = event["e"]
+        if kind in ("checkpoint", "metrics") and event["step"] <= self.nodes[event["node"]].start:
+            raise ValueError(
+                f"{kind} at step {event['step']} of node {event['node']}, which starts at step "
+                f"{self.nodes[event['node']].start}: a point belongs to the node that trained it"
+            )
         if kind == "node":
             changed = self._apply_node(event, live_config)
         elif kind == "checkpoint":
@@ -121,6 +120,11 @@ class SearchPlan:
         if parent is not None and parent not in self.nodes:
             raise ValueError(f"search plan node {event['id']} names unknown parent {parent}")
         start = event["start"]
+        if parent is not None and start <= self.nodes[parent].start:
+            raise ValueError(
+                f"search plan node {event['id']} branches at step {start}, not after its parent "
+                f"{parent} starts (step {self.nodes[parent].start})"
+            )
         depth = 0 if parent is None else self.nodes[parent].depth + 1
         node = Node(event["id"], parent, start, config, len(self.order), depth)
         self.nodes[node.id] = node
@@ -153,7 +157,7 @@ class SearchPlan:
         if node is None:
             return self._create(None, 0, config) if create else None
         while True:
-            diverge = config_first_difference(node.config, config, node.start, steps)
+            diverge = _agreement(node, config, steps)
             if diverge >= steps:
                 return node.id
             branches = node.children.get(diverge, {}).get(value_key(config, diverge), [])
@@ -170,7 +174,7 @@ class SearchPlan:
         if len(ids) == 1:
             return self.nodes[ids[0]]
         nodes = [self.nodes[i] for i in ids]
-        return max(nodes, key=lambda n: config_first_difference(n.config, config, n.start, steps))
+        return max(nodes, key=lambda n: _agreement(n, config, steps))
 
     def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
         identifier = node_id(parent, start, config, salt)
@@ -266,6 +270,15 @@ class SearchPlan:
             current = self.nodes[current.parent] if current.parent is not None else None
         return None
 
+    def known_metrics(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
+        """The metrics known along the path to ``(node, steps)`` as ``(step, metrics)`` in
+        step order: only the steps that have them, however long the path."""
+        known: list[tuple[int, dict[str, float]]] = []
+        for owner, start, end in self.segments(node, steps):
+            metrics = self.nodes[owner].metrics
+            known.extend((s, metrics[s]) for s in sorted(metrics) if start < s <= end)
+        return known
+
     def curve(self, node: str, steps: int) -> list[dict[str, float] | None]:
         """Metrics after 1, 2, ..., `steps` steps along the path (None where unknown)."""
         curve: list[dict[str, float] | None] = []
@@ -289,6 +302,19 @@ class SearchPlan:
 
     def drop_checkpoint(self, node: str, step: int) -> bool:
         return self.apply({"e": "drop_checkpoint", "node": node, "step": step})
+
+
+def _agreement(node: Node, config: Config, steps: int) -> int:
+    """The first step in ``[node.start, steps)`` where `config` leaves `node`'s config, or
+    `steps`. A step where the node's config has no finite value is one where they part: a
+    node is trained only where its config is finite (its value at its start is, or the plan
+    refuses the node), whatever journal line brought it in."""
+    limit = steps
+    for sequence in node.config.values():
+        bad = sequence.first_nonfinite(limit)
+        if bad is not None:
+            limit = bad
+    return config_first_difference(node.config, config, node.start, limit)
 
 
 def unique_steps(trials) -> int:
