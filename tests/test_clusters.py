@@ -6,16 +6,15 @@ without any cluster: `DemandAdaptive`'s target, `slurm()`'s job script, GPU pinn
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import dask
 import pytest
+from clusters import dask_command, scheduler_address
 from distributed import Client, LocalCluster
 from durable_helpers import SlowTrainer
 from slurm_helpers import spawn
@@ -54,12 +53,6 @@ def run_grid(
         events = client.get_events(study.coordinator.topic)
     workers = {msg["worker"] for _, msg in events if msg.get("kind") == "start"}
     return result.report, workers
-
-
-def dask_command(*args: str) -> list[str]:
-    """The `dask` console script of this environment (``python -m dask`` if it has none)."""
-    script = Path(sys.executable).with_name("dask")
-    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
 
 
 # --------------------------------------------------------------------------- no cluster needed
@@ -280,13 +273,7 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path, caplog):
         )
     ]
     try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            assert time.monotonic() < deadline and processes[0].poll() is None, (
-                tmp_path / "scheduler.log"
-            ).read_text()
-            time.sleep(0.2)
-        address = json.loads(scheduler_file.read_text())["address"]
+        address = scheduler_address(scheduler_file, processes[0], tmp_path / "scheduler.log")
         for i in range(2):
             processes.append(
                 spawn(
