@@ -46,9 +46,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 __all__ = [
     "DemandAdaptive",
@@ -417,7 +420,9 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def embedded_cluster(workers: int | None, resources: dict[str, float] | None, security: Any = True) -> Any:
+def embedded_cluster(
+    workers: int | None, resources: dict[str, float] | None, security: bool | Security | None = True
+) -> Any:
     """The local cluster a study starts when it is given no client, on loopback, speaking
     TLS with credentials made for it alone unless `security` says otherwise (see
     `dagtune.security.embedded_security`; the cluster's ``security`` is what a client needs,

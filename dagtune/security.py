@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import os
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 __all__ = ["embedded_security", "protocol_of", "tls_from_files"]
 
 
-def embedded_security(security: Any) -> Any:
+def embedded_security(security: bool | Security | None) -> Security:
     """The `distributed.security.Security` of an embedded cluster from `Study(security=...)`:
     ``True`` (or None, the default) makes temporary TLS credentials for this cluster alone,
     ``False`` none (plain TCP: any process of this machine can connect), and a `Security`
@@ -62,12 +65,12 @@ def embedded_security(security: Any) -> Any:
     raise ValueError(f"security must be True, False or a distributed.security.Security, got {security!r}")
 
 
-def protocol_of(security: Any) -> str:
+def protocol_of(security: Security) -> str:
     """The Dask protocol its listeners use: ``tls://`` when `security` requires encryption."""
     return "tls://" if security.require_encryption else "tcp://"
 
 
-def tls_from_files(ca_file: str, cert: str, key: str | None = None) -> Any:
+def tls_from_files(ca_file: str, cert: str, key: str | None = None) -> Security:
     """A `Security` that uses one CA file, certificate and key for every role (scheduler,
     worker, client), as ``dask scheduler``/``dask worker --tls-ca-file --tls-cert
     --tls-key`` give each process its own; `key` may be None when the certificate file

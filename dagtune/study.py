@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 log = logging.getLogger("dagtune")
 
@@ -333,7 +336,8 @@ class Study:
     runs it on plain TCP, where any process of this machine can connect to it and run code
     on its workers (use it only where that is fine, e.g. to attach Dask tools that can't
     hold the credentials, or without the `cryptography` package); see `dagtune.security`.
-    `security` is for the embedded cluster only: a given client brings its own. `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
+    `security` is for the embedded cluster only: a given client brings its own.
+    `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
     `reuse=False` trains every trial on its own (the trial-based baseline). `executor`
     replaces Dask altogether (e.g. `dagtune.sim.SimulatedExecutor`; its store decides
     where things are kept).
@@ -369,7 +373,7 @@ class Study:
         executor: Executor | None = None,
         gc: GcPolicy | None = None,
         refresh_seconds: float = 2.0,
-        security: Any = None,
+        security: bool | Security | None = None,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -473,7 +477,7 @@ class Study:
 
         return DemandPublisher(self).start()
 
-    def _dask_executor(self, client: Any, workers: int | None, security: Any) -> Executor:
+    def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
         from distributed import Client
 
         from dagtune.cluster import embedded_cluster, slow_allocator_workers

@@ -290,7 +290,7 @@ def test_dagtune_run_on_a_dask_scheduler_and_worker_with_tls(tmp_path):
             main, ["run", str(tmp_path / "tls.py"), "--scheduler", address, "--storage", runs, *tls]
         )
         assert out.exit_code == 0, out.output + (tmp_path / "worker.log").read_text()[-3000:]
-        assert "2 trials: trained 12 steps for 16 trial steps (unique 12" in out.output
+        assert "2/2 trials finished" in out.output and "for 16 trial steps (unique 12," in out.output
         missing = CliRunner().invoke(
             main, ["run", str(tmp_path / "tls.py"), "--scheduler", address, "--storage", runs]
         )
