@@ -198,6 +198,7 @@ def test_the_embedded_cluster_has_one_worker_pinned_to_each_visible_gpu(tmp_path
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # two GPUs as a scheduler would give them
     with dt.Study(SyntheticTrainer, name="pinned", storage=tmp_path, resources={"GPU": 1}) as study:
         client = study.client
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")  # closed, as every embedded cluster
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert sorted(w["resources"]["GPU"] for w in workers.values()) == [1, 1]
         pinned = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -24,6 +24,8 @@ from slurm_helpers import spawn
 
 import dagtune as dt
 from dagtune.cli import main
+from dagtune.cluster import DEMAND
+from dagtune.dashboard import SNAPSHOTS, page_url
 from dagtune.security import embedded_security, tls_from_files
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
@@ -221,6 +223,11 @@ def test_only_the_studys_own_client_connects_to_the_embedded_cluster(s3_options)
         tasks, secret = client.run_on_scheduler(task_specs_seen)
         assert tasks >= 1 and secret == 0  # the stages trained on S3 without credentials in their specs
         assert list(client.run_on_scheduler(store_plugins_on_scheduler).values()) == [True]  # they came once
+        study._dashboard.publish(force=True)
+        published = client.get_metadata(list(SNAPSHOTS), default={})
+        assert [snapshot["study"] for snapshot in published.values()] == ["closed"]  # the page is fed
+        assert page_url(client).startswith("http://127.0.0.1:")  # and served over plain HTTP
+        assert set(client.get_metadata(list(DEMAND), default={})) == {study._demand.key[-1]}  # demand too
 
         assert client_refused(address)  # no credentials
         assert client_refused(address, security=Security.temporary())  # others
