@@ -224,6 +224,7 @@ def test_only_the_studys_own_client_connects_to_the_embedded_cluster(s3_options)
         assert tasks >= 1 and secret == 0  # the stages trained on S3 without credentials in their specs
         assert list(client.run_on_scheduler(store_plugins_on_scheduler).values()) == [True]  # they came once
         study._dashboard.publish(force=True)
+        study._demand.publish(force=True)
         published = client.get_metadata(list(SNAPSHOTS), default={})
         assert [snapshot["study"] for snapshot in published.values()] == ["closed"]  # the page is fed
         assert page_url(client).startswith("http://127.0.0.1:")  # and served over plain HTTP
