@@ -3,6 +3,7 @@
 ::
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N]
+                                   [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
@@ -115,15 +116,48 @@ def main(debug: bool) -> None:
 # --------------------------------------------------------------------------- run
 
 
-def _connect(address: str):
+def _connect(address: str, security: Any = None):
     from distributed import Client
 
     with _mistake(
-        (OSError, TimeoutError, ValueError),
+        (OSError, TimeoutError, ValueError, TypeError),  # TypeError: a tls:// address without certificates
         lambda error: f"cannot reach the Dask scheduler at {address}: {error}",
-        "start one with `dask scheduler` (and `dask worker ADDRESS`), or drop --scheduler for a local cluster",
+        "start one with `dask scheduler` (and `dask worker ADDRESS`), or drop --scheduler for a local cluster; "
+        "a TLS scheduler needs --tls-ca-file and --tls-cert (or Dask's distributed.comm.tls config)",
     ):
-        return Client(address, timeout="5s")
+        return Client(address, timeout="5s", security=security)
+
+
+def _security(
+    scheduler: str | None, no_tls: bool, ca_file: str | None, cert: str | None, key: str | None
+) -> Any:
+    """The TLS settings ``run`` was given: certificate files (for the client of --scheduler,
+    or for every process of the local cluster), ``False`` for a local cluster without TLS,
+    or None (a local cluster with temporary credentials; for --scheduler, Dask's config)."""
+    from dagtune.security import tls_from_files
+
+    files = {"--tls-ca-file": ca_file, "--tls-cert": cert, "--tls-key": key}
+    given = [option for option, path in files.items() if path]
+    if no_tls and scheduler:
+        raise UserError(
+            "--no-tls is for the local cluster; a --scheduler address says whether it uses TLS (tls://...)",
+            "drop --no-tls",
+        )
+    if no_tls and given:
+        raise UserError(f"--no-tls can't be used with {given[0]}", "drop one of them")
+    if not given:
+        return False if no_tls else None
+    if not ca_file or not cert:
+        raise UserError(
+            f"{given[0]} needs --tls-ca-file and --tls-cert too",
+            "give the CA file and this process's certificate (and --tls-key unless the certificate holds it)",
+        )
+    try:
+        return tls_from_files(ca_file, cert, key)
+    except ValueError as error:
+        raise UserError(
+            str(error), "give the PEM files the scheduler and workers were started with"
+        ) from None
 
 
 def _check_storage(url: str) -> None:
@@ -162,6 +196,20 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--name", help="Study name (default: the setup's).")
 @click.option("--resources", multiple=True, metavar="NAME=AMOUNT", help="Per stage, e.g. GPU=1 (repeatable).")
 @click.option("--timeout", type=float, help="Give up after this many seconds.")
+@click.option(
+    "--no-tls",
+    is_flag=True,
+    help="Run the local cluster on plain TCP: any local process can then connect and run code on it.",
+)
+@click.option(
+    "--tls-ca-file", metavar="PATH", help="CA certificate (PEM), as `dask scheduler --tls-ca-file`."
+)
+@click.option(
+    "--tls-cert",
+    metavar="PATH",
+    help="This process's certificate (PEM): the client's for --scheduler, else every local process's.",
+)
+@click.option("--tls-key", metavar="PATH", help="Its private key (PEM), unless --tls-cert holds it.")
 @_user_errors
 def run(
     target: str,
@@ -171,8 +219,17 @@ def run(
     name: str | None,
     resources: tuple[str, ...],
     timeout: float | None,
+    no_tls: bool,
+    tls_ca_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
-    """Run the study that TARGET sets up (script.py, script.py:func or module:func)."""
+    """Run the study that TARGET sets up (script.py, script.py:func or module:func).
+
+    The local cluster speaks TLS with credentials made for this run alone; with
+    --tls-ca-file/--tls-cert/--tls-key it uses those instead (other processes holding
+    them can connect). A --scheduler with TLS needs the same options (or Dask's
+    distributed.comm.tls config)."""
     import dagtune as dt
     from dagtune.launch import load_setup
     from dagtune.progress import watch
@@ -182,12 +239,15 @@ def run(
             "--workers sizes the local cluster; it can't be used with --scheduler", "drop one of them"
         )
     parsed = _parse_resources(resources)
+    security = _security(scheduler, no_tls, tls_ca_file, tls_cert, tls_key)
     setup = load_setup(target)
     _check_storage(storage)
-    client = _connect(scheduler) if scheduler else None
+    client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
     if parsed:
         options["resources"] = parsed
+    if client is None and security is not None:
+        options["security"] = security
     try:
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model

@@ -46,9 +46,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 __all__ = [
     "DemandAdaptive",
@@ -417,8 +420,13 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def embedded_cluster(workers: int | None, resources: dict[str, float] | None) -> Any:
-    """The local cluster a study starts when it is given no client, on loopback.
+def embedded_cluster(
+    workers: int | None, resources: dict[str, float] | None, security: bool | Security | None = True
+) -> Any:
+    """The local cluster a study starts when it is given no client, on loopback, speaking
+    TLS with credentials made for it alone unless `security` says otherwise (see
+    `dagtune.security.embedded_security`; the cluster's ``security`` is what a client needs,
+    and ``Client(cluster)`` takes it from there).
 
     Without a ``GPU`` resource: one single-threaded worker process per core (or `workers`).
     With ``resources={"GPU": g}``: one worker per ``ceil(g)`` of this machine's visible GPUs,
@@ -427,16 +435,21 @@ def embedded_cluster(workers: int | None, resources: dict[str, float] | None) ->
     than offered pretend ones."""
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
+    from dagtune.security import embedded_security, protocol_of
+
     gpus = (resources or {}).get("GPU")
     if gpus is None:
+        security = embedded_security(security)
         with glibc_thresholds():
             return LocalCluster(
                 n_workers=workers or os.cpu_count() or 1,
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
+                protocol=protocol_of(security),
                 dashboard_address="127.0.0.1:0",
                 resources=resources,
+                security=security,
                 silence_logs=logging.ERROR,
             )
     devices = visible_gpus()
@@ -455,12 +468,15 @@ def embedded_cluster(workers: int | None, resources: dict[str, float] | None) ->
         )
     groups = groups[: workers or len(groups)]
     offered = {**resources, "GPU": per_worker}
+    security = embedded_security(security)
+    secured = {"security": security, "protocol": protocol_of(security)}
     specs = {
         f"gpu-{'-'.join(group)}": {
             "cls": Nanny,
             "options": {
                 "nthreads": max(1, math.floor(per_worker / gpus)),  # fractions of a GPU share it
                 "host": "127.0.0.1",
+                **secured,
                 "resources": offered,
                 "env": {"CUDA_VISIBLE_DEVICES": ",".join(group)},
                 "silence_logs": logging.ERROR,
@@ -468,6 +484,9 @@ def embedded_cluster(workers: int | None, resources: dict[str, float] | None) ->
         }
         for group in groups
     }
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    scheduler = {
+        "cls": Scheduler,
+        "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **secured},
+    }
     with glibc_thresholds():
-        return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)
+        return SpecCluster(workers=specs, scheduler=scheduler, security=security, silence_logs=logging.ERROR)

@@ -9,7 +9,9 @@ that the task reads between steps, and events travel back through ``log_event`` 
 travel as one message and are polled together, so the coordinator never sees a step's
 metrics without the step itself (a run could otherwise end on a trial's last metrics and
 report one executed step too few). The task's result repeats every event, so nothing is
-lost if the stream lags.
+lost if the stream lags. The checkpoint store reaches the workers once, as a worker
+plugin, and a task names it (`dagtune.worker_store`): storage credentials are not part of
+any task.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
+from dagtune.worker_store import StoreRef, register, store_on, unregister
 
 __all__ = ["DaskExecutor", "check_resources"]
 
@@ -37,13 +40,16 @@ _CHECKS: dict[str, EvaluateChecks] = {}  # worker address -> its clean evaluate 
 _LIVE_LOCK = threading.Lock()
 
 
-def run_path(task: PathTask, store: Any, directives: str) -> list[dict]:
-    """The Dask task: train `task` on this worker, streaming events and obeying directives."""
+def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[dict]:
+    """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
+    streaming events and obeying directives."""
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
         checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
-    runner = PathRunner(task, store, live, worker=worker.address, checks=checks)
+    runner = PathRunner(
+        task, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+    )
     variable = Variable(directives)
 
     def relay(events: list[dict]) -> None:
@@ -105,7 +111,9 @@ def check_resources(client: Client, resources: dict[str, float] | None, wait: fl
 
 
 class DaskExecutor(Executor):
-    """Runs path tasks as futures of `client`, `resources` per task (e.g. ``{"GPU": 1}``)."""
+    """Runs path tasks as futures of `client`, `resources` per task (e.g. ``{"GPU": 1}``),
+    with checkpoints in `store` (given to the workers once, as a plugin named after `topic`,
+    and withdrawn on `close`)."""
 
     virtual = False
 
@@ -114,6 +122,7 @@ class DaskExecutor(Executor):
         self.store = store
         self.topic = topic
         self.resources = dict(resources) if resources else None
+        self._store_ref = None if store is None else register(client, store, f"{topic}-store")
         self._events: queue.Queue[list[dict]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
         self._directives: dict[str, dict] = {}
@@ -144,7 +153,7 @@ class DaskExecutor(Executor):
         future = self.client.submit(
             run_path,
             task,
-            self.store,
+            self._store_ref,
             f"{self.topic}-directives",
             key=task.key,
             resources=self.resources,
@@ -203,6 +212,8 @@ class DaskExecutor(Executor):
             self._variable.delete()
         except Exception:
             log.debug("deleting the directives variable failed", exc_info=True)
+        if self._store_ref is not None:
+            unregister(self.client, self._store_ref)
 
 
 def _lost(key: str, error: str, killed: bool = False) -> dict:

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 log = logging.getLogger("dagtune")
 
@@ -328,7 +331,14 @@ class Study:
 
     `client=None` starts an embedded local Dask cluster (one single-threaded worker process
     per core, or `workers`) and stops it on `close`; an existing `distributed.Client` is used
-    as it is. `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
+    as it is. The embedded cluster admits only the study's own client: `security=None`
+    (or True) gives it TLS credentials made for it alone, a `distributed.security.Security`
+    gives it yours (so that other processes holding them can connect), and `security=False`
+    runs it on plain TCP, where any process of this machine can connect to it and run code
+    on its workers (use it only where that is fine, e.g. to attach Dask tools that can't
+    hold the credentials, or without the `cryptography` package); see `dagtune.security`.
+    `security` is for the embedded cluster only: a given client brings its own.
+    `resources` (e.g. ``{"GPU": 1}``) is asked of the Dask worker by every stage.
     `reuse=False` trains every trial on its own (the trial-based baseline). `executor`
     replaces Dask altogether (e.g. `dagtune.sim.SimulatedExecutor`; its store decides
     where things are kept).
@@ -370,6 +380,7 @@ class Study:
         executor: Executor | None = None,
         gc: GcPolicy | None = None,
         refresh_seconds: float = 2.0,
+        security: bool | Security | None = None,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -381,6 +392,13 @@ class Study:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         _check_evaluate_count(check_evaluate)
+        if security is not None and (client is not None or executor is not None):
+            why = (
+                "a given client brings its own (Client(address, security=...))"
+                if client is not None
+                else "a given executor starts no cluster"
+            )
+            raise ValueError(f"security={security!r} secures the embedded cluster; {why}")
         if resources is not None:
             for key, amount in dict(resources).items():
                 if not isinstance(amount, (int, float)) or amount <= 0:
@@ -406,7 +424,7 @@ class Study:
             self.store = self._open_storage(storage_options)
             if client is None:  # the embedded cluster's workers are processes of their own
                 self._check_shared_storage(None)
-            executor = self._dask_executor(client, workers)
+            executor = self._dask_executor(client, workers, security)
         else:
             self.store = getattr(executor, "store", None)
         self.executor = executor
@@ -504,15 +522,15 @@ class Study:
             "or run the workers in this process (LocalCluster(processes=False))."
         )
 
-    def _dask_executor(self, client: Any, workers: int | None) -> Executor:
+    def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
         from distributed import Client
 
         from dagtune.cluster import embedded_cluster, slow_allocator_workers
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
-            cluster = embedded_cluster(workers, self.resources)
-            client = Client(cluster)
+            cluster = embedded_cluster(workers, self.resources, security)
+            client = Client(cluster)  # with the cluster's security
             self._owned_cluster = (client, cluster)
         self.client = client
         check_resources(client, self.resources)

@@ -1,11 +1,17 @@
-"""The real Dask cluster the integration tests run on: two single-threaded worker processes
-on loopback, as a small GPU node would have (one worker per GPU)."""
+"""The real Dask clusters the integration tests run on: two single-threaded worker processes
+on loopback, as a small GPU node would have (one worker per GPU), and `dask scheduler` /
+`dask worker` processes started from their console script."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from distributed import Client, LocalCluster
@@ -28,3 +34,19 @@ def local_client(warm_up: bool = True, **cluster_kwargs: Any) -> Iterator[Client
         if warm_up:
             client.run(importlib.import_module, "digits")
         yield client
+
+
+def dask_command(*args: str) -> list[str]:
+    """The `dask` console script of this environment (``python -m dask`` if it has none)."""
+    script = Path(sys.executable).with_name("dask")
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
+
+
+def scheduler_address(scheduler_file: Path, process: subprocess.Popen, log: Path, timeout: float = 60) -> str:
+    """The address a `dask scheduler --scheduler-file` process writes once it listens (fails
+    with its log if it exits or takes longer than `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not scheduler_file.exists():
+        assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+        time.sleep(0.2)
+    return json.loads(scheduler_file.read_text())["address"]

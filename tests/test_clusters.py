@@ -6,16 +6,15 @@ without any cluster: `DemandAdaptive`'s target, `slurm()`'s job script, GPU pinn
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import dask
 import pytest
+from clusters import dask_command, scheduler_address
 from distributed import Client, LocalCluster
 from durable_helpers import SlowTrainer
 from slurm_helpers import spawn
@@ -58,12 +57,6 @@ def run_grid(
 def started_on(events: list[tuple[float, list[dict]]]) -> set[str]:
     """The workers that started tasks, from a study's topic (each message: one step's events)."""
     return {event["worker"] for _, batch in events for event in batch if event["kind"] == "start"}
-
-
-def dask_command(*args: str) -> list[str]:
-    """The `dask` console script of this environment (``python -m dask`` if it has none)."""
-    script = Path(sys.executable).with_name("dask")
-    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
 
 
 # --------------------------------------------------------------------------- no cluster needed
@@ -209,6 +202,7 @@ def test_the_embedded_cluster_has_one_worker_pinned_to_each_visible_gpu(tmp_path
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # two GPUs as a scheduler would give them
     with dt.Study(SyntheticTrainer, name="pinned", storage=tmp_path, resources={"GPU": 1}) as study:
         client = study.client
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")  # closed, as every embedded cluster
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert sorted(w["resources"]["GPU"] for w in workers.values()) == [1, 1]
         pinned = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -284,13 +278,7 @@ def test_dask_scheduler_and_two_gpu_workers(tmp_path, caplog):
         )
     ]
     try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            assert time.monotonic() < deadline and processes[0].poll() is None, (
-                tmp_path / "scheduler.log"
-            ).read_text()
-            time.sleep(0.2)
-        address = json.loads(scheduler_file.read_text())["address"]
+        address = scheduler_address(scheduler_file, processes[0], tmp_path / "scheduler.log")
         for i in range(2):
             processes.append(
                 spawn(
