@@ -28,6 +28,7 @@ BENCHMARKS = (
     ("planner_bench", "4. Planner scale"),
     ("dispatch", "5. Dispatch overhead through Dask"),
     ("checkpoint_io", "6. Checkpoint I/O"),
+    ("surrogate", "7. Hyper-parameter transfer across width (muP surrogates)"),
 )
 
 
