@@ -25,7 +25,13 @@ import dagtune as dt
 from dagtune.trainer import ResumableBatches, Trainer
 
 #: The hyper-parameters `StdlibLMTrainer.setup` understands, with the values it starts from.
-DEFAULTS: dict[str, Any] = {"lr": 3e-3, "beta1": 0.9, "batch_size": 32, "weight_decay": 0.0}
+DEFAULTS: dict[str, Any] = {
+    "lr": 3e-3,
+    "beta1": 0.9,
+    "batch_size": 32,
+    "weight_decay": 0.0,
+    "output_mult": 1.0,
+}
 VOCAB = 256  # bytes
 
 
@@ -142,6 +148,10 @@ class StdlibLMTrainer(Trainer):
         dt.mup.set_hyperparameters(self.optimizer, **values)
         if "batch_size" in hp:
             self.batches.set_batch_size(hp["batch_size"])
+        if "output_mult" in hp:
+            if not float(hp["output_mult"]) > 0:
+                raise ValueError(f"output_mult must be positive, got {hp['output_mult']!r}")
+            self.model.readout.output_mult = float(hp["output_mult"])
 
     def loss(self, windows: torch.Tensor) -> torch.Tensor:
         logits = self.model(windows[:, :-1])

@@ -59,15 +59,12 @@ class Experiment:
     lr_exponents: tuple[int, ...]  # lr = 2 ** k
     second: str  # the second hyper-parameter's name
     second_values: tuple[Any, ...]
+    seeds: tuple[int, ...]  # every grid point is trained with each
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)
     scales: tuple[int, ...] = SCALES
 
     def config(self, lr: float, second: Any) -> dict[str, Any]:
-        """The trial's config: lr (with its schedule) and the second hyper-parameter."""
-        if self.second == "schedule":
-            from dagtune import Constant, Cosine
-
-            return {"lr": Constant(lr) if second == "constant" else Cosine(lr, self.steps)}
+        """The trial's config: the learning rate and the second hyper-parameter."""
         return {"lr": lr, self.second: second}
 
 
@@ -79,15 +76,17 @@ def experiments(mode: str) -> list[Experiment]:
         module="scaled_digits",
         trainer="ScaledDigitsTrainer",
         metric="val_loss",
-        base=16 if smoke else 64,
+        base=16 if smoke else 128 if full else 64,
         steps=1 if smoke else 10 if full else 6,
         step_name="epochs",
         lr_exponents=(-3, -2) if smoke else tuple(range(-8 if full else -7, 0)),
         second="momentum",
         second_values=(0.9,) if smoke else (0.8, 0.9, 0.95) if full else (0.8, 0.95),
-        trainer_kwargs={"base": 16 if smoke else 64},
+        seeds=(0,) if smoke else (0, 1, 2) if full else (0, 1),
+        trainer_kwargs={"base": 16 if smoke else 128 if full else 64},
     )
     lm_base = 32 if smoke else 128
+    batches = 2 if smoke else 50 if full else 12
     lm = Experiment(
         name="Transformer LM",
         module="stdlib_lm",
@@ -95,14 +94,15 @@ def experiments(mode: str) -> list[Experiment]:
         metric="val_bpb",
         base=lm_base,
         steps=1 if smoke else 8 if full else 4,
-        step_name="steps",
+        step_name=f"steps of {batches} batches of 32 windows",
         lr_exponents=(-7, -6) if smoke else tuple(range(-11 if full else -10, -3)),
-        second="schedule",
-        second_values=("constant",) if smoke else ("constant", "cosine"),
+        second="output_mult",
+        second_values=(1.0,) if smoke else (1.0, 4.0),
+        seeds=(0, 1) if full else (0,),
         trainer_kwargs={
             "base": lm_base,
             "heads": 2 if smoke else 4,
-            "batches_per_step": 2 if smoke else 50 if full else 12,
+            "batches_per_step": batches,
             "train_bytes": 100_000 if smoke else 1_000_000,
         },
     )
@@ -146,85 +146,68 @@ def _run_all(jobs: list[dict[str, Any]], pool: ProcessPoolExecutor) -> list[dict
 
 # --------------------------------------------------------------------------- analysis
 
-
-def _mean_metric(runs: Sequence[dict[str, Any]]) -> float:
-    values = [run["metric"] for run in runs]
-    return math.inf if any(math.isinf(v) for v in values) else statistics.fmean(values)
+Cell = tuple[str, str, int, Any, int]  # experiment, parametrization, scale, second value, lr exponent
 
 
-def grid(runs: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[tuple, float]:
-    """``(experiment, parametrization, scale, second, k) -> mean metric over `seeds```."""
-    cells: dict[tuple, list[dict[str, Any]]] = {}
+def _cell(run: dict[str, Any]) -> Cell:
+    return (run["experiment"], run["parametrization"], run["scale"], run["second"], run["k"])
+
+
+def grid(runs: Sequence[dict[str, Any]], experiments: Sequence[Experiment]) -> dict[Cell, float]:
+    """The mean metric of every grid point over its experiment's grid seeds (inf if any diverged)."""
+    seeds = {e.name: e.seeds for e in experiments}
+    values: dict[Cell, list[float]] = {}
     for run in runs:
-        if run["seed"] in seeds:
-            key = (run["experiment"], run["parametrization"], run["scale"], run["second"], run["k"])
-            cells.setdefault(key, []).append(run)
-    return {key: _mean_metric(cell) for key, cell in cells.items()}
+        if run["seed"] in seeds[run["experiment"]]:
+            values.setdefault(_cell(run), []).append(run["metric"])
+    return {
+        cell: math.inf if any(math.isinf(v) for v in metrics) else statistics.fmean(metrics)
+        for cell, metrics in values.items()
+    }
 
 
-def best_lr(
-    cells: dict[tuple, float], experiment: Experiment, parametrization: str, scale: int, second: Any
-) -> int:
+def best_lr(cells: dict[Cell, float], e: Experiment, parametrization: str, scale: int, second: Any) -> int:
     """The exponent k of the best learning rate 2**k (the smaller one on a tie)."""
-    return min(
-        experiment.lr_exponents,
-        key=lambda k: (cells[(experiment.name, parametrization, scale, second, k)], k),
-    )
+    return min(e.lr_exponents, key=lambda k: (cells[(e.name, parametrization, scale, second, k)], k))
 
 
-def best_pair(
-    cells: dict[tuple, float], experiment: Experiment, parametrization: str, scale: int
-) -> tuple[Any, int]:
+def best_pair(cells: dict[Cell, float], e: Experiment, parametrization: str, scale: int) -> tuple[Any, int]:
     """The best (second value, lr exponent) at a scale."""
-    pairs = [(second, k) for second in experiment.second_values for k in experiment.lr_exponents]
-    return min(pairs, key=lambda pair: cells[(experiment.name, parametrization, scale, *pair)])
+    pairs = [(second, k) for second in e.second_values for k in e.lr_exponents]
+    return min(pairs, key=lambda pair: cells[(e.name, parametrization, scale, *pair)])
 
 
-def summarize(
-    experiment: Experiment, parametrization: str, cells: dict[tuple, float], runs: list[dict]
-) -> dict:
+def summarize(e: Experiment, parametrization: str, cells: dict[Cell, float], runs: list[dict]) -> dict:
     """One summary row: best lr per width and second value, drift, transfer regret, noise."""
-    row: dict[str, Any] = {"model": experiment.name, "parametrization": parametrization}
-    drift = 0
-    for second in experiment.second_values:
-        full_k = best_lr(cells, experiment, parametrization, 1, second)
-        ks = {
-            scale: best_lr(cells, experiment, parametrization, scale, second) for scale in experiment.scales
-        }
-        drift = max(drift, *(abs(k - full_k) for k in ks.values()))
-        row[f"best_lr {second}"] = " / ".join(_lr(ks[s]) for s in experiment.scales)
-    pairs = {scale: best_pair(cells, experiment, parametrization, scale) for scale in experiment.scales}
-    row["best pair"] = " / ".join(f"{p[0]}, {_lr(p[1])}" for p in (pairs[s] for s in experiment.scales))
-    row["drift"] = drift
-    full_best = cells[(experiment.name, parametrization, 1, *pairs[1])]
-    transferred = cells[(experiment.name, parametrization, 1, *pairs[max(experiment.scales)])]
-    row["full_best"] = full_best
-    row["full_at_surrogate_best"] = transferred
-    row["regret"] = transferred - full_best
-    spreads = []
-    for scale in (1, max(experiment.scales)):
+    lines, drift = [], 0
+    for second in e.second_values:
+        ks = [best_lr(cells, e, parametrization, scale, second) for scale in e.scales]
+        drift = max(drift, *(abs(k - ks[-1]) for k in ks))  # e.scales ends with the full width
+        lines.append(f"{e.second} {second}: " + " ".join(_lr(k) for k in ks))
+    pairs = {scale: best_pair(cells, e, parametrization, scale) for scale in e.scales}
+    surrogate = max(e.scales)
+    full_best = cells[(e.name, parametrization, 1, *pairs[1])]
+    transferred = cells[(e.name, parametrization, 1, *pairs[surrogate])]
+    spreads, counts = [], []
+    for scale in (1, surrogate):
         values = [
-            run["metric"]
-            for run in runs
-            if (run["experiment"], run["parametrization"], run["scale"], run["second"], run["k"])
-            == (experiment.name, parametrization, scale, *pairs[scale])
+            run["metric"] for run in runs if _cell(run) == (e.name, parametrization, scale, *pairs[scale])
         ]
+        counts.append(len(values))
         if len(values) > 1 and all(math.isfinite(v) for v in values):
             spreads.append(statistics.stdev(values))
-    row["noise"] = max(spreads) if spreads else math.nan
-    row["noise_seeds"] = min(
-        (
-            sum(
-                1
-                for run in runs
-                if (run["experiment"], run["parametrization"], run["scale"], run["second"], run["k"])
-                == (experiment.name, parametrization, scale, *pairs[scale])
-            )
-            for scale in (1, max(experiment.scales))
-        ),
-        default=0,
-    )
-    return row
+    return {
+        "model": e.name,
+        "parametrization": parametrization,
+        "best_lrs": "<br>".join(lines),
+        "best_pairs": " ".join(f"({p[0]}, {_lr(p[1])})" for p in (pairs[s] for s in e.scales)),
+        "drift": drift,
+        "full_best": full_best,
+        "full_at_surrogate_best": transferred,
+        "regret": transferred - full_best,
+        "noise": max(spreads) if spreads else math.nan,
+        "noise_seeds": min(counts),
+    }
 
 
 def _lr(k: int) -> str:
@@ -233,49 +216,56 @@ def _lr(k: int) -> str:
 
 # --------------------------------------------------------------------------- the benchmark
 
+NOISE_SEEDS = (0, 1, 2)
+
+
+def _job(e: Experiment, parametrization: str, scale: int, second: Any, k: int, seed: int) -> dict[str, Any]:
+    return {
+        "experiment": e,
+        "parametrization": parametrization,
+        "scale": scale,
+        "second": second,
+        "k": k,
+        "seed": seed,
+    }
+
 
 def benchmark(mode: str = "quick") -> dict[str, Any]:
-    grid_seeds = (0, 1, 2) if mode == "full" else (0,)
-    noise_seeds = (0, 1, 2)
     chosen = experiments(mode)
-    context = multiprocessing.get_context("spawn")
     began = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(
-        2, mp_context=context, initializer=_worker_init, initargs=([EXAMPLES, str(ROOT)],)
-    ) as pool:
-        jobs = [
-            {"experiment": e, "parametrization": p, "scale": s, "k": k, "second": v, "seed": seed}
-            for e in chosen
-            for p in PARAMETRIZATIONS
-            for s in e.scales
-            for v in e.second_values
-            for k in e.lr_exponents
-            for seed in grid_seeds
-        ]
-        runs += _run_all(jobs, pool)
-        if mode != "smoke":
-            cells = grid(runs, grid_seeds)
-            extra = []
-            for e in chosen:
-                for p in PARAMETRIZATIONS:
-                    for s in (1, max(e.scales)):
-                        second, k = best_pair(cells, e, p, s)
-                        extra += [
-                            {
-                                "experiment": e,
-                                "parametrization": p,
-                                "scale": s,
-                                "k": k,
-                                "second": second,
-                                "seed": seed,
-                            }
-                            for seed in noise_seeds
-                            if seed not in grid_seeds
-                        ]
-            runs += _run_all(extra, pool)
-    cells = grid(runs, grid_seeds)
-    summary = [summarize(e, p, cells, runs) for e in chosen for p in PARAMETRIZATIONS]
+    pool = ProcessPoolExecutor(
+        2,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=([EXAMPLES, str(ROOT)],),
+    )
+    with pool:
+        runs = _run_all(
+            [
+                _job(e, p, s, v, k, seed)
+                for e in chosen
+                for p in PARAMETRIZATIONS
+                for s in e.scales
+                for v in e.second_values
+                for k in e.lr_exponents
+                for seed in e.seeds
+            ],
+            pool,
+        )
+        if mode != "smoke":  # more seeds at the full width's and the surrogate's best, for the noise
+            cells = grid(runs, chosen)
+            runs += _run_all(
+                [
+                    _job(e, p, s, *best_pair(cells, e, p, s), seed)
+                    for e in chosen
+                    for p in PARAMETRIZATIONS
+                    for s in (1, max(e.scales))
+                    for seed in NOISE_SEEDS
+                    if seed not in e.seeds
+                ],
+                pool,
+            )
+    cells = grid(runs, chosen)
     tables = {}
     for e in chosen:
         rows = []
@@ -297,21 +287,20 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
             {
                 "name": e.name,
                 "metric": e.metric,
-                "base": e.base,
                 "widths": [e.base // s for s in e.scales],
                 "steps": e.steps,
                 "step_name": e.step_name,
                 "second": e.second,
                 "second_values": list(e.second_values),
                 "lrs": [_lr(k) for k in e.lr_exponents],
+                "seeds": len(e.seeds),
                 "trainer_kwargs": e.trainer_kwargs,
             }
             for e in chosen
         ],
-        "grid_seeds": list(grid_seeds),
-        "summary": summary,
+        "summary": [summarize(e, p, cells, runs) for e in chosen for p in PARAMETRIZATIONS],
         "tables": tables,
-        "runs": [{k: v for k, v in run.items()} for run in runs],
+        "runs": [{key: value for key, value in run.items()} for run in runs],
         "corpus": {
             "python": sys.version.split()[0],
             "sha256_12": corpus_digest(lm.trainer_kwargs["train_bytes"]),
@@ -324,45 +313,40 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     from perf.table import table
 
-    parts = []
-    described = []
-    for e in result["experiments"]:
-        described.append(
-            f"{e['name']}: widths {', '.join(map(str, e['widths']))}, {e['steps']} {e['step_name']}, "
-            f"lr in {e['lrs'][0]}..{e['lrs'][-1]}, {e['second']} in {', '.join(map(str, e['second_values']))}, "
-            f"metric {e['metric']} (lower is better)"
-        )
-    parts.append(
-        "Grids: " + "; ".join(described) + f". Grid seeds: {len(result['grid_seeds'])}. "
-        f"Corpus: Python {result['corpus']['python']} standard library, sha256 {result['corpus']['sha256_12']}."
-    )
-    columns = [("model", "model"), ("parametrization", "parametrization")]
-    seconds = sorted({key for row in result["summary"] for key in row if key.startswith("best_lr ")})
-    columns += [
-        (key, f"best lr at width base/8 / /4 / /2 / base ({key.split(' ', 1)[1]})") for key in seconds
+    described = [
+        f"{e['name']}: widths {', '.join(map(str, e['widths']))}, {e['steps']} {e['step_name']}, "
+        f"lr {e['lrs'][0]} to {e['lrs'][-1]}, {e['second']} {', '.join(map(str, e['second_values']))}, "
+        f"{e['seeds']} seed(s) per grid point, metric {e['metric']} (lower is better)"
+        for e in result["experiments"]
     ]
-    columns += [
-        ("best pair", "best pair (base/8 / /4 / /2 / base)"),
-        ("drift", "drift (grid steps)"),
-        ("full_best", "full width: best metric"),
-        ("full_at_surrogate_best", "full width at base/8's best"),
-        ("regret", "transfer regret"),
-        ("noise", "noise (std over seeds)"),
-        ("noise_seeds", "seeds"),
+    parts = [
+        "Grids: "
+        + "; ".join(described)
+        + f". The LM's corpus: Python {result['corpus']['python']}'s standard library "
+        f"(sha256 {result['corpus']['sha256_12']}).",
+        table(
+            result["summary"],
+            [
+                ("model", "model"),
+                ("parametrization", "parametrization"),
+                ("best_lrs", "best lr at width base/8, /4, /2, base"),
+                ("best_pairs", "best pair at width base/8, /4, /2, base"),
+                ("drift", "drift (grid steps)"),
+                ("full_best", "full width: best metric"),
+                ("full_at_surrogate_best", "full width at base/8's best pair"),
+                ("regret", "transfer regret"),
+                ("noise", "noise (std over seeds)"),
+                ("noise_seeds", "seeds"),
+            ],
+        ),
     ]
-    parts.append(table(result["summary"], columns))
     for e in result["experiments"]:
-        rows = result["tables"][e["name"]]
-        grid_columns = [
-            ("parametrization", "parametrization"),
-            (e["second"], e["second"]),
-            ("width", "width"),
-        ]
-        grid_columns += [(lr, f"lr {lr}") for lr in e["lrs"]]
+        columns = [("parametrization", "parametrization"), (e["second"], e["second"]), ("width", "width")]
+        columns += [(lr, f"lr {lr}") for lr in e["lrs"]]
         parts.append(
-            f"**{e['name']}**: {e['metric']} after {e['steps']} {e['step_name']} (best per row in bold)"
+            f"**{e['name']}**: {e['metric']} after {e['steps']} {e['step_name']}, mean over seeds (best lr per row in bold)"
         )
-        parts.append(table(rows, grid_columns))
+        parts.append(table(result["tables"][e["name"]], columns))
     parts.append(
         f"{len(result['runs'])} runs, {result['cpu_seconds']:.0f} CPU-seconds in "
         f"{result['wall_seconds']:.0f} s on 2 processes."

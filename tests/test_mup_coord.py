@@ -1,4 +1,4 @@
-"""The coordinate check (Tensor Programs V, §D.1): under muP, activation sizes and the changes
+"""The coordinate check of Tensor Programs V: under muP, activation sizes and the changes
 training makes to them stay flat as the width grows 8x; under the standard parametrization
 they visibly do not (so the check can fail).
 

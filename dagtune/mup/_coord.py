@@ -1,7 +1,8 @@
 """The coordinate check: do activations and their updates keep their size across widths?
 
 Under muP every layer's output coordinates, and the change training makes to them, stay of
-the same size as the width grows (Tensor Programs V, §D.1; Hydro's correctness check, §4.1).
+the same size as the width grows (the coordinate check of Tensor Programs V; Hydro's
+correctness check, §4.1).
 `coord_check` trains the same model at several widths for a few steps on fixed batches and
 records, for every leaf module at every step, the mean absolute value of its output on a
 fixed probe batch (`size`) and of that output's change since step 0 (`change`).
