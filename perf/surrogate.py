@@ -283,6 +283,8 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
 
     lm = next(e for e in chosen if e.module == "stdlib_lm")
     return {
+        "command": "python -m perf --only surrogate"
+        + {"quick": "", "full": " --full", "smoke": " --smoke"}[mode],
         "experiments": [
             {
                 "name": e.name,
@@ -348,8 +350,9 @@ def markdown(result: dict[str, Any]) -> str:
         )
         parts.append(table(result["tables"][e["name"]], columns))
     parts.append(
-        f"{len(result['runs'])} runs, {result['cpu_seconds']:.0f} CPU-seconds in "
-        f"{result['wall_seconds']:.0f} s on 2 processes."
+        f"From `{result['command']}`: {len(result['runs'])} runs, {result['cpu_seconds']:.0f} CPU-seconds "
+        f"in {result['wall_seconds']:.0f} s of wall time on 2 processes (the wall time grows with whatever "
+        "else the machine runs; the CPU-seconds do not)."
     )
     return "\n\n".join(parts)
 
