@@ -85,6 +85,8 @@ def build(
     for name, module in model.named_modules():
         _refuse_unsupported(name, module, table)
         if isinstance(module, WidthAware):
+            if name not in base_modules:
+                raise ValueError(f"module {name} exists at width {width} but not at the base width {base}")
             module.configure_width(base_modules[name], parametrization)
     owned: dict[nn.Module, dict[str, WidthShape]] = {}
     for qualified, module, local, parameter in iter_owned_parameters(model):
