@@ -29,6 +29,7 @@ BENCHMARKS = (
     ("dispatch", "5. Dispatch overhead through Dask"),
     ("checkpoint_io", "6. Checkpoint I/O"),
     ("fusion", "7. Trial fusion"),
+    ("surrogate", "8. Hyper-parameter transfer across width (muP surrogates)"),
 )
 
 

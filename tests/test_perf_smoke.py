@@ -31,6 +31,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "dispatch",
         "checkpoint_io",
         "fusion",
+        "surrogate",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(
@@ -39,4 +40,4 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         for s in paper
     )
     report = (tmp_path / "RESULTS.md").read_text()
-    assert "## 1. The paper's single studies" in report and "## 6. Checkpoint I/O" in report
+    assert "## 1. The paper's single studies" in report and "## 8. Hyper-parameter transfer" in report
