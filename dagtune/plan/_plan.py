@@ -74,6 +74,12 @@ class SearchPlan:
     Every change is an event (a plain JSON-ready dict) applied by `apply`; `listeners` see each
     new event, which is how the journal persists the plan. Requests are transient: they are
     the trials waiting right now, re-made by a study when it resumes.
+
+    `observers` are told of every change, whoever makes it (this process, or events read from
+    other writers' journals, which listeners do not see), as ``(kind, node, step)``: kind is
+    ``"request"`` (point ``(node, step)`` became active or inactive), ``"metrics"``,
+    ``"checkpoint"`` (recorded or dropped) or ``"node"`` (a new node; step is None). This is
+    how an incremental stage tree (`LiveStageTree`) stays in step with the plan.
     """
 
     def __init__(self) -> None:
@@ -84,6 +90,7 @@ class SearchPlan:
         self.request_rank: dict[tuple[str, int], int] = {}
         self._requests_made = 0
         self.listeners: list[Callable[[dict], None]] = []
+        self.observers: list[Callable[[str, str, int | None], None]] = []
 
     # ------------------------------------------------------------------ events
 
@@ -108,10 +115,23 @@ class SearchPlan:
             node.metrics[event["step"]] = dict(event["metrics"])
         else:
             raise ValueError(f"unknown search plan event {kind!r}")
-        if changed and emit:
-            for listener in self.listeners:
-                listener(event)
+        if changed:
+            self._tell(kind, event)
+            if emit:
+                for listener in self.listeners:
+                    listener(event)
         return changed
+
+    def _tell(self, kind: str, event: dict) -> None:
+        if not self.observers:
+            return
+        if kind == "node":
+            what, node, step = "node", event["id"], None
+        else:
+            what = "checkpoint" if kind == "drop_checkpoint" else kind
+            node, step = event["node"], event["step"]
+        for observer in self.observers:
+            observer(what, node, step)
 
     def _apply_node(self, event: dict, live_config: Config | None) -> bool:
         if event["id"] in self.nodes:
@@ -202,6 +222,8 @@ class SearchPlan:
             self.active[(node, steps)] = set()
             self.request_rank[(node, steps)] = self._requests_made
             self._requests_made += 1
+            for observer in self.observers:
+                observer("request", node, steps)
         self.active[(node, steps)].add(waiter)
 
     def remove_request(self, node: str, steps: int, waiter: Hashable) -> None:
@@ -217,6 +239,8 @@ class SearchPlan:
             if not active:
                 del self.active[(node, steps)]
                 del self.request_rank[(node, steps)]
+                for observer in self.observers:
+                    observer("request", node, steps)
 
     # ------------------------------------------------------------------ points
 
