@@ -168,7 +168,8 @@ class IncrementalPlanner:
         self._roots_with: set[str] = set()
         self._observed: set[str] = set()
         self._split: set[str] = set()  # measured nodes whose estimates went to their subtree
-        self.repriced = 0  # estimate changes applied (each re-prices the stages using it)
+        self.refreshes = 0  # estimate changes applied (each re-prices the nodes priced with it)
+        self.repriced = 0  # node re-pricings they caused
         self.priorities: Mapping[int, float] = _Priorities(self._stages)
         cost.observers.append(self._observed.add)
         self.live = LiveStageTree(plan, observer=self)
@@ -470,6 +471,7 @@ class IncrementalPlanner:
     def _reprice(self, source: str | None, tops: list[str]) -> None:
         """Give every node with stages priced from `source` its current estimate: the nodes
         below `tops` down to (not into) measured descendants."""
+        self.refreshes += 1
         value = self._applied[source]
         stack = list(tops)
         while stack:
