@@ -205,8 +205,8 @@ def _trials(records: list[dict], plan: SearchPlan) -> list[Trial]:
         known = plan.curve(trial.node, trial.steps) if trial.node else []
         reached = state.get("reached")
         if reached is None:  # pending: as far as the plan has metrics, without a gap
-            reached = next((i for i, m in enumerate(known) if m is None), len(known))
-        trial.curve = [(s + 1, m) for s, m in enumerate(known[:reached]) if m is not None]
+            reached = next((i for i, (step, _) in enumerate(known) if step != i + 1), len(known))
+        trial.curve = [(step, metrics) for step, metrics in known if step <= reached]
         trial.reported = reached
         trial.metrics = state.get("metrics") or (trial.curve[-1][1] if trial.curve else None)
         trials.append(trial)

@@ -199,8 +199,7 @@ class Coordinator:
             trial.node = self.plan.locate(config, trial.steps, create=True, salt=trial.salt)
             trial.segments = self.plan.segments(trial.node, trial.steps)
             reached = state["reached"]
-            known = self.plan.curve(trial.node, trial.steps)[:reached]
-            trial.curve = [(s + 1, m) for s, m in enumerate(known) if m is not None]
+            trial.curve = [(s, m) for s, m in self.plan.curve(trial.node, trial.steps) if s <= reached]
             trial.reported, trial.metrics = reached, state["metrics"]
             trial.status, trial.error = state["status"], state["error"]
             trial.finished_at = trial.submitted_at

@@ -11,7 +11,8 @@ zarr, xarray or `open_results` (pandas). The group lives at
 
 with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
 name, since a metric name may hold characters an array name can't). Rows are trial ids.
-Writing rewrites only the rows of trials that changed since the last write. Works with
+Writing rewrites only the rows of trials that changed since the last write, and of those
+only the chunks of steps that hold recorded points (unwritten cells read as NaN). Works with
 zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their two ways of making
 an array and of storing variable-length text.
 """
@@ -32,6 +33,7 @@ __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
 FORMAT = "dagtune-results/1"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
+_STEP_BLOCK = 1 << 16  # step coordinates written at once
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -105,23 +107,37 @@ class ResultsWriter:
         _put(group, "steps", np.array([_reached(t) if t else 0 for t in ordered], dtype=np.int64))
         _put(group, "config", _text([config_dumps(t.config) if t else "" for t in ordered]))
         _put(group, "error", _text([(t.error or "") if t else "" for t in ordered]))
-        _put(group, "step", np.arange(1, steps + 1, dtype=np.int64))
+        _put_steps(group, steps)
         lo, hi = changed[0], changed[-1] + 1
         for metric, key in keys.items():
             final = np.array(
                 [np.nan if t is None or not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
             )
             _put(group, f"final/{key}", final)
-            rows = np.full((hi - lo, steps), np.nan)
-            for row, trial in enumerate(ordered[lo:hi]):
-                for step, values in trial.curve if trial is not None else ():
-                    if metric in values:
-                        rows[row, step - 1] = values[metric]
             curve = _array(group, f"curve/{key}", (n, steps))
-            curve[lo:hi, :steps] = rows
+            for first, block in _curve_blocks(ordered[lo:hi], metric, steps):
+                curve[lo:hi, first : first + block.shape[1]] = block
         for i in changed:
             self._written[i] = _snapshot(trials[i])
         return True
+
+
+def _curve_blocks(trials: list[Trial | None], metric: str, steps: int):
+    """The rows of `trials` for `metric`, as ``(first column, block)`` for each chunk of
+    `_CHUNK_STEPS` columns holding a recorded point: memory in proportion to the points, not
+    to the steps (a trial evaluated every 1000 steps writes one column in 1000)."""
+    blocks: dict[int, np.ndarray] = {}
+    for row, trial in enumerate(trials):
+        for step, values in trial.curve if trial is not None else ():
+            if metric in values:
+                chunk, column = divmod(step - 1, _CHUNK_STEPS)
+                block = blocks.get(chunk)
+                if block is None:
+                    width = min(_CHUNK_STEPS, steps - chunk * _CHUNK_STEPS)
+                    block = blocks[chunk] = np.full((len(trials), width), np.nan)
+                block[row, column] = values[metric]
+    for chunk in sorted(blocks):
+        yield chunk * _CHUNK_STEPS, blocks[chunk]
 
 
 def _reached(trial: Trial) -> int:
@@ -141,6 +157,21 @@ def _array(group: Any, name: str, shape: tuple[int, ...]):
         return array
     chunks = (_CHUNK_TRIALS, _CHUNK_STEPS)[: len(shape)]
     return _create(group, name, shape=shape, dtype="float64", chunks=chunks, fill_value=np.nan)
+
+
+def _put_steps(group: Any, steps: int) -> None:
+    """The ``step`` coordinate 1 .. `steps`, writing only what it lacks, a block at a time."""
+    if "step" in group:
+        array = group["step"]
+        have = array.shape[0]
+        if have != steps:
+            array.resize((steps,))
+    else:
+        array = _create(group, "step", shape=(steps,), dtype="int64", chunks=(4096,))
+        have = 0
+    for begin in range(have, steps, _STEP_BLOCK):
+        end = min(begin + _STEP_BLOCK, steps)
+        array[begin:end] = np.arange(begin + 1, end + 1, dtype=np.int64)
 
 
 def _put(group: Any, name: str, values: np.ndarray) -> None:

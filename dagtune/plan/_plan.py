@@ -290,12 +290,13 @@ class SearchPlan:
             current = self.nodes[current.parent] if current.parent is not None else None
         return None
 
-    def curve(self, node: str, steps: int) -> list[dict[str, float] | None]:
-        """Metrics after 1, 2, ..., `steps` steps along the path (None where unknown)."""
-        curve: list[dict[str, float] | None] = []
+    def curve(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
+        """The metrics recorded after steps 1 .. `steps` along the path, as ``(step, metrics)``
+        pairs by step: as long as the points recorded, whatever `steps` is."""
+        curve: list[tuple[int, dict[str, float]]] = []
         for owner, start, end in self.segments(node, steps):
             metrics = self.nodes[owner].metrics
-            curve.extend(metrics.get(s) for s in range(start + 1, end + 1))
+            curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
         return curve
 
     def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:
