@@ -125,6 +125,8 @@ class Session:
         assert priorities == pytest.approx(priority, rel=1e-12)
         for task in self.running.tasks:
             assert planner.wanted_of(task) == reference.wanted.get(task, set())
+            sourced = [s for s in reference.stages if s.source == "running" and s.source_task == task]
+            assert sorted(_place(s) for s in planner.sourced_from(task)) == sorted(_place(s) for s in sourced)
         ready = sorted(
             reference.ready(),
             key=lambda s: (*policy.ready_key(s, priority[s.index], plan.nodes[s.node].depth), s.index),
