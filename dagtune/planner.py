@@ -135,6 +135,10 @@ class IncrementalPlanner:
         directive_points = planner.wanted_of(task)  # what the tree relies on a task for
 
     Stages handed out are `LiveStage` objects: read them at once, they change in place.
+    The order is the policy's keys (`SchedulingPolicy.ready_key`, `path_key`); a policy that
+    overrides `pick` with another order (perf/schedulers.py's prototypes) needs the rebuild.
+    Plan changes reach the planner synchronously (`SearchPlan.observers`), so the plan must be
+    changed under the same lock as the planner is queried (the study's).
     """
 
     def __init__(

@@ -264,7 +264,6 @@ class LiveStageTree:
         self._queue: list[tuple[int, str]] = []
         self._queued: set[str] = set()
         self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
-        self._count = 0
         self._next_index = 0
         self.rebuilds = 0  # node rebuilds so far: what the changes cost
         plan.observers.append(self._plan_changed)
@@ -330,15 +329,6 @@ class LiveStageTree:
             _, node = heapq.heappop(self._queue)
             self._queued.discard(node)
             self._rebuild(node)
-
-    def stages(self) -> Iterator[LiveStage]:
-        self.settle()
-        for state in self._states.values():
-            yield from state.stages.values()
-
-    def __len__(self) -> int:
-        self.settle()
-        return self._count
 
     def stages_of(self, node: str) -> list[LiveStage]:
         """The stages of plan node `node`, by start."""
@@ -460,7 +450,6 @@ class LiveStageTree:
             if stage is None:
                 stage = LiveStage(self._next_index, node_id, node.order, end)
                 self._next_index += 1
-                self._count += 1
                 added.append(stage)
             if stage.origin == "head" and kind != "head":
                 self._unlink(stage)
@@ -485,7 +474,6 @@ class LiveStageTree:
         for stage in removed:
             if stage.origin == "head":
                 self._unlink(stage)
-            self._count -= 1
 
         self._serve(node_id, state, served)
         self._ask_parent(node, state, asked)
