@@ -165,7 +165,7 @@ def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
         trial = Trial(state.id, state.config, state.steps, status=state.status, error=state.error)
         trial.node = plan.locate(state.config, state.steps, salt=state.salt) or ""  # reading writes nothing
         trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []
-        known = plan.known_metrics(trial.node, trial.steps) if trial.node else []
+        known = plan.curve(trial.node, trial.steps) if trial.node else []
         reached = state.reached
         if state.status == PENDING:  # as far as the plan has metrics, without a gap
             reached = next((i for i, (step, _) in enumerate(known) if step != i + 1), len(known))

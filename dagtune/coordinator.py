@@ -195,7 +195,7 @@ class Coordinator:
                 continue
             trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
             trial.segments = self.plan.segments(trial.node, trial.steps)
-            known = self.plan.known_metrics(trial.node, trial.steps)
+            known = self.plan.curve(trial.node, trial.steps)
             trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
             trial.status, trial.error = state.status, state.error

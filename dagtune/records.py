@@ -84,10 +84,10 @@ __all__ = [
 PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
 STATUSES = (PENDING, COMPLETED, STOPPED, FAILED, DIVERGED)
 
-#: The most steps a trial may have: far more than a step (one `Trainer.train` call, often an
-#: epoch) is ever used for, and few enough that the per-step views (learning curves in the
-#: results, the step axis) stay a bounded size whatever a record says.
-MAX_STEPS = 10_000_000
+#: The most steps a trial may have: the largest integer every JSON reader (and a float64 step
+#: axis) holds exactly. Nothing is allocated per requested step: plans, curves, results and
+#: views cost memory in proportion to the points recorded, whatever a record asks for.
+MAX_STEPS = 2**53
 #: The largest trial id a record may carry (ids count up from 0 in each study).
 MAX_TRIAL_ID = 2**31 - 1
 

@@ -14,12 +14,16 @@ policy may also *pause* a running path at its next stage boundary (where a check
 saved anyway) when a waiting ready stage has more work below it than the path would leave
 behind: Hu's highest-level-first rule, applied at stage ends. Ties never pause.
 
-Policies are pure functions of the stage tree: they return decisions, they do not act.
+Policies are pure functions of the stage tree: they return decisions, they do not act. A
+policy states its order as keys (`ready_key`, `path_key`), so the same order applies to a
+rebuilt `StageTree` (`pick`) and to the ready queue `dagtune.planner.IncrementalPlanner`
+keeps up to date.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from dagtune.plan import SearchPlan, Stage, StageTree
@@ -39,7 +43,8 @@ class CostModel:
     """Seconds per step of each config segment (search-plan node), measured as stages run.
 
     Before a node has been measured its estimate is its parent's, else the mean of all
-    measurements, else `default`.
+    measurements, else `default`. `observers` hear the node of every measurement (a planner
+    keeping priorities refreshes the estimates it used).
     """
 
     def __init__(self, default: float = 1.0, smoothing: float = 0.3):
@@ -50,6 +55,7 @@ class CostModel:
         self._per_node: dict[str, float] = {}
         self._total = 0.0
         self._count = 0
+        self.observers: list[Callable[[str], None]] = []
 
     def observe(self, node: str, seconds: float) -> None:
         """Record that one step of `node` took `seconds`."""
@@ -59,6 +65,16 @@ class CostModel:
         )
         self._total += seconds
         self._count += 1
+        for observer in self.observers:
+            observer(node)
+
+    def measured(self, node: str) -> bool:
+        """Whether `node` has an estimate of its own."""
+        return node in self._per_node
+
+    def unmeasured_seconds(self) -> float:
+        """The estimate of a node with no measured ancestor: the mean, else `default`."""
+        return self._total / self._count if self._count else self.default
 
     def step_seconds(self, node: str, plan: SearchPlan | None = None) -> float:
         current: str | None = node
@@ -66,7 +82,7 @@ class CostModel:
             if current in self._per_node:
                 return self._per_node[current]
             current = plan.nodes[current].parent if plan is not None else None
-        return self._total / self._count if self._count else self.default
+        return self.unmeasured_seconds()
 
     def stage_seconds(self, stage: Stage, plan: SearchPlan | None = None) -> float:
         return stage.steps * self.step_seconds(stage.node, plan)
@@ -108,56 +124,96 @@ class Pausable:
 
 class SchedulingPolicy(ABC):
     """Chooses up to `slots` paths of ready stages to start now, and which running paths
-    to pause for the ready stages left waiting (none by default)."""
+    to pause for the ready stages left waiting (none by default).
+
+    The order is given by keys: ready stages start by `ready_key` (smallest first, ties in
+    tree order: the index a rebuilt tree gives), and a path continues with the child of
+    smallest `path_key` (ties: the child listed first). `follows_priority` says that
+    `path_key` is ``(-priority, rank)``, which lets a planner find that child without
+    scanning a branch point's children.
+    """
 
     name: str
-
-    def preempt(
-        self, waiting: list[Stage], priority: list[float], pausable: list[Pausable]
-    ) -> dict[str, int]:
-        """Running tasks to pause, as task key -> boundary step."""
-        return {}
+    follows_priority = False
 
     @abstractmethod
+    def ready_key(self, stage: Stage, priority: float, depth: int) -> tuple:
+        """Sort key of a ready stage (`depth`: its plan node's depth)."""
+
+    def path_key(self, stage: Stage, priority: float) -> tuple | None:
+        """Sort key of a child to continue a path with; None: paths are single stages."""
+        return None
+
+    def preempt(
+        self, waiting: Iterable[Stage], priority: Mapping[int, float], pausable: list[Pausable]
+    ) -> dict[str, int]:
+        """Running tasks to pause, as task key -> boundary step. `waiting` are the ready
+        stages left without a slot, in any order (see `preempt_ordered`)."""
+        return {}
+
+    def preempt_ordered(
+        self, waiting: Iterable[Stage], priority: Mapping[int, float], pausable: list[Pausable]
+    ) -> dict[str, int]:
+        """`preempt` with `waiting` already in `ready_key` order (read only as far as needed)."""
+        return self.preempt(waiting, priority, pausable)
+
     def pick(
-        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
+        self,
+        tree: StageTree,
+        slots: int,
+        cost: CostModel,
+        plan: SearchPlan | None = None,
+        priority: list[float] | None = None,
     ) -> list[list[Stage]]:
-        """Paths to launch, best first; each starts with a ready stage and follows children."""
+        """Paths to launch, best first; each starts with a ready stage and follows children.
+        `priority` (from `critical_path_priorities`) is computed if not given."""
+        if slots <= 0:
+            return []
+        if priority is None:
+            priority = critical_path_priorities(tree, cost, plan)
+        depth = (lambda s: plan.nodes[s.node].depth) if plan is not None else (lambda s: 0)
+        ready = sorted(tree.ready(), key=lambda s: (*self.ready_key(s, priority[s.index], depth(s)), s.index))
+        paths = []
+        for stage in ready[:slots]:
+            path = [stage]
+            while path[-1].children and self.path_key(path[-1], priority[path[-1].index]) is not None:
+                children = [tree.stages[c] for c in path[-1].children]
+                path.append(
+                    min(
+                        enumerate(children),
+                        key=lambda pair: (*self.path_key(pair[1], priority[pair[1].index]), pair[0]),
+                    )[1]
+                )
+            paths.append(path)
+        return paths
 
 
 class CriticalPath(SchedulingPolicy):
     """Longest remaining path first; a whole path per worker (Hippo's scheduler)."""
 
     name = "critical_path"
+    follows_priority = True
 
-    def pick(
-        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
-    ) -> list[list[Stage]]:
-        if slots <= 0:
-            return []
-        priority = critical_path_priorities(tree, cost, plan)
-        ready = sorted(tree.ready(), key=lambda s: (-priority[s.index], s.rank, s.index))
-        paths = []
-        for stage in ready[:slots]:
-            path = [stage]
-            while path[-1].children:
-                path.append(
-                    max(
-                        (tree.stages[c] for c in path[-1].children),
-                        key=lambda s: (priority[s.index], -s.rank),
-                    )
-                )
-            paths.append(path)
-        return paths
+    def ready_key(self, stage: Stage, priority: float, depth: int) -> tuple:
+        return (-priority, stage.rank)
+
+    def path_key(self, stage: Stage, priority: float) -> tuple:
+        return (-priority, stage.rank)
 
     def preempt(
-        self, waiting: list[Stage], priority: list[float], pausable: list[Pausable]
+        self, waiting: Iterable[Stage], priority: Mapping[int, float], pausable: list[Pausable]
+    ) -> dict[str, int]:
+        ordered = sorted(waiting, key=lambda s: (-priority[s.index], s.rank, s.index))
+        return self.preempt_ordered(ordered, priority, pausable)
+
+    def preempt_ordered(
+        self, waiting: Iterable[Stage], priority: Mapping[int, float], pausable: list[Pausable]
     ) -> dict[str, int]:
         """Pair the longest waiting stages with the running paths that leave the least behind,
         while the waiting chain is strictly longer."""
         shortest = sorted(pausable, key=lambda p: (p.remaining, p.task))
         pauses: dict[str, int] = {}
-        for stage in sorted(waiting, key=lambda s: (-priority[s.index], s.rank, s.index)):
+        for stage in waiting:
             if not shortest or priority[stage.index] <= shortest[0].remaining:
                 break
             victim = shortest.pop(0)
@@ -170,14 +226,8 @@ class BreadthFirst(SchedulingPolicy):
 
     name = "breadth_first"
 
-    def pick(
-        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
-    ) -> list[list[Stage]]:
-        if slots <= 0:
-            return []
-        depth = (lambda s: plan.nodes[s.node].depth) if plan is not None else (lambda s: 0)
-        ready = sorted(tree.ready(), key=lambda s: (depth(s), s.start, s.rank, s.index))
-        return [[stage] for stage in ready[:slots]]
+    def ready_key(self, stage: Stage, priority: float, depth: int) -> tuple:
+        return (depth, stage.start, stage.rank)
 
 
 class Fifo(SchedulingPolicy):
@@ -185,19 +235,11 @@ class Fifo(SchedulingPolicy):
 
     name = "fifo"
 
-    def pick(
-        self, tree: StageTree, slots: int, cost: CostModel, plan: SearchPlan | None = None
-    ) -> list[list[Stage]]:
-        if slots <= 0:
-            return []
-        ready = sorted(tree.ready(), key=lambda s: (s.rank, s.index))
-        paths = []
-        for stage in ready[:slots]:
-            path = [stage]
-            while path[-1].children:
-                path.append(min((tree.stages[c] for c in path[-1].children), key=lambda s: (s.rank, s.index)))
-            paths.append(path)
-        return paths
+    def ready_key(self, stage: Stage, priority: float, depth: int) -> tuple:
+        return (stage.rank,)
+
+    def path_key(self, stage: Stage, priority: float) -> tuple:
+        return (stage.rank,)
 
 
 _POLICIES = {cls.name: cls for cls in (CriticalPath, BreadthFirst, Fifo)}

@@ -8,6 +8,7 @@ time, so algorithms and benchmarks are reproducible.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,9 +21,14 @@ __all__ = ["Grid", "Random", "SearchSpace"]
 
 
 class SearchSpace:
-    """Base of search spaces: an iterable of configs with a known hyper-parameter set."""
+    """Base of search spaces: an iterable of configs with a known hyper-parameter set.
+
+    Iterating yields normalized configs (`dagtune.config.normalize_config`). `finite` tells
+    whether the space ends (then ``len`` works, though it may cost a pass over the space).
+    """
 
     names: tuple[str, ...]
+    finite = True
 
     def __iter__(self) -> Iterator[Config]:
         raise NotImplementedError
@@ -36,12 +42,20 @@ class Grid(SearchSpace):
 
     `where` keeps only the configs for which it returns true (conditional spaces). Candidates
     are sequences or plain values; a non-list value is a single candidate.
+
+    The product is iterated lazily, in the same order every time (the last name varies
+    fastest): building a grid of a million configs checks each candidate once, and iterating
+    it holds one config at a time. ``len`` is the product of the candidate counts; with
+    `where` it counts the configs the filter keeps, one pass over the product (then cached).
+    A filter that keeps nothing is an error at construction, found by iterating up to the
+    first config it keeps.
     """
 
     def __init__(self, candidates: Mapping[str, Any], where: Callable[[Config], bool] | None = None):
         if not isinstance(candidates, Mapping) or not candidates:
             raise ValueError(f"Grid needs a non-empty dict of name -> candidates, got {candidates!r}")
         self.candidates: dict[str, list] = {}
+        self._sequences: list[list] = []  # each name's candidates as sequences, in `candidates` order
         for name, values in candidates.items():
             values = list(values) if isinstance(values, (list, tuple)) else [values]
             if not values:
@@ -52,29 +66,34 @@ class Grid(SearchSpace):
                         f"Grid[{name!r}] holds a distribution ({value!r}); use dt.Random for those"
                     )
             self.candidates[name] = values
+            self._sequences.append([normalize_config({name: v}, owner="Grid")[name] for v in values])
         self.where = where
         self.names = tuple(sorted(self.candidates))
-        self._configs = self._expand()
-        if not self._configs:
+        self._size: int | None = (
+            math.prod(len(v) for v in self.candidates.values()) if where is None else None
+        )
+        if where is not None and next(self._product(), None) is None:
             raise ValueError(
                 f"Grid: the where= filter {where!r} removed all "
-                f"{np.prod([len(v) for v in self.candidates.values()])} configs"
+                f"{math.prod(len(v) for v in self.candidates.values())} configs"
             )
 
-    def _expand(self) -> list[Config]:
-        names = list(self.candidates)
-        configs = []
-        for combo in itertools.product(*(self.candidates[n] for n in names)):
-            config = normalize_config(dict(zip(names, combo)), owner="Grid")
+    def _product(self) -> Iterator[Config]:
+        given = list(self.candidates)
+        order = sorted(range(len(given)), key=lambda i: given[i])  # configs list names sorted
+        names = [given[i] for i in order]
+        for combo in itertools.product(*self._sequences):
+            config = {name: combo[i] for name, i in zip(names, order)}
             if self.where is None or self.where(config):
-                configs.append(config)
-        return configs
+                yield config
 
     def __iter__(self) -> Iterator[Config]:
-        return iter([dict(c) for c in self._configs])
+        return self._product()
 
     def __len__(self) -> int:
-        return len(self._configs)
+        if self._size is None:
+            self._size = sum(1 for _ in self._product())
+        return self._size
 
     def __repr__(self) -> str:
         return f"Grid({self.candidates!r}{'' if self.where is None else ', where=...'})"
@@ -130,6 +149,10 @@ class Random(SearchSpace):
                 raise ValueError(
                     f"Random: the where= filter {self.where!r} rejected {rejected} draws in a row"
                 )
+
+    @property
+    def finite(self) -> bool:  # type: ignore[override]
+        return self.n is not None
 
     def __iter__(self) -> Iterator[Config]:
         stream = self.sampler()

@@ -11,9 +11,19 @@ and to the tree, and with `--tracemalloc` the Python heap of the plan and the tr
 a second, slower pass. Targets on the development machine: < 1 ms per insert and < 2 s per
 full tree build at 100,000 trials.
 
-    python perf/planner.py [--trials N] [--seed S] [--tracemalloc] [--profile] [--json]
+With `--incremental` it measures the incremental planner instead (`IncrementalPlanner`): the
+same plan with a planner following it, then a stream of what a coordinator does (steps of
+the running tasks with their cost measurements, stage ends with checkpoints and metrics that
+complete trials, tasks ending and the freed slots filled, new trials, stopped trials), each
+operation timed with the planner's update and, when a coordinator would re-plan, a pick for
+its free slots; against one re-plan from scratch on the same plan (tree, priorities once, pick),
+as the coordinator does today at every such operation.
 
-`--profile` prints the top functions of a cProfile of the inserts and the build.
+    python perf/planner.py [--trials N] [--seed S] [--tracemalloc] [--profile] [--json]
+    python perf/planner.py --incremental [--trials N] [--operations K] [--json]
+
+`--profile` prints the top functions of a cProfile of the inserts and the build (or of the
+incremental operations).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagtune.plan import SearchPlan, build_stage_tree
+from dagtune.planner import IncrementalPlanner
 from dagtune.scheduling import CostModel, CriticalPath, critical_path_priorities
 from perf.spaces import resnet56_random
 
@@ -194,6 +205,167 @@ def benchmark(n: int, seed: int = 0, trace: bool = False, profile: bool = False)
     return result
 
 
+# ---------------------------------------------------------------------------- incremental
+
+#: relative change of a step-cost estimate that re-prices the stages using it
+TOLERANCE = 0.05
+
+
+def _step_seconds(node: str) -> float:
+    """A node's simulated seconds per step: 0.5 to 1.4, fixed per node (as batch sizes make it)."""
+    return 0.5 + int(node[:4], 16) % 10 / 10
+
+
+class _Workload:
+    """A coordinator's stream of operations on a plan, driving an `IncrementalPlanner`:
+    `SLOTS` running paths advance step by step; each operation is timed with the planner's
+    update and, where a coordinator re-plans, a pick for the free slots."""
+
+    def __init__(self, plan: SearchPlan, planner: IncrementalPlanner, cost: CostModel, extra, seed: int):
+        self.plan, self.planner, self.cost = plan, planner, cost
+        self.extra = iter(extra)  # trials to submit later
+        self.rng = random.Random(seed)
+        self.running: dict[str, list] = {}  # key -> [segments, progress]
+        self.launched = 0
+        self.waiter = 10**9
+        self.times: dict[str, list[int]] = {}
+
+    def fill(self) -> None:
+        for path in self.planner.pick(SLOTS - len(self.running)):
+            key = f"task-{self.launched}"
+            self.launched += 1
+            segments = [(s.node, s.start, s.end) for s in path]
+            self.running[key] = [segments, path[0].start]
+            self.planner.task_launched(key, segments, path[0].start)
+
+    def _timed(self, name: str, operation) -> None:
+        began = time.perf_counter_ns()
+        operation()
+        self.planner.settle()
+        self.times.setdefault(name, []).append(time.perf_counter_ns() - began)
+
+    def _replan(self) -> None:
+        self.planner.pick(SLOTS - len(self.running))
+
+    def step(self) -> None:
+        if self.rng.random() < 0.05:
+            self._timed("submit a trial", self._submit)
+            return
+        if self.rng.random() < 0.03 and self.plan.active:
+            point = next(iter(self.plan.active))  # the oldest request (choosing costs no O(n) list)
+            self._timed("stop a trial", lambda: self._stop(point))
+            return
+        if not self.running:
+            self.fill()
+            return
+        key = self.rng.choice(list(self.running))
+        segments, progress = self.running[key]
+        progress += 1
+        node = next(n for n, s, e in segments if s < progress <= e)
+        self.running[key][1] = progress
+
+        def advance() -> None:
+            self.cost.observe(node, _step_seconds(node))
+            self.planner.task_progressed(key, progress)
+
+        self._timed("step (cost measured)", advance)
+        if any(progress == e for _, _, e in segments):
+            self._timed(
+                "stage end (checkpoint, metrics, trials complete)", lambda: self._stage_end(node, progress)
+            )
+        if progress == segments[-1][2]:
+            self._timed("task end, freed slot filled", lambda: self._end(key))
+
+    def _submit(self) -> None:
+        config, steps = next(self.extra)
+        self.waiter += 1
+        self.plan.add_request(config, steps, self.waiter)
+        self._replan()
+
+    def _stop(self, point: tuple[str, int]) -> None:
+        node, steps = point
+        for waiter in list(self.plan.active[(node, steps)]):
+            self.plan.remove_request(node, steps, waiter)
+        self._replan()
+
+    def _stage_end(self, node: str, step: int) -> None:
+        from dagtune.plan import CheckpointInfo
+
+        self.plan.record_checkpoint(node, step, CheckpointInfo(1, ""))
+        self.plan.record_metrics(node, step, {"val_acc": 0.5})
+        for waiter in list(self.plan.active.get((node, step), ())):
+            self.plan.remove_request(node, step, waiter)
+        self._replan()
+
+    def _end(self, key: str) -> None:
+        del self.running[key]
+        self.planner.task_ended(key)
+        self.fill()
+
+
+def rebuild_round(plan: SearchPlan, planner: IncrementalPlanner, cost: CostModel) -> float:
+    """Seconds of one re-plan from scratch: tree (with the running tasks), priorities once, pick."""
+    began = time.perf_counter()
+    tree = build_stage_tree(plan, planner.live.tasks)
+    priority = critical_path_priorities(tree, cost, plan)
+    CriticalPath().pick(tree, SLOTS, cost, plan, priority)
+    return time.perf_counter() - began
+
+
+def incremental_benchmark(n: int, seed: int = 0, operations: int = 3000, profile: bool = False) -> dict:
+    trials = make_trials(n + operations, seed)
+    plan, _, _ = insert_all(trials[:n])
+    cost = CostModel()
+    gc.collect()
+    before = rss_mib()
+    began = time.perf_counter()
+    planner = IncrementalPlanner(plan, cost, CriticalPath(), tolerance=TOLERANCE)
+    planner.settle()
+    first_settle = time.perf_counter() - began
+    planner_rss = rss_mib() - before
+    stages = len(planner)
+    workload = _Workload(plan, planner, cost, trials[n:], seed)
+    workload.fill()
+    rounds_before = [rebuild_round(plan, planner, cost) for _ in range(3)]
+    profiler = cProfile.Profile() if profile else None
+    if profiler is not None:
+        profiler.enable()
+    gc.collect()
+    for _ in range(operations):
+        workload.step()
+    if profiler is not None:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    rounds_after = [rebuild_round(plan, planner, cost) for _ in range(3)]
+    rebuild = min(min(rounds_before), min(rounds_after))
+    rows = []
+    for name, times in workload.times.items():
+        ordered = sorted(times)
+        mean = statistics.fmean(times) / 1e9
+        rows.append(
+            {
+                "operation": name,
+                "count": len(times),
+                "mean_ms": round(mean * 1e3, 4),
+                "p99_ms": round(percentile(ordered, 0.99) / 1e6, 3),
+                "max_ms": round(ordered[-1] / 1e6, 2),
+                "rebuild_over_mean": round(rebuild / mean, 1),
+            }
+        )
+    return {
+        "trials": n,
+        "stages": stages,
+        "stages_at_end": len(planner),
+        "first_settle_s": round(first_settle, 3),
+        "planner_rss_mib": round(planner_rss, 1),
+        "rebuild_round_s": round(rebuild, 4),
+        "rebuilt_nodes": planner.live.rebuilds,
+        "estimate_refreshes": planner.refreshes,
+        "nodes_repriced": planner.repriced,
+        "operations": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100_000)
@@ -201,7 +373,13 @@ def main() -> None:
     parser.add_argument("--tracemalloc", action="store_true", help="also measure Python heap use")
     parser.add_argument("--profile", action="store_true", help="cProfile the inserts and the build")
     parser.add_argument("--json", action="store_true", help="print only the result, as one JSON line")
+    parser.add_argument("--incremental", action="store_true", help="measure the incremental planner")
+    parser.add_argument("--operations", type=int, default=3000, help="incremental: operations to time")
     args = parser.parse_args()
+    if args.incremental:
+        result = incremental_benchmark(args.trials, args.seed, args.operations, args.profile)
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return
     result = benchmark(args.trials, args.seed, args.tracemalloc, args.profile)
     if args.json:
         print(json.dumps(result))

@@ -187,8 +187,15 @@ def test_metrics_and_curves(branched):
     assert plan.metrics_at(child, 40) == plan.metrics_at(root, 40) == {"loss": 40.0}
     assert plan.metrics_at(root, 41) is None  # the child's step 41 is not the root's
     curve = plan.curve(child, 100)
-    assert [m["loss"] for m in curve] == [float(s) for s in range(1, 101)]
-    assert plan.curve(root, 42) == [{"loss": float(s)} for s in range(1, 41)] + [None, None]
+    assert curve == [(s, {"loss": float(s)}) for s in range(1, 101)]
+    assert plan.curve(root, 42) == [(s, {"loss": float(s)}) for s in range(1, 41)]  # 41, 42: none
+
+
+def test_a_curve_costs_the_points_recorded_not_the_steps_requested(branched):
+    plan, _, child = branched
+    plan.record_metrics(child, 70, {"loss": 0.5})
+    plan.record_metrics(child, 3, {"loss": 0.9})
+    assert plan.curve(child, 10**12) == [(3, {"loss": 0.9}), (70, {"loss": 0.5})]
 
 
 def test_requests_are_counted_per_waiter(branched):

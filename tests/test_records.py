@@ -237,7 +237,7 @@ def test_records_that_contradict_earlier_ones_are_skipped_with_their_place():
         {"r": "end", "trial": 0, "status": "stopped", "steps": 9, "metrics": None},  # 7: beyond its steps
         {"r": "end", "trial": 0, "status": "completed", "steps": 4, "metrics": {"loss": 0.5}},
         {"r": "end", "trial": 0, "status": "stopped", "steps": 2, "metrics": None},  # 9: ended already
-        {"r": "extend", "trial": 0, "steps": 10**9},  # 10: beyond MAX_STEPS
+        {"r": "extend", "trial": 0, "steps": 2**60},  # 10: beyond MAX_STEPS
         {"r": "extend", "trial": 0, "steps": 8},
     ]
     folded = read_study_records((record, f"f:{i}") for i, record in enumerate(lines, start=1))

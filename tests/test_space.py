@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
+import tracemalloc
 
 import pytest
 
@@ -52,6 +54,56 @@ def test_grid_where_filters_conditionals():
 def test_grid_filter_removing_everything_is_an_error():
     with pytest.raises(ValueError, match="removed all 4 configs"):
         dt.Grid({"lr": [0.1, 0.01], "wd": [0.0, 1e-4]}, where=lambda c: False)
+
+
+def heap_peak(call) -> tuple[int, object]:
+    tracemalloc.start()
+    try:
+        result = call()
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+def candidates(side: int) -> dict[str, list[float]]:
+    return {"lr": [1e-4 * (i + 1) for i in range(side)], "momentum": [i / side for i in range(side)]}
+
+
+def test_a_million_config_grid_is_read_as_it_goes():
+    """Building the grid and a GridSearch holds the candidates, not the product."""
+    from dagtune.algos import GridSearch
+
+    used, grid = heap_peak(lambda: dt.Grid(candidates(1000)))
+    assert used < 2 * 2**20 and len(grid) == 10**6
+    used, search = heap_peak(lambda: GridSearch(grid, metric="loss", steps=2))
+    assert used < 2**20
+    submitted = list(itertools.islice(search.start(dt.algos.Context(slots=2, seed=0)), 3))
+    assert [(s.config, s.steps) for s in submitted] == [(c, 2) for c in itertools.islice(grid, 3)]
+    assert next(iter(grid)) == {"lr": dt.Constant(1e-4), "momentum": dt.Constant(0.0)}
+
+
+def test_iterating_a_grid_holds_one_config_at_a_time():
+    grid = dt.Grid(candidates(300))  # 90,000 configs: tens of MB if held in a list
+    used, last = heap_peak(lambda: collections.deque(grid, maxlen=1)[0])
+    assert used < 2**20 and last == {"lr": dt.Constant(1e-4 * 300), "momentum": dt.Constant(299 / 300)}
+
+
+def test_a_filtered_grid_is_counted_only_when_asked():
+    """`where` runs up to the first kept config at construction; ``len`` is one pass; an
+    algorithm drawing configs lazily (ASHA) never asks for it."""
+    calls = []
+
+    def keep(config):
+        calls.append(1)
+        return config["momentum"](0) >= 0.5
+
+    grid = dt.Grid(candidates(300), where=keep)
+    assert len(calls) == 151  # momentum 0 .. 0.5 for the first learning rate
+    dt.algos.ASHA(grid, metric="loss", min_steps=1, max_steps=9)
+    drawn = len(calls)
+    assert drawn < 400  # its first configs, not a count of the space
+    assert len(grid) == 300 * 150 and len(calls) == drawn + 300 * 300
+    assert len(grid) == 300 * 150 and len(calls) == drawn + 300 * 300  # counted once
 
 
 @pytest.mark.parametrize(

@@ -30,12 +30,13 @@ A minimal algorithm::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from dagtune.config import Config, normalize_config
 from dagtune.coordinator import COMPLETED, Trial
+from dagtune.space import SearchSpace
 
 __all__ = ["Algorithm", "Context", "Decision", "Extend", "Stop", "Submit"]
 
@@ -173,10 +174,20 @@ class Algorithm:
         return [t for t in self.trials if t.status == COMPLETED]
 
 
-def configs_of(space: Iterable[Any], owner: str) -> Iterable[Config]:
-    """Normalized configs from a search space (or any iterable of config dicts)."""
+def configs_of(space: Iterable[Any], owner: str) -> Iterator[Config]:
+    """Normalized configs from a search space (whose configs are normalized already) or any
+    iterable of config dicts, one at a time."""
+    if isinstance(space, SearchSpace):
+        yield from space
+        return
     for config in space:
         yield normalize_config(config, owner=owner)
+
+
+def is_finite(space: Iterable[Any]) -> bool:
+    """Whether `space` ends: a finite `SearchSpace`, or any sized iterable (a list); answered
+    without counting it (``len`` of a filtered grid is a pass over the product)."""
+    return space.finite if isinstance(space, SearchSpace) else isinstance(space, Sized)
 
 
 def check_positive(owner: str, **values: Any) -> None:

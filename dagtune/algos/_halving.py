@@ -32,6 +32,7 @@ from dagtune.algos._base import (
     Submit,
     check_positive,
     configs_of,
+    is_finite,
 )
 from dagtune.config import Config
 from dagtune.coordinator import COMPLETED, PENDING, Trial
@@ -51,11 +52,7 @@ class ConfigSource:
     """
 
     def __init__(self, space: Iterable[Any], owner: str):
-        try:
-            len(space)  # type: ignore[arg-type]
-            self.sized = True
-        except TypeError:
-            self.sized = False
+        self.sized = is_finite(space)
         self._stream: Iterator[Config] = iter(configs_of(space, owner))
         self._ahead: deque[Config] = deque()  # configs drawn by `peek`, not taken yet
         self._next = next(self._stream, None)

@@ -1,12 +1,15 @@
 """Grid search and random search: every config trained to the same number of steps.
 
 All trials are submitted at once, so the search plan sees every shared prefix before
-anything runs and the critical-path scheduler can order the whole stage tree.
+anything runs and the critical-path scheduler can order the whole stage tree. The space is
+read lazily: building the algorithm takes its first config only (an empty space is an error
+then), and `start` hands the submissions over one config at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dagtune.algos._base import Algorithm, Context, Decision, Submit, check_positive, configs_of
@@ -21,13 +24,16 @@ class GridSearch(Algorithm):
     def __init__(self, space: Iterable[Any], metric: str, mode: str = "max", steps: int = 1):
         super().__init__(metric, mode)
         check_positive(type(self).__name__, steps=steps)
-        self.configs = list(configs_of(space, owner=type(self).__name__))
-        if not self.configs:
-            raise ValueError(f"{type(self).__name__}: the search space is empty")
+        self.space = space
         self.steps = steps
+        self._configs = configs_of(space, owner=type(self).__name__)
+        first = next(self._configs, None)
+        if first is None:
+            raise ValueError(f"{type(self).__name__}: the search space is empty")
+        self._configs = itertools.chain([first], self._configs)
 
-    def start(self, ctx: Context) -> list[Decision]:
-        return [Submit(config, self.steps) for config in self.configs]
+    def start(self, ctx: Context) -> Iterator[Decision]:
+        return (Submit(config, self.steps) for config in self._configs)
 
     def on_result(self, trial, step, metrics):
         self.check_metric(metrics)

@@ -1,6 +1,7 @@
-"""The search plan, its journal, and the stage tree built from it."""
+"""The search plan, its journal, and the stage tree built from it (rebuilt, or kept live)."""
 
 from dagtune.plan._journal import Journal, PlanJournal
+from dagtune.plan._live import LiveStage, LiveStageTree, RunningTasks, TreeObserver
 from dagtune.plan._plan import CheckpointInfo, Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
 
@@ -8,11 +9,15 @@ __all__ = [
     "CheckpointInfo",
     "InFlight",
     "Journal",
+    "LiveStage",
+    "LiveStageTree",
     "Node",
     "PlanJournal",
+    "RunningTasks",
     "SearchPlan",
     "Stage",
     "StageTree",
+    "TreeObserver",
     "build_stage_tree",
     "merge_rate",
     "trial_steps",

@@ -68,6 +68,12 @@ class SearchPlan:
     Every change is an event (a plain JSON-ready dict) applied by `apply`; `listeners` see each
     new event, which is how the journal persists the plan. Requests are transient: they are
     the trials waiting right now, re-made by a study when it resumes.
+
+    `observers` are told of every change, whoever makes it (this process, or events read from
+    other writers' journals, which listeners do not see), as ``(kind, node, step)``: kind is
+    ``"request"`` (point ``(node, step)`` became active or inactive), ``"metrics"``,
+    ``"checkpoint"`` (recorded or dropped) or ``"node"`` (a new node; step is None). This is
+    how an incremental stage tree (`LiveStageTree`) stays in step with the plan.
     """
 
     def __init__(self) -> None:
@@ -78,6 +84,7 @@ class SearchPlan:
         self.request_rank: dict[tuple[str, int], int] = {}
         self._requests_made = 0
         self.listeners: list[Callable[[dict], None]] = []
+        self.observers: list[Callable[[str, str, int | None], None]] = []
 
     # ------------------------------------------------------------------ events
 
@@ -107,10 +114,23 @@ class SearchPlan:
             node.metrics[event["step"]] = dict(event["metrics"])
         else:
             raise ValueError(f"unknown search plan event {kind!r}")
-        if changed and emit:
-            for listener in self.listeners:
-                listener(event)
+        if changed:
+            self._tell(kind, event)
+            if emit:
+                for listener in self.listeners:
+                    listener(event)
         return changed
+
+    def _tell(self, kind: str, event: dict) -> None:
+        if not self.observers:
+            return
+        if kind == "node":
+            what, node, step = "node", event["id"], None
+        else:
+            what = "checkpoint" if kind == "drop_checkpoint" else kind
+            node, step = event["node"], event["step"]
+        for observer in self.observers:
+            observer(what, node, step)
 
     def _apply_node(self, event: dict, live_config: Config | None) -> bool:
         if event["id"] in self.nodes:
@@ -206,6 +226,8 @@ class SearchPlan:
             self.active[(node, steps)] = set()
             self.request_rank[(node, steps)] = self._requests_made
             self._requests_made += 1
+            for observer in self.observers:
+                observer("request", node, steps)
         self.active[(node, steps)].add(waiter)
 
     def remove_request(self, node: str, steps: int, waiter: Hashable) -> None:
@@ -221,6 +243,8 @@ class SearchPlan:
             if not active:
                 del self.active[(node, steps)]
                 del self.request_rank[(node, steps)]
+                for observer in self.observers:
+                    observer("request", node, steps)
 
     # ------------------------------------------------------------------ points
 
@@ -270,21 +294,13 @@ class SearchPlan:
             current = self.nodes[current.parent] if current.parent is not None else None
         return None
 
-    def known_metrics(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
-        """The metrics known along the path to ``(node, steps)`` as ``(step, metrics)`` in
-        step order: only the steps that have them, however long the path."""
-        known: list[tuple[int, dict[str, float]]] = []
+    def curve(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
+        """The metrics recorded after steps 1 .. `steps` along the path, as ``(step, metrics)``
+        pairs by step: as long as the points recorded, whatever `steps` is."""
+        curve: list[tuple[int, dict[str, float]]] = []
         for owner, start, end in self.segments(node, steps):
             metrics = self.nodes[owner].metrics
-            known.extend((s, metrics[s]) for s in sorted(metrics) if start < s <= end)
-        return known
-
-    def curve(self, node: str, steps: int) -> list[dict[str, float] | None]:
-        """Metrics after 1, 2, ..., `steps` steps along the path (None where unknown)."""
-        curve: list[dict[str, float] | None] = []
-        for owner, start, end in self.segments(node, steps):
-            metrics = self.nodes[owner].metrics
-            curve.extend(metrics.get(s) for s in range(start + 1, end + 1))
+            curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
         return curve
 
     def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:

@@ -1,0 +1,606 @@
+"""The stage tree kept up to date as the plan and the running tasks change.
+
+`build_stage_tree` rebuilds the whole tree from the plan; a coordinator that calls it at every
+scheduling round pays trials x events. `LiveStageTree` holds the same tree and updates only
+what a change can reach: the node it happened on, then its ancestors as long as what a node
+asks of its parent (the state at its branch step, and the earliest request rank behind it)
+changes. It follows the plan through `SearchPlan.observers` (requests, metrics, checkpoints,
+whoever makes them) and the running tasks through `launch`, `advance` and `finish`, the same
+facts the `InFlight` protocol answers for the rebuild.
+
+The tree it holds equals the rebuilt one, stage for stage: the builder's decisions are local
+to a plan node given what its children ask of it (see `build_stage_tree`), so the same code
+runs per node. Two facts make the rest local too:
+
+- a stage's rank after the builder's propagation is the least request rank from its end to
+  the end of its chain on the same node (a child node's chain adds nothing: its rank already
+  entered the need at the branch point); so ranks never propagate across nodes beyond the
+  contribution a child makes to its parent's need;
+- the builder numbers stages by plan node, latest first, then by start; ``(-order, start)``
+  sorts live stages the same way, so `tree` renumbers them exactly as a rebuild would.
+
+Changes are applied lazily: `settle` (called by every query) handles the nodes touched since
+the last one, deepest first, so a burst of submissions or events costs one pass. A
+`TreeObserver` hears which stages were added, changed, linked or removed, which is how the
+scheduler keeps priorities and its ready queue without walking the tree.
+
+Cost of one change: the node it touches and each ancestor whose contribution changes are
+recomputed, each in O(w log c) for w wanted steps and c checkpoints on that node; linking a
+new child stage is O(1); a branch point whose source changes (checkpoint committed, task
+launched) relinks the children waiting on it, once per change of that point.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from dagtune.plan._plan import SearchPlan
+from dagtune.plan._tree import Stage, StageTree
+
+__all__ = ["LiveStage", "LiveStageTree", "RunningTasks", "TreeObserver"]
+
+_METRICS, _STATE = 1, 2
+
+
+class LiveStage:
+    """One stage of a `LiveStageTree`, with the fields of `Stage` and a stable `index`.
+
+    `parent` is the stage it continues from (a `LiveStage`, when `source` is ``"stage"``),
+    `next` the stage continuing it on the same node, and `heads` the stages of child nodes that
+    continue from its end. `priority` is left to the scheduler that keeps it (the tree never
+    reads it). A live stage changes in place as the tree changes; `snapshot` freezes one.
+    """
+
+    __slots__ = (
+        "index",
+        "node",
+        "order",
+        "start",
+        "end",
+        "source",
+        "source_point",
+        "source_task",
+        "parent",
+        "next",
+        "heads",
+        "origin",
+        "metrics_needed",
+        "rank",
+        "priority",
+    )
+
+    def __init__(self, index: int, node: str, order: int, end: int):
+        self.index, self.node, self.order, self.end = index, node, order, end
+        self.start = 0
+        self.source = ""
+        self.source_point: tuple[str, int] | None = None
+        self.source_task: str | None = None
+        self.parent: LiveStage | None = None
+        self.next: LiveStage | None = None
+        self.heads: dict[int, LiveStage] | None = None
+        self.origin = ""  # scratch, checkpoint, running, chain (after `parent` on this node), head
+        self.metrics_needed = False
+        self.rank = 0
+        self.priority = 0.0
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+    @property
+    def ready(self) -> bool:
+        """Can start now: its source state exists."""
+        return self.source in ("scratch", "checkpoint")
+
+    def children(self) -> Iterator[LiveStage]:
+        """The stages continuing from this one's end: the next on its node, then the child
+        nodes' stages, latest node first (the builder's order)."""
+        if self.next is not None:
+            yield self.next
+        if self.heads:
+            yield from sorted(self.heads.values(), key=lambda s: -s.order)
+
+    def fields(self) -> tuple:
+        """What a rebuilt `Stage` would say about this stage (links as stage identities)."""
+        parent = self.parent.index if self.parent is not None else None
+        following = self.next.index if self.next is not None else None
+        return (
+            self.start,
+            self.source,
+            self.source_point,
+            self.source_task,
+            parent,
+            following,
+            self.metrics_needed,
+            self.rank,
+        )
+
+    def snapshot(self) -> Stage:
+        """A frozen `Stage` with this stage's stable index (children are not listed)."""
+        return Stage(
+            index=self.index,
+            node=self.node,
+            start=self.start,
+            end=self.end,
+            source=self.source,
+            source_point=self.source_point,
+            source_task=self.source_task,
+            parent=self.parent.index if self.parent is not None else None,
+            metrics_needed=self.metrics_needed,
+            rank=self.rank,
+        )
+
+    def __repr__(self) -> str:
+        return f"LiveStage({self.index}, {self.node[:8]}, [{self.start}, {self.end}), {self.source})"
+
+
+class TreeObserver(Protocol):
+    """Hears how a `LiveStageTree` changed, one stage at a time, during `settle`."""
+
+    def stage_added(self, stage: LiveStage) -> None: ...
+
+    def stage_changed(self, stage: LiveStage) -> None:
+        """A field of `stage` that a rebuilt `Stage` shows changed (bounds, source, parent,
+        rank, the stage after it)."""
+
+    def stage_removed(self, stage: LiveStage) -> None: ...
+
+
+class RunningTasks:
+    """What running tasks still deliver: the `InFlight` answers, without side effects.
+
+    A task trains segments ``(node, start, end)`` and has trained up to `progress`; it will
+    deliver every point ``(node, t)`` of a segment with ``progress < t <= end``. Tasks are
+    asked in launch order, as the coordinator asks its own.
+    """
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, tuple[tuple[tuple[str, int, int], ...], int]] = {}
+        self.on_node: dict[str, dict[str, None]] = {}
+
+    def add(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
+        segments = tuple(segments)
+        self.tasks[key] = (segments, progress)
+        for node, _, _ in segments:
+            self.on_node.setdefault(node, {})[key] = None
+
+    def set_progress(self, key: str, progress: int) -> None:
+        self.tasks[key] = (self.tasks[key][0], progress)
+
+    def remove(self, key: str) -> None:
+        segments, _ = self.tasks.pop(key)
+        for node, _, _ in segments:
+            keys = self.on_node.get(node)
+            if keys is not None:
+                keys.pop(key, None)
+                if not keys:
+                    del self.on_node[node]
+
+    def nodes(self, key: str) -> set[str]:
+        return {node for node, _, _ in self.tasks[key][0]}
+
+    def claim(self, node: str, step: int) -> str | None:
+        """The first task that will still deliver point ``(node, step)``, or None."""
+        for key in self.on_node.get(node, ()):
+            segments, progress = self.tasks[key]
+            if progress < step and any(n == node and s < step <= e for n, s, e in segments):
+                return key
+        return None
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        """The latest segment end on `node` before `step` a task will still reach, as
+        ``(step, task)`` (the first task in launch order among equals), or None."""
+        best: tuple[int, str] | None = None
+        for key in self.on_node.get(node, ()):
+            segments, progress = self.tasks[key]
+            for n, _, end in segments:
+                if n == node and progress < end < step and (best is None or end > best[0]):
+                    best = (end, key)
+        return best
+
+
+class _MinRank:
+    """Items with a rank and the least rank among them (a heap with lazy deletion)."""
+
+    __slots__ = ("ranks", "heap")
+
+    def __init__(self) -> None:
+        self.ranks: dict[str, int] = {}
+        self.heap: list[tuple[int, str]] = []
+
+    def set(self, item: str, rank: int) -> None:
+        if self.ranks.get(item) == rank:
+            return
+        self.ranks[item] = rank
+        heapq.heappush(self.heap, (rank, item))
+        if len(self.heap) > 2 * len(self.ranks) + 16:
+            self.heap = [(r, i) for i, r in self.ranks.items()]
+            heapq.heapify(self.heap)
+
+    def discard(self, item: str) -> None:
+        self.ranks.pop(item, None)
+
+    def least(self) -> int | None:
+        heap, ranks = self.heap, self.ranks
+        while heap and ranks.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class _NodeState:
+    """What the tree holds for one plan node: its stages by end step, the points running
+    tasks serve on it, what its children ask of it, and what it asks of its parent."""
+
+    __slots__ = ("stages", "served", "asks", "links", "head", "asked", "checkpoints")
+
+    def __init__(self) -> None:
+        self.stages: dict[int, LiveStage] = {}
+        self.served: dict[int, str] = {}  # step -> task delivering that point
+        self.asks: dict[int, _MinRank] = {}  # branch step -> children needing its state, by rank
+        self.links: dict[int, tuple] = {}  # branch step -> what its children continue from
+        self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
+        self.asked: int | None = None  # the rank this node asks its parent's state with
+        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
+
+    def idle(self) -> bool:
+        return not (self.stages or self.served or self.asks or self.asked is not None)
+
+
+class LiveStageTree:
+    """The stage tree of `plan`'s active requests, updated in place (see the module docstring).
+
+    ``build_stage_tree(plan, in_flight)`` with an `InFlight` answering like `tasks` gives the
+    same tree as `tree`. The tree subscribes to `plan.observers`; call `close` to stop.
+    """
+
+    def __init__(self, plan: SearchPlan, observer: TreeObserver | None = None):
+        self.plan = plan
+        self.observer = observer
+        self.tasks = RunningTasks()
+        self._states: dict[str, _NodeState] = {}
+        self._queue: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
+        self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
+        self._next_index = 0
+        self.rebuilds = 0  # node rebuilds so far: what the changes cost
+        plan.observers.append(self._plan_changed)
+        for node, _ in plan.active:
+            self._touch(node)
+
+    def close(self) -> None:
+        """Stop following the plan."""
+        if self._plan_changed in self.plan.observers:
+            self.plan.observers.remove(self._plan_changed)
+
+    # ------------------------------------------------------------------ inputs
+
+    def _plan_changed(self, kind: str, node: str, step: int | None) -> None:
+        if kind == "request":
+            self._touch(node)
+        elif kind == "metrics":
+            state = self._states.get(node)
+            if state is not None and (step in state.asks or step in self.plan.nodes[node].requests):
+                self._touch(node)
+        elif kind == "checkpoint":
+            state = self._states.get(node)
+            if state is not None:
+                state.checkpoints = None
+                self._touch(node)
+
+    def launch(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
+        """A task started training `segments` ``(node, start, end)``, at step `progress`."""
+        self.tasks.add(key, segments, progress)
+        for node in self.tasks.nodes(key):
+            if node in self._states:
+                self._touch(node)
+
+    def advance(self, key: str, progress: int) -> None:
+        """Task `key` has trained up to step `progress`: points it passed are no longer its."""
+        before = self.tasks.tasks[key][1]
+        self.tasks.set_progress(key, progress)
+        if progress < before:  # it went back (a restart): it covers more again
+            for node in self.tasks.nodes(key):
+                if node in self._states:
+                    self._touch(node)
+            return
+        for node, step in self._relied.get(key, ()):
+            if step <= progress:
+                self._touch(node)
+
+    def finish(self, key: str) -> None:
+        """Task `key` ended (or was lost): it delivers nothing more."""
+        self.tasks.remove(key)
+        for node, _ in self._relied.get(key, ()):
+            self._touch(node)
+
+    def _touch(self, node: str) -> None:
+        if node not in self._queued:
+            self._queued.add(node)
+            heapq.heappush(self._queue, (-self.plan.nodes[node].order, node))
+
+    # ------------------------------------------------------------------ queries
+
+    def settle(self) -> None:
+        """Apply every change since the last call (deepest plan nodes first)."""
+        while self._queue:
+            _, node = heapq.heappop(self._queue)
+            self._queued.discard(node)
+            self._rebuild(node)
+
+    def stages_of(self, node: str) -> list[LiveStage]:
+        """The stages of plan node `node`, by start."""
+        self.settle()
+        state = self._states.get(node)
+        return [] if state is None else sorted(state.stages.values(), key=lambda s: s.start)
+
+    @property
+    def wanted(self) -> dict[str, set[tuple[str, int]]]:
+        """Running task -> the points the tree relies on it to deliver (`StageTree.wanted`)."""
+        self.settle()
+        return {task: set(points) for task, points in self._relied.items() if points}
+
+    def wanted_of(self, task: str) -> set[tuple[str, int]]:
+        self.settle()
+        return set(self._relied.get(task, ()))
+
+    def tree(self) -> StageTree:
+        """The tree as a `StageTree`, numbered as `build_stage_tree` numbers it."""
+        self.settle()
+        live = sorted(
+            (s for state in self._states.values() for s in state.stages.values()),
+            key=lambda s: (-s.order, s.start),
+        )
+        number = {s.index: i for i, s in enumerate(live)}
+        stages = []
+        for i, s in enumerate(live):
+            stage = s.snapshot()
+            stage.index = i
+            stage.parent = number[s.parent.index] if s.parent is not None else None
+            stage.children = [number[c.index] for c in s.children()]
+            stages.append(stage)
+        return StageTree(stages, self.wanted)
+
+    # ------------------------------------------------------------------ one node
+
+    def _wanted(self, node, state: _NodeState) -> dict[int, list[int]]:
+        """Step -> [what, rank]: the node's needs, as `build_stage_tree` gathers them."""
+        wanted: dict[int, list[int]] = {}
+        ranks = self.plan.request_rank
+        for step in node.requests:
+            if step not in node.metrics:
+                wanted[step] = [_METRICS, ranks[(node.id, step)]]
+        for step, asks in state.asks.items():
+            rank = asks.least()
+            entry = wanted.get(step)
+            if entry is None:
+                wanted[step] = [_STATE, rank]
+            else:
+                entry[0] |= _STATE
+                entry[1] = min(entry[1], rank)
+        return wanted
+
+    def _rebuild(self, node_id: str) -> None:
+        self.rebuilds += 1
+        plan = self.plan
+        node = plan.nodes[node_id]
+        state = self._states.get(node_id)
+        if state is None:
+            state = self._states[node_id] = _NodeState()
+        wanted = self._wanted(node, state)
+        if state.checkpoints is None:
+            state.checkpoints = sorted(node.checkpoints)
+        checkpoints = state.checkpoints
+
+        # the builder's loop over one node's wanted steps
+        served: dict[int, str] = {}
+        chains: dict[int, list] = {}  # source step -> [origin, task, steps]
+        for step in sorted(wanted):
+            what = wanted[step][0]
+            has_metrics = step in node.metrics
+            if step in node.checkpoints and (has_metrics or not what & _METRICS):
+                continue
+            if what == _METRICS and has_metrics:
+                continue
+            task = self.tasks.claim(node_id, step)
+            if task is not None:
+                served[step] = task
+                continue
+            at = bisect_left(checkpoints, step)
+            source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
+            origin, ref = "checkpoint", None
+            running = self.tasks.latest_before(node_id, step)
+            if running is not None and (source is None or running[0] > source):
+                source, origin, ref = running[0], "running", running[1]
+                served[source] = ref
+            if source is None:
+                source = node.start
+                origin = "scratch" if node.parent is None else "head"
+            chain = chains.get(source)
+            if chain is None:
+                chains[source] = [origin, ref, [step]]
+            else:
+                chain[0], chain[1] = origin, ref
+                chain[2].append(step)
+
+        # the stages: one per chained step; rank = least rank from there to the chain's end
+        specs: list[tuple] = []  # (end, start, origin, task, metrics, rank, previous end)
+        asked = None
+        for source, (origin, ref, steps) in chains.items():
+            ranks = [wanted[s][1] for s in steps]
+            for i in range(len(ranks) - 2, -1, -1):
+                ranks[i] = min(ranks[i], ranks[i + 1])
+            if origin == "head":
+                asked = ranks[0]
+            begin, previous = source, None
+            for end, rank in zip(steps, ranks):
+                kind = origin if previous is None else "chain"
+                specs.append((end, begin, kind, ref, bool(wanted[end][0] & _METRICS), rank, previous))
+                begin, previous = end, end
+
+        old = state.stages
+        before = {end: stage.fields() for end, stage in old.items()}
+        new: dict[int, LiveStage] = {}
+        added: list[LiveStage] = []
+        state.head = None
+        for end, begin, kind, ref, metrics, rank, previous in specs:
+            stage = old.pop(end, None)
+            if stage is None:
+                stage = LiveStage(self._next_index, node_id, node.order, end)
+                self._next_index += 1
+                added.append(stage)
+            if stage.origin == "head" and kind != "head":
+                self._unlink(stage)
+            stage.start, stage.metrics_needed, stage.rank = begin, metrics, rank
+            if kind == "head":
+                state.head = stage
+                if stage.origin != "head":  # linked to the parent node below
+                    stage.parent, stage.source = None, ""
+            else:
+                stage.parent = new[previous] if kind == "chain" else None
+                stage.source = "stage" if kind == "chain" else kind
+                stage.source_task = ref if kind == "running" else None
+                stage.source_point = (node_id, begin) if kind in ("checkpoint", "running") else None
+            stage.origin = kind
+            stage.next = None
+            new[end] = stage
+        for end, *_, previous in specs:
+            if previous is not None:
+                new[previous].next = new[end]
+        state.stages = new
+        removed = list(old.values())
+        for stage in removed:
+            if stage.origin == "head":
+                self._unlink(stage)
+
+        self._serve(node_id, state, served)
+        self._ask_parent(node, state, asked)
+        if state.head is not None:
+            self._link_head(node, state.head)
+        self._relink_children(node, state)
+
+        observer = self.observer
+        if observer is not None:
+            for stage in added:
+                observer.stage_added(stage)
+            for end, stage in new.items():
+                if end in before and before[end] != stage.fields():
+                    observer.stage_changed(stage)
+            for stage in removed:
+                observer.stage_removed(stage)
+        if state.idle():
+            del self._states[node_id]
+
+    def _serve(self, node_id: str, state: _NodeState, served: dict[int, str]) -> None:
+        """Record which running tasks the node's points rely on."""
+        if served == state.served:
+            return
+        for step, task in state.served.items():
+            if served.get(step) != task:
+                points = self._relied.get(task)
+                if points is not None:
+                    points.discard((node_id, step))
+                    if not points:
+                        del self._relied[task]
+        for step, task in served.items():
+            if state.served.get(step) != task:
+                self._relied.setdefault(task, set()).add((node_id, step))
+        state.served = served
+
+    def _ask_parent(self, node, state: _NodeState, asked: int | None) -> None:
+        """Tell the parent whether this node needs its state at the branch step, and with
+        which rank; the parent is rebuilt if that changes its need there."""
+        if asked == state.asked:
+            return
+        state.asked = asked
+        parent = node.parent
+        if parent is None:
+            return
+        up = self._states.get(parent)
+        if up is None:
+            up = self._states[parent] = _NodeState()
+        asks = up.asks.get(node.start)
+        before = asks.least() if asks is not None else None
+        if asked is None:
+            if asks is not None:
+                asks.discard(node.id)
+                if not asks.ranks:
+                    del up.asks[node.start]
+                    up.links.pop(node.start, None)
+        else:
+            if asks is None:
+                asks = up.asks[node.start] = _MinRank()
+            asks.set(node.id, asked)
+        after = asks.least() if asks is not None and asks.ranks else None
+        if after != before:
+            self._touch(parent)
+
+    # ------------------------------------------------------------------ links between nodes
+
+    def _source_at(self, parent: str, step: int) -> tuple:
+        """Where a child branching at ``(parent, step)`` continues from (the builder's rule:
+        a checkpoint there, else the stage ending there, else the task delivering it)."""
+        if step in self.plan.nodes[parent].checkpoints:
+            return ("checkpoint", None)
+        state = self._states.get(parent)
+        if state is not None:
+            stage = state.stages.get(step)
+            if stage is not None:
+                return ("stage", stage)
+            task = state.served.get(step)
+            if task is not None:
+                return ("running", task)
+        return ("checkpoint", None)
+
+    def _link_head(self, node, head: LiveStage) -> None:
+        """Link this node's first stage to what its parent offers at the branch step: the
+        parent's last settled answer there (its next rebuild relinks every child if that
+        changes), or the answer now if the parent has not settled one yet."""
+        state = self._states.get(node.parent)
+        link = state.links.get(node.start) if state is not None else None
+        self._link(node, head, link if link is not None else self._source_at(node.parent, node.start))
+
+    def _relink_children(self, node, state: _NodeState) -> None:
+        """Children branching where this node's answer changed follow the change."""
+        for step in [s for s in state.links if s not in state.asks]:
+            del state.links[step]
+        for step, asks in state.asks.items():
+            link = self._source_at(node.id, step)
+            if state.links.get(step) == link:
+                continue
+            state.links[step] = link
+            for child in asks.ranks:
+                head = self._states[child].head
+                if head is None:
+                    continue
+                before = head.fields()
+                self._link(self.plan.nodes[child], head, link)
+                if self.observer is not None and head.fields() != before:
+                    self.observer.stage_changed(head)
+
+    def _link(self, node, head: LiveStage, link: tuple) -> None:
+        kind, ref = link
+        if kind == "stage":
+            if head.parent is not ref:
+                self._unlink(head)
+                if ref.heads is None:
+                    ref.heads = {}
+                ref.heads[head.index] = head
+                head.parent = ref
+            head.source, head.source_point, head.source_task = "stage", None, None
+        else:
+            self._unlink(head)
+            head.source, head.source_point = kind, (node.parent, node.start)
+            head.source_task = ref if kind == "running" else None
+
+    def _unlink(self, head: LiveStage) -> None:
+        """Detach a node's first stage from the parent node's stage it continued from."""
+        old = head.parent
+        if old is None or old.node == head.node:
+            return
+        head.parent = None
+        del old.heads[head.index]
+        if not old.heads:
+            old.heads = None

@@ -1,0 +1,487 @@
+"""Incremental planning: the stage tree, its critical-path priorities and the ready queue,
+kept up to date instead of rebuilt at every scheduling round.
+
+A coordinator that rebuilds the stage tree and its priorities whenever something changed
+pays for every stage at every event: trials x events. `IncrementalPlanner` holds the same
+state and updates what a change reaches:
+
+- the stages, through a `LiveStageTree` that follows the search plan (requests, metrics,
+  checkpoints, whoever makes them) and the running tasks (`task_launched`,
+  `task_progressed`, `task_ended`);
+- each stage's priority, the estimated seconds of the longest path from it to a leaf, from
+  the stages that changed up to their roots;
+- the ready stages, in the scheduling policy's order, so that `pick` reads the best `slots`
+  of them and follows their paths without sorting anything.
+
+`build_stage_tree` with `critical_path_priorities` stays the reference: `tree()` returns the
+same `StageTree` (same numbering) and the same priorities, and `pick(slots)` the same paths
+as ``policy.pick(tree, slots, ...)``.
+
+Cost estimates. A priority multiplies a stage's steps by its node's estimated seconds per
+step (`CostModel`), and every measured step moves an estimate: a node's own, which its
+unmeasured descendants inherit, and the mean, which every node without a measured ancestor
+uses. Following each of them exactly would touch most of the tree at every step event. So
+the planner re-prices a node's stages when the estimate it used and the cost model's differ
+by more than `tolerance` (relative); with ``tolerance=0`` it follows every change exactly.
+`estimates` is the cost model the priorities were computed with: the rebuilt priorities
+under it are equal to the planner's, and each of its estimates is within `tolerance` of
+the live cost model's.
+
+Costs (n stages, d plan depth, w wanted steps on a node): a plan change or a task event
+rebuilds its node and the ancestors whose need changes (O(w log c) each, see
+`LiveStageTree`), then re-prices the changed stages and their ancestors up the stage tree,
+O(log n) per stage (the ready queue and a branch point's children are sorted containers).
+A re-priced estimate costs O(stages priced with it) and happens once per change beyond
+`tolerance`. `pick` costs O(slots x path length x log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
+
+from sortedcontainers import SortedList
+
+from dagtune.plan import LiveStage, LiveStageTree, SearchPlan, StageTree
+from dagtune.scheduling import CostModel, SchedulingPolicy
+
+__all__ = ["IncrementalPlanner", "PlannedCosts"]
+
+
+class _Ordered:
+    """Items with sortable keys and the smallest among them: a dict while few, a sorted
+    list once many (a branch point with thousands of children)."""
+
+    __slots__ = ("keys", "sorted")
+    _MANY = 32
+
+    def __init__(self) -> None:
+        self.keys: dict[int, tuple] = {}
+        self.sorted: SortedList | None = None
+
+    def set(self, item: int, key: tuple) -> None:
+        old = self.keys.get(item)
+        if old == key:
+            return
+        if self.sorted is not None:
+            if old is not None:
+                self.sorted.remove((*old, item))
+            self.sorted.add((*key, item))
+        self.keys[item] = key
+        if self.sorted is None and len(self.keys) > self._MANY:
+            self.sorted = SortedList((*k, i) for i, k in self.keys.items())
+
+    def discard(self, item: int) -> None:
+        old = self.keys.pop(item, None)
+        if old is not None and self.sorted is not None:
+            self.sorted.remove((*old, item))
+
+    def best(self) -> tuple[tuple, int] | None:
+        """``(key, item)`` with the smallest key, or None."""
+        if self.sorted is not None:
+            if not self.sorted:
+                return None
+            first = self.sorted[0]
+            return first[:-1], first[-1]
+        if not self.keys:
+            return None
+        item = min(self.keys, key=self.keys.__getitem__)
+        return self.keys[item], item
+
+
+class PlannedCosts:
+    """The estimates a planner's priorities were computed with, as a `CostModel` would give
+    them (pass it to `critical_path_priorities` to recompute the same priorities)."""
+
+    def __init__(self, estimates: Mapping[str, float]):
+        self._estimates = estimates
+
+    def step_seconds(self, node: str, plan: SearchPlan | None = None) -> float:
+        return self._estimates[node]
+
+    def stage_seconds(self, stage, plan: SearchPlan | None = None) -> float:
+        return stage.steps * self._estimates[stage.node]
+
+
+class _Priorities(Mapping):
+    """Stage index -> priority of the planner's live stages."""
+
+    def __init__(self, stages: dict[int, LiveStage]):
+        self._stages = stages
+
+    def __getitem__(self, index: int) -> float:
+        return self._stages[index].priority
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._stages)
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
+
+class IncrementalPlanner:
+    """Stage tree, priorities and ready queue of `plan`, kept up to date (module docstring).
+
+    Feed it the running tasks as the coordinator launches, advances and retires them; the
+    plan and the cost model it follows by itself. Queries settle pending changes first.
+
+    Typical use in a scheduling round::
+
+        for path in planner.pick(free):             # best paths, each a list of stages
+            launch(path, planner.priorities[path[0].index])
+            planner.task_launched(key, [(s.node, s.start, s.end) for s in path], path[0].start)
+        pauses = policy.preempt_ordered(planner.ready(), planner.priorities, pausable)
+        demand = planner.ready_count()
+        directive_points = planner.wanted_of(task)  # what the tree relies on a task for
+
+    Stages handed out are `LiveStage` objects: read them at once, they change in place.
+    The order is the policy's keys (`SchedulingPolicy.ready_key`, `path_key`); a policy that
+    overrides `pick` with another order (perf/schedulers.py's prototypes) needs the rebuild.
+    Plan changes reach the planner synchronously (`SearchPlan.observers`), so the plan must be
+    changed under the same lock as the planner is queried (the study's).
+    """
+
+    def __init__(
+        self,
+        plan: SearchPlan,
+        cost: CostModel,
+        policy: SchedulingPolicy,
+        *,
+        tolerance: float = 0.0,
+    ):
+        if not tolerance >= 0:
+            raise ValueError(f"IncrementalPlanner.tolerance must be >= 0, got {tolerance!r}")
+        self.plan, self.cost, self.policy, self.tolerance = plan, cost, policy, tolerance
+        self._stages: dict[int, LiveStage] = {}
+        self._dirty: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
+        self._ready = SortedList()
+        self._ready_keys: dict[int, tuple] = {}
+        self._heads: dict[int, _Ordered] = {}  # stage -> the child-node stages continuing it
+        self._under: dict[int, LiveStage] = {}  # head stage -> the stage it is listed under
+        self._sourced: dict[str, dict[int, LiveStage]] = {}  # task -> stages starting from it
+        self._task_of: dict[int, str] = {}
+        # estimates: every node with stages is priced with `_applied[source]`, where source is
+        # its nearest measured ancestor (itself included) or None (the cost model's mean)
+        self._per_node: dict[str, int] = {}  # node -> its stage count
+        self._estimate: dict[str, float] = {}
+        self._source: dict[str, str | None] = {}
+        self._applied: dict[str | None, float] = {}
+        self._below: dict[str, int] = {}  # node -> nodes with stages in its subtree
+        self._children_with: dict[str, set[str]] = {}  # node -> children with stages below
+        self._roots_with: set[str] = set()
+        self._observed: set[str] = set()
+        self._split: set[str] = set()  # measured nodes whose estimates went to their subtree
+        self.refreshes = 0  # estimate changes applied (each re-prices the nodes priced with it)
+        self.repriced = 0  # node re-pricings they caused
+        self.priorities: Mapping[int, float] = _Priorities(self._stages)
+        cost.observers.append(self._observed.add)
+        self.live = LiveStageTree(plan, observer=self)
+
+    def close(self) -> None:
+        """Stop following the plan and the cost model."""
+        self.live.close()
+        if self._observed.add in self.cost.observers:
+            self.cost.observers.remove(self._observed.add)
+
+    # ------------------------------------------------------------------ running tasks
+
+    def task_launched(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
+        """A task trains `segments` ``(node, start, end)`` from step `progress`."""
+        self.live.launch(key, segments, progress)
+
+    def task_progressed(self, key: str, progress: int) -> None:
+        """Task `key` has trained up to step `progress`."""
+        self.live.advance(key, progress)
+
+    def task_ended(self, key: str) -> None:
+        """Task `key` ended, failed or was lost."""
+        self.live.finish(key)
+
+    # ------------------------------------------------------------------ queries
+
+    def settle(self) -> None:
+        """Apply every pending change (queries do this first)."""
+        self.live.settle()
+        self._refresh_estimates()
+        while self._dirty:
+            _, node = heapq.heappop(self._dirty)
+            self._queued.discard(node)
+            self._price(node)
+
+    def pick(self, slots: int) -> list[list[LiveStage]]:
+        """What ``policy.pick(tree, slots, ...)`` returns for the rebuilt tree: up to `slots`
+        paths, best first, each a ready stage followed by its chosen descendants."""
+        self.settle()
+        if slots <= 0:
+            return []
+        paths = []
+        for entry in self._ready.islice(0, slots):
+            path = [self._stages[entry[-1]]]
+            while self.policy.path_key(path[-1], path[-1].priority) is not None:
+                following = self._follow(path[-1])
+                if following is None:
+                    break
+                path.append(following)
+            paths.append(path)
+        return paths
+
+    def ready(self) -> Iterator[LiveStage]:
+        """The ready stages in the policy's order (lazily: read as far as needed)."""
+        self.settle()
+        for entry in self._ready:
+            yield self._stages[entry[-1]]
+
+    def ready_count(self) -> int:
+        self.settle()
+        return len(self._ready)
+
+    def __len__(self) -> int:
+        self.settle()
+        return len(self._stages)
+
+    def wanted_of(self, task: str) -> set[tuple[str, int]]:
+        """The points the tree relies on running task `task` to deliver (`StageTree.wanted`)."""
+        return self.live.wanted_of(task)
+
+    def sourced_from(self, task: str) -> list[LiveStage]:
+        """The stages that start from a point running task `task` will deliver."""
+        self.settle()
+        return list(self._sourced.get(task, {}).values())
+
+    @property
+    def estimates(self) -> PlannedCosts:
+        """The cost model the current priorities were computed with."""
+        self.settle()
+        return PlannedCosts(dict(self._estimate))
+
+    def tree(self) -> tuple[StageTree, list[float]]:
+        """The stage tree as `build_stage_tree` numbers it, and the priorities by index."""
+        self.settle()
+        tree = self.live.tree()
+        live = sorted(self._stages.values(), key=lambda s: (-s.order, s.start))
+        return tree, [s.priority for s in live]
+
+    # ------------------------------------------------------------------ following a path
+
+    def _follow(self, stage: LiveStage) -> LiveStage | None:
+        """The child a path continues with: smallest `path_key`, the first listed on ties
+        (the next stage on the node, then child nodes' stages, latest node first)."""
+        key = self.policy.path_key
+        candidates: list[tuple[tuple, LiveStage]] = []
+        if stage.next is not None:
+            candidates.append(((*key(stage.next, stage.next.priority), 0, 0), stage.next))
+        heads = self._heads.get(stage.index)
+        if heads is not None:
+            if self.policy.follows_priority:
+                _, index = heads.best()
+                chosen = [self._stages[index]]
+            else:
+                chosen = [self._stages[i] for i in heads.keys]
+            candidates.extend(((*key(h, h.priority), 1, -h.order), h) for h in chosen)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda pair: pair[0])[1]
+
+    # ------------------------------------------------------------------ the tree's news
+
+    def stage_added(self, stage: LiveStage) -> None:
+        self._stages[stage.index] = stage
+        count = self._per_node.get(stage.node, 0)
+        self._per_node[stage.node] = count + 1
+        if count == 0:
+            self._track(stage.node)
+        self._touch(stage.node)
+
+    def stage_changed(self, stage: LiveStage) -> None:
+        self._touch(stage.node)
+
+    def stage_removed(self, stage: LiveStage) -> None:
+        del self._stages[stage.index]
+        key = self._ready_keys.pop(stage.index, None)
+        if key is not None:
+            self._ready.remove(key)
+        self._heads.pop(stage.index, None)
+        under = self._under.pop(stage.index, None)
+        if under is not None:
+            self._unlist(under, stage.index)
+        task = self._task_of.pop(stage.index, None)
+        if task is not None:
+            self._unsource(task, stage.index)
+        count = self._per_node[stage.node] - 1
+        if count:
+            self._per_node[stage.node] = count
+        else:
+            del self._per_node[stage.node]
+            self._untrack(stage.node)
+
+    def _touch(self, node: str) -> None:
+        if node not in self._queued:
+            self._queued.add(node)
+            heapq.heappush(self._dirty, (-self.plan.nodes[node].order, node))
+
+    # ------------------------------------------------------------------ priorities
+
+    def _price(self, node: str) -> None:
+        """Re-price a node's stages, last first (a stage's next one is on the same node),
+        and carry what changed to the ready queue and the stages they continue from."""
+        stages = self.live.stages_of(node)
+        if not stages:
+            return
+        seconds = self._estimate[node]
+        depth = self.plan.nodes[node].depth
+        for stage in reversed(stages):
+            below = stage.next.priority if stage.next is not None else 0.0
+            heads = self._heads.get(stage.index)
+            if heads is not None:
+                best = heads.best()
+                if best is not None:
+                    below = max(below, -best[0][0])
+            stage.priority = stage.steps * seconds + below
+            self._queue_ready(stage, depth)
+            self._list_under(stage)
+            self._note_source(stage)
+
+    def _queue_ready(self, stage: LiveStage, depth: int) -> None:
+        old = self._ready_keys.get(stage.index)
+        if stage.ready:
+            key = (
+                *self.policy.ready_key(stage, stage.priority, depth),
+                -stage.order,
+                stage.start,
+                stage.index,
+            )
+            if key == old:
+                return
+            if old is not None:
+                self._ready.remove(old)
+            self._ready.add(key)
+            self._ready_keys[stage.index] = key
+        elif old is not None:
+            self._ready.remove(old)
+            del self._ready_keys[stage.index]
+
+    def _list_under(self, stage: LiveStage) -> None:
+        """Keep a child node's first stage listed under the stage it continues from, keyed
+        by (-priority, rank, -order): the longest first, the builder's tie order."""
+        parent = stage.parent if stage.parent is not None and stage.parent.node != stage.node else None
+        old = self._under.get(stage.index)
+        if old is not None and old is not parent:
+            del self._under[stage.index]
+            self._unlist(old, stage.index)
+        if parent is None:
+            return
+        heads = self._heads.get(parent.index)
+        if heads is None:
+            heads = self._heads[parent.index] = _Ordered()
+        key = (-stage.priority, stage.rank, -stage.order)
+        if heads.keys.get(stage.index) != key:
+            heads.set(stage.index, key)
+            self._under[stage.index] = parent
+            self._touch(parent.node)
+
+    def _unlist(self, parent: LiveStage, index: int) -> None:
+        heads = self._heads.get(parent.index)
+        if heads is not None:
+            heads.discard(index)
+            if not heads.keys:
+                del self._heads[parent.index]
+            self._touch(parent.node)
+
+    def _note_source(self, stage: LiveStage) -> None:
+        task = stage.source_task if stage.source == "running" else None
+        old = self._task_of.get(stage.index)
+        if old == task:
+            return
+        if old is not None:
+            self._unsource(old, stage.index)
+            del self._task_of[stage.index]
+        if task is not None:
+            self._sourced.setdefault(task, {})[stage.index] = stage
+            self._task_of[stage.index] = task
+
+    def _unsource(self, task: str, index: int) -> None:
+        stages = self._sourced[task]
+        del stages[index]
+        if not stages:
+            del self._sourced[task]
+
+    # ------------------------------------------------------------------ estimates
+
+    def _differs(self, new: float, old: float) -> bool:
+        return new != old if self.tolerance == 0 else abs(new - old) > self.tolerance * abs(old)
+
+    def _track(self, node: str) -> None:
+        """`node` has stages now: price it and count it in its ancestors' subtrees."""
+        plan = self.plan
+        source: str | None = None
+        current: str | None = node
+        while current is not None:
+            self._below[current] = self._below.get(current, 0) + 1
+            parent = plan.nodes[current].parent
+            if self._below[current] == 1:
+                if parent is None:
+                    self._roots_with.add(current)
+                else:
+                    self._children_with.setdefault(parent, set()).add(current)
+            if source is None and self.cost.measured(current):
+                source = current
+            current = parent
+        if source not in self._applied:
+            self._applied[source] = (
+                self.cost.unmeasured_seconds() if source is None else self.cost.step_seconds(source)
+            )
+        self._source[node] = source
+        self._estimate[node] = self._applied[source]
+
+    def _untrack(self, node: str) -> None:
+        del self._source[node], self._estimate[node]
+        current: str | None = node
+        while current is not None:
+            parent = self.plan.nodes[current].parent
+            self._below[current] -= 1
+            if not self._below[current]:
+                del self._below[current]
+                if parent is None:
+                    self._roots_with.discard(current)
+                else:
+                    children = self._children_with[parent]
+                    children.discard(current)
+                    if not children:
+                        del self._children_with[parent]
+            current = parent
+
+    def _refresh_estimates(self) -> None:
+        """Re-price the nodes whose estimate moved beyond `tolerance` since it was applied."""
+        if not self._observed:
+            return
+        observed = list(self._observed)
+        self._observed.clear()
+        cost = self.cost
+        for node in observed:
+            if node not in self.plan.nodes:
+                continue
+            value = cost.step_seconds(node)
+            first = node not in self._split  # its subtree priced from an ancestor until now
+            if first or node not in self._applied or self._differs(value, self._applied[node]):
+                self._split.add(node)
+                self._applied[node] = value
+                self._reprice(node, [node] if node in self._below else [])
+        mean = cost.unmeasured_seconds()
+        if None in self._applied and self._differs(mean, self._applied[None]):
+            self._applied[None] = mean
+            self._reprice(None, [r for r in self._roots_with if not cost.measured(r)])
+
+    def _reprice(self, source: str | None, tops: list[str]) -> None:
+        """Give every node with stages priced from `source` its current estimate: the nodes
+        below `tops` down to (not into) measured descendants."""
+        self.refreshes += 1
+        value = self._applied[source]
+        stack = list(tops)
+        while stack:
+            node = stack.pop()
+            if node in self._estimate and (self._source[node] != source or self._estimate[node] != value):
+                self._source[node], self._estimate[node] = source, value
+                self.repriced += 1
+                self._touch(node)
+            stack.extend(c for c in self._children_with.get(node, ()) if not self.cost.measured(c))

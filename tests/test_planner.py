@@ -1,0 +1,251 @@
+"""The incremental planner against the rebuild it replaces.
+
+After random sequences of what a coordinator does to a plan (submit, extend, stop, metrics,
+checkpoints committed and dropped, step costs measured, paths picked and launched, running
+tasks advancing and ending), `IncrementalPlanner` must hold exactly what `build_stage_tree`
+with `critical_path_priorities` and the policy's `pick` compute from scratch: the same
+stages (numbered as the builder numbers them), sources, ranks, `wanted`, priorities, ready
+set, pick order and demand. Running tasks are answered for the rebuild by `PathTasks`, an
+`InFlight` written here independently of the planner's own table.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import more_examples, trial_lists
+
+import dagtune as dt
+from dagtune.config import normalize_config
+from dagtune.plan import CheckpointInfo, SearchPlan, build_stage_tree
+from dagtune.planner import IncrementalPlanner
+from dagtune.scheduling import CostModel, critical_path_priorities, policy_named
+
+CKPT = CheckpointInfo(nbytes=1, sha256="0" * 64)
+
+
+class PathTasks:
+    """Running path tasks: key -> (segments ``(node, start, end)``, progress), in launch
+    order, answering `InFlight` as the coordinator does."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, tuple[tuple[tuple[str, int, int], ...], int]] = {}
+
+    def claim(self, node: str, step: int) -> str | None:
+        for key, (segments, progress) in self.tasks.items():
+            if progress < step and any(n == node and s < step <= e for n, s, e in segments):
+                return key
+        return None
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        best = None
+        for key, (segments, progress) in self.tasks.items():
+            for n, _, end in segments:
+                if n == node and progress < end < step and (best is None or end > best[0]):
+                    best = (end, key)
+        return best
+
+
+class Session:
+    """A plan, a cost model, running tasks and the planner following them."""
+
+    def __init__(self, trials, policy: str, tolerance: float):
+        self.pool = [(normalize_config(c), s) for c, s in trials]
+        self.plan = SearchPlan()
+        self.cost = CostModel()
+        self.policy = policy_named(policy)
+        self.tolerance = tolerance
+        self.planner = IncrementalPlanner(self.plan, self.cost, self.policy, tolerance=tolerance)
+        self.running = PathTasks()
+        self.requests: list[list] = []  # [node, steps, waiter, config, active]
+        self.launched = 0
+
+    def apply(self, op: str, a: int, b: int) -> None:
+        plan, planner = self.plan, self.planner
+        if op == "submit" or not self.requests:
+            config, steps = self.pool[a % len(self.pool)]
+            waiter = len(self.requests)
+            self.requests.append([plan.add_request(config, steps, waiter), steps, waiter, config, True])
+            return
+        request = self.requests[a % len(self.requests)]
+        node, steps, waiter, config, active = request
+        point = 1 + b % steps
+        if op == "extend":
+            if active:
+                plan.remove_request(node, steps, waiter)
+            request[1] = steps + 1 + b % 5
+            request[0], request[4] = plan.add_request(config, request[1], waiter), True
+        elif op == "stop" and active:
+            plan.remove_request(node, steps, waiter)
+            request[4] = False
+        elif op == "metrics":
+            plan.record_metrics(node, point, {"loss": 1.0})
+        elif op == "checkpoint":
+            plan.record_checkpoint(node, point, CKPT)
+        elif op == "drop":
+            owner = plan.owner(node, point)
+            if point in plan.nodes[owner].checkpoints:
+                plan.drop_checkpoint(owner, point)
+        elif op == "observe":
+            self.cost.observe(plan.owner(node, point), (0.5, 1.0, 2.0, 0.75)[b % 4])
+        elif op == "launch":  # a task over part of a trial's path, as a coordinator could run
+            segments = [s for s in plan.segments(node, steps) if s[1] < s[2]]
+            first = a % len(segments)
+            self._launch(segments[first : first + 1 + b % 3], segments[first][1])
+        elif op == "pick":  # what the coordinator does with the planner's picks
+            for path in planner.pick(1 + b % 3):
+                self._launch([(s.node, s.start, s.end) for s in path], path[0].start)
+        elif op == "progress" and self.running.tasks:
+            key = list(self.running.tasks)[b % len(self.running.tasks)]
+            segments, progress = self.running.tasks[key]
+            progress = min(progress + 1 + a % 4, segments[-1][2])
+            self.running.tasks[key] = (segments, progress)
+            planner.task_progressed(key, progress)
+        elif op == "end" and self.running.tasks:
+            key = list(self.running.tasks)[b % len(self.running.tasks)]
+            del self.running.tasks[key]
+            planner.task_ended(key)
+
+    def _launch(self, segments, progress: int) -> None:
+        key = f"task-{self.launched}"
+        self.launched += 1
+        self.running.tasks[key] = (tuple(segments), progress)
+        self.planner.task_launched(key, segments, progress)
+
+    def check(self) -> None:
+        """The planner holds what a rebuild computes."""
+        plan, planner, policy = self.plan, self.planner, self.policy
+        reference = build_stage_tree(plan, self.running)
+        costs = self.cost if self.tolerance == 0 else planner.estimates
+        priority = critical_path_priorities(reference, costs, plan)
+        tree, priorities = planner.tree()
+        assert [_fields(s) for s in tree.stages] == [_fields(s) for s in reference.stages]
+        assert tree.wanted == reference.wanted
+        assert priorities == pytest.approx(priority, rel=1e-12)
+        for task in self.running.tasks:
+            assert planner.wanted_of(task) == reference.wanted.get(task, set())
+            sourced = [s for s in reference.stages if s.source == "running" and s.source_task == task]
+            assert sorted(_place(s) for s in planner.sourced_from(task)) == sorted(_place(s) for s in sourced)
+        ready = sorted(
+            reference.ready(),
+            key=lambda s: (*policy.ready_key(s, priority[s.index], plan.nodes[s.node].depth), s.index),
+        )
+        assert [_place(s) for s in planner.ready()] == [_place(s) for s in ready]
+        assert planner.ready_count() == len(ready)
+        for slots in (1, 3, len(ready) + 1):
+            expected = policy.pick(reference, slots, costs, plan, priority)
+            assert [[_place(s) for s in p] for p in planner.pick(slots)] == [
+                [_place(s) for s in p] for p in expected
+            ]
+        for node, seconds in planner.estimates._estimates.items():
+            assert abs(seconds - self.cost.step_seconds(node, plan)) <= self.tolerance * seconds
+
+
+def _fields(stage) -> tuple:
+    return (
+        stage.index,
+        stage.node,
+        stage.start,
+        stage.end,
+        stage.source,
+        stage.source_point,
+        stage.source_task,
+        stage.parent,
+        stage.children,
+        stage.metrics_needed,
+        stage.rank,
+    )
+
+
+def _place(stage) -> tuple:
+    return (stage.node, stage.start, stage.end)
+
+
+# schedules with few values and several switch points: deep trees with many branch points
+_switches = st.lists(st.integers(1, 12), min_size=2, max_size=2, unique=True).map(sorted)
+branching = st.builds(
+    lambda lr, lr_at, m, m_at, steps: ({"lr": dt.Steps(lr, lr_at), "m": dt.Steps(m, [m_at])}, steps),
+    st.lists(st.sampled_from([0.1, 0.05, 0.01]), min_size=3, max_size=3),
+    _switches,
+    st.lists(st.sampled_from([0.9, 0.5]), min_size=2, max_size=2),
+    st.integers(1, 12),
+    st.integers(1, 15),
+)
+pools = st.one_of(st.lists(branching, min_size=1, max_size=10), trial_lists(1, 8))
+
+OPERATIONS = (
+    "submit",
+    "extend",
+    "stop",
+    "metrics",
+    "checkpoint",
+    "drop",
+    "observe",
+    "launch",
+    "pick",
+    "progress",
+    "end",
+)
+operations = st.lists(
+    st.tuples(st.sampled_from(OPERATIONS), st.integers(0, 2**16), st.integers(0, 2**16)),
+    min_size=20,
+    max_size=60,
+)
+
+
+@more_examples()
+@given(
+    pools,
+    operations,
+    st.sampled_from(["critical_path", "breadth_first", "fifo"]),
+    st.sampled_from([0.0, 0.25]),
+    st.integers(1, 4),
+)
+def test_incremental_state_equals_the_rebuilt_one(trials, ops, policy, tolerance, every):
+    """Checked after every `every` operations, so changes also arrive in batches."""
+    session = Session(trials, policy, tolerance)
+    for i, (op, a, b) in enumerate(ops):
+        session.apply(op, a, b)
+        if i % every == every - 1:
+            session.check()
+    session.check()
+
+
+def test_changes_read_from_another_writers_journal_reach_the_planner():
+    """Journals apply other writers' events without telling listeners; the planner hears them."""
+    plan = SearchPlan()
+    planner = IncrementalPlanner(plan, CostModel(), policy_named("critical_path"))
+    node = plan.add_request(normalize_config({"lr": 0.1}), 10, waiter=0)
+    assert [(s.start, s.end, s.source) for s in planner.ready()] == [(0, 10, "scratch")]
+    plan.apply({"e": "checkpoint", "node": node, "step": 6, "nbytes": 1, "sha256": ""}, emit=False)
+    assert [(s.start, s.end, s.source) for s in planner.ready()] == [(6, 10, "checkpoint")]
+    plan.apply({"e": "metrics", "node": node, "step": 10, "metrics": {"loss": 0.5}}, emit=False)
+    assert planner.ready_count() == 0 and len(planner) == 0
+
+
+def test_a_change_rebuilds_only_the_nodes_on_its_path():
+    """500 trials of schedules sharing prefixes; one more trial, a checkpoint, a task: each
+    rebuilds the nodes on one root-to-node path at most, not the plan."""
+    plan = SearchPlan()
+    planner = IncrementalPlanner(plan, CostModel(), policy_named("critical_path"))
+    values = [0.1, 0.05, 0.01, 0.005]
+    for i in range(500):
+        lr = dt.Steps([values[i % 4], values[i // 4 % 4], values[i // 16 % 4]], [10 + i % 7, 30 + i // 7 % 9])
+        plan.add_request(normalize_config({"lr": lr}), 60 + i % 3, waiter=i)
+    planner.settle()
+    assert len(planner) > 500
+    depth = max(n.depth for n in plan.nodes.values()) + 1
+
+    def rebuilds(change) -> int:
+        before = planner.live.rebuilds
+        change()
+        planner.settle()
+        return planner.live.rebuilds - before
+
+    lr = dt.Steps([0.1, 0.05, 0.02], [10, 33])  # branches off deep in the tree
+    node = plan.locate(normalize_config({"lr": lr}), 70, create=True)
+    assert rebuilds(lambda: plan.request_at(node, 70, "late")) <= depth
+    assert rebuilds(lambda: plan.record_checkpoint(node, 20, CKPT)) <= depth
+    assert rebuilds(lambda: planner.task_launched("task", [(node, 20, 70)], 20)) <= depth
+    assert rebuilds(lambda: planner.task_progressed("task", 25)) == 0  # it passed no point the tree needs
