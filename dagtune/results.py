@@ -36,6 +36,7 @@ __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 FORMAT = "dagtune-results/1"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _CHUNK_VALUES = 65536
+_STEP_BLOCK = 1 << 16  # step coordinates written at once
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -113,7 +114,7 @@ class ResultsWriter:
         _put(group, "steps", np.array([_reached(t) for t in ordered], dtype=np.int64))
         _put(group, "config", _text([config_dumps(t.config) for t in ordered]))
         _put(group, "error", _text([t.error or "" for t in ordered]))
-        _put(group, "step", np.arange(1, steps + 1, dtype=np.int64))
+        _put_steps(group, steps)
         for metric, key in keys.items():
             final = [np.nan if not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
             _put(group, f"final/{key}", np.array(final, dtype=np.float64))
@@ -178,6 +179,22 @@ def _curve(group: Any, name: str, shape: tuple[int, int], *, clear: bool):
     if array.shape != grown:
         array.resize(grown)
     return array
+
+
+def _put_steps(group: Any, steps: int) -> None:
+    """The ``step`` coordinate 1 .. `steps`, writing only what it lacks, a block at a time
+    (its length follows the steps trained, never the steps a trial asked for)."""
+    if "step" in group:
+        array = group["step"]
+        have = array.shape[0]
+        if have != steps:
+            array.resize((steps,))
+    else:
+        array = _create(group, "step", shape=(steps,), dtype="int64", chunks=(_CHUNK_VALUES,))
+        have = 0
+    for begin in range(have, steps, _STEP_BLOCK):
+        end = min(begin + _STEP_BLOCK, steps)
+        array[begin:end] = np.arange(begin + 1, end + 1, dtype=np.int64)
 
 
 def _put(group: Any, name: str, values: np.ndarray) -> None:

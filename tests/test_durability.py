@@ -350,7 +350,7 @@ def test_a_journal_file_of_another_model_is_refused_whole_and_reported(storage):
         assert plan_points(again.plan) == known  # nothing of the other model came in
         assert any(copied in i and "a file of another journal" in i for i in again.incidents)
         assert any(
-            "metrics event field 'step' must be a step from 1 to 10000000, got '6'" in i
+            "metrics event field 'step' must be a step from 1 to " in i and "got '6'" in i
             for i in again.incidents
         )
         assert again.evaluate(config, 6) == final(config, 6)
