@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Trial
 from dagtune.durable import Leases, plan_header, read_records, records_header
 from dagtune.plan import SearchPlan, unique_steps
 from dagtune.plan._journal import Journal, PlanJournal
-from dagtune.records import COMPLETED, PENDING, TrialState, is_study_name
+from dagtune.records import PENDING, Trial, TrialState, is_study_name
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
@@ -102,7 +101,7 @@ class StoredStudy:
         """Trial and unique steps of the trials, the steps the plan holds trained (every
         study of this model identity included) and, when its sessions recorded them, the
         steps it executed and their GPU-seconds."""
-        reached = [(t.config, _reached(t)) for t in self.trials if _reached(t) > 0]
+        reached = [(t.config, t.reached) for t in self.trials if t.reached > 0]
         trial_steps = sum(s for _, s in reached)
         unique = unique_steps(reached) if reached else 0
         trained = sum(
@@ -119,10 +118,6 @@ class StoredStudy:
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
             **(self.work or {}),
         }
-
-
-def _reached(trial: Trial) -> int:
-    return trial.steps if trial.status == COMPLETED else trial.reported
 
 
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:

@@ -288,7 +288,7 @@ def run(
 
 
 def _completed(study: Any) -> str:
-    from dagtune.coordinator import COMPLETED
+    from dagtune.records import COMPLETED
 
     with study._lock:
         trials = list(study.coordinator.trials.values())

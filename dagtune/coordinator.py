@@ -29,43 +29,24 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_first_difference, config_to_json
 from dagtune.executor import Executor
-from dagtune.plan import CheckpointInfo, SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
-from dagtune.records import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, TrialState, check_steps
+from dagtune.plan import SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
+from dagtune.records import (
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    PENDING,
+    STOPPED,
+    CheckpointInfo,
+    Trial,
+    TrialState,
+    check_steps,
+)
 from dagtune.scheduling import CostModel, Pausable, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
-__all__ = ["Coordinator", "Trial", "TrialListener"]
+__all__ = ["Coordinator", "TrialListener"]
 
 log = logging.getLogger("dagtune")
-
-
-@dataclass(eq=False)
-class Trial:
-    """One trial: a config trained for `steps` steps, and what came back.
-
-    `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
-    algorithm may extend it), ``stopped``, ``failed`` (its trainer raised; see `error`) or
-    ``diverged`` (a metric became NaN or infinite).
-    """
-
-    id: int
-    config: Config
-    steps: int
-    tag: Any = None
-    status: str = PENDING
-    node: str = ""
-    metrics: dict[str, float] | None = None
-    reported: int = 0
-    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    error: str | None = None
-    submitted_at: float = 0.0
-    finished_at: float | None = None
-    salt: str = ""
-    segments: list[tuple[str, int, int]] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.status != PENDING
 
 
 class TrialListener(Protocol):
@@ -286,7 +267,7 @@ class Coordinator:
                 "r": "end",
                 "trial": trial.id,
                 "status": status,
-                "steps": trial.steps if status == COMPLETED else trial.reported,
+                "steps": trial.reached,
                 "metrics": trial.metrics,
                 "error": error,
             }
@@ -699,8 +680,7 @@ class Coordinator:
             now while one is pending), on the executor's clock (virtual in simulation).
         """
         trials = list(self.trials.values()) if trials is None else trials
-        reached = [(t.config, t.steps if t.status == COMPLETED else t.reported) for t in trials]
-        reached = [(c, s) for c, s in reached if s > 0]
+        reached = [(t.config, t.reached) for t in trials if t.reached > 0]
         trial_steps = sum(s for _, s in reached)
         unique = unique_steps(reached) if reached else 0
         executed = self.executed_steps - (since or {}).get("executed_steps", 0)

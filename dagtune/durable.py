@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Coordinator, Trial
+from dagtune.coordinator import Coordinator
 from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal
-from dagtune.records import COMPLETED, PENDING, StudyRecords, read_study_records
+from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, read_study_records
 from dagtune.results import ResultsWriter, results_url
 
 __all__ = [

@@ -175,7 +175,7 @@ def trials_frame(trials: Iterable[Any]):
         row: dict[str, Any] = {
             "trial_id": t.id,
             "status": t.status,
-            "steps": t.steps if t.status == "completed" else t.reported,
+            "steps": t.reached,
         }
         row.update(t.metrics or {})
         for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from dagtune.coordinator import PENDING
+from dagtune.records import PENDING
 
 __all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
 

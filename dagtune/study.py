@@ -33,12 +33,12 @@ import numpy as np
 from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import Config, config_dumps, normalize_config
-from dagtune.coordinator import COMPLETED, FAILED, PENDING, Coordinator, Trial
+from dagtune.coordinator import Coordinator
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
-from dagtune.records import check_steps, is_study_name
+from dagtune.records import COMPLETED, FAILED, PENDING, Trial, check_steps, is_study_name
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
 from dagtune.tasks import PathTask, Segment, TrainerSpec
@@ -113,8 +113,7 @@ class TrialResult:
 
 
 def _as_result(trial: Trial) -> TrialResult:
-    steps = trial.steps if trial.status == COMPLETED else trial.reported
-    return TrialResult(trial.config, steps, dict(trial.metrics or {}), trial.id, trial.status)
+    return TrialResult(trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status)
 
 
 class Result:

@@ -34,7 +34,7 @@ from dagtune.algos._base import (
     configs_of,
 )
 from dagtune.config import Config
-from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.records import COMPLETED, PENDING, Trial
 
 __all__ = ["ASHA", "ConfigSource", "Hyperband", "SuccessiveHalving"]
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagtune.config import Config
-from dagtune.coordinator import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, Trial
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
+from dagtune.records import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, Trial
 from dagtune.sequences import Constant, Steps
 
 __all__ = [
@@ -73,10 +73,6 @@ def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | N
     pool = [t for t in scored if t.status == COMPLETED] or scored
     sign = 1.0 if mode == "max" else -1.0
     return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
-
-
-def _reached(trial: Trial) -> int:
-    return trial.steps if trial.status == COMPLETED else trial.reported
 
 
 def _label(config: Config | None, parent: Config | None) -> str:
@@ -165,7 +161,7 @@ def compose(
         else {
             "trial": best.id,
             "value": float(best.metrics[metric]),
-            "steps": _reached(best),
+            "steps": best.reached,
             "status": best.status,
             "config": {name: readable(seq) for name, seq in best.config.items()},
         },
@@ -200,7 +196,7 @@ def _trained_from_trials(trials: Iterable[Trial]) -> dict[str, int]:
     """The last step known trained on each node, from what the trials reached."""
     trained: dict[str, int] = {}
     for trial in trials:
-        reached = _reached(trial)
+        reached = trial.reached
         for node, start, end in trial.segments:
             if reached > start:
                 trained[node] = max(trained.get(node, start), min(end, reached))

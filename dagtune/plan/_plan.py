@@ -30,17 +30,9 @@ from dagtune.config import (
     config_to_json,
     value_key,
 )
-from dagtune.records import node_id
+from dagtune.records import CheckpointInfo, node_id
 
-__all__ = ["CheckpointInfo", "Node", "SearchPlan"]
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A committed checkpoint: its size and content hash, for verification and GC."""
-
-    nbytes: int = 0
-    sha256: str = ""
+__all__ = ["Node", "SearchPlan"]
 
 
 @dataclass(eq=False)
