@@ -25,7 +25,6 @@ from typing import Any
 import click
 
 from dagtune.catalog import (
-    UNKNOWN_FROM_STORAGE,
     StorageError,
     StoredStudy,
     StudyNameError,
@@ -33,8 +32,8 @@ from dagtune.catalog import (
     list_studies,
     load_study,
     open_storage,
-    stored_snapshot,
 )
+from dagtune.summary import UNKNOWN_FROM_STORAGE, trials_frame
 
 __all__ = ["main"]
 
@@ -344,6 +343,8 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
     """Trials, best so far and reuse of the studies in STORAGE."""
     from rich.table import Table
 
+    from dagtune.dashboard.snapshot import stored_snapshot  # the dashboard package loads distributed
+
     console = _console()
     studies = _studies(storage, study)
     table = Table(title=f"dagtune studies in {storage}")
@@ -400,8 +401,6 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
     from rich.table import Table
 
-    from dagtune.notebook import trials_frame
-
     metric = snapshot["metric"]
     frame = trials_frame(stored.trials)
     if metric is None or metric not in frame or frame.empty:
@@ -424,7 +423,8 @@ def tree(storage: str, study: str | None) -> None:
     """The stage tree of the studies in STORAGE: shared prefixes and where trials branch."""
     from rich.tree import Tree
 
-    from dagtune.dashboard.figures import COLORS
+    from dagtune.dashboard.figures import COLORS  # loads bokeh
+    from dagtune.dashboard.snapshot import stored_snapshot
 
     console = _console()
     for stored in _studies(storage, study):

@@ -1,5 +1,5 @@
-"""dagtune in Jupyter: rich HTML for studies, results and stage trees, a live view while a
-study runs, Bokeh figures and a tidy trials table.
+"""dagtune in Jupyter: rich HTML for studies and results, a live view while a study runs, and
+Bokeh figures (the trials table is `dagtune.summary.trials_frame`; a stage tree renders itself).
 
 Everything here renders a snapshot (`dagtune.dashboard.snapshot`), so a notebook shows
 what the dashboard page shows: a summary table, the best trial, a small tree (inline SVG,
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dagtune.dashboard.figures import COLORS, CRITICAL, curves_figure, tree_figure
-from dagtune.dashboard.snapshot import live_snapshot, readable, result_snapshot
+from dagtune.dashboard.snapshot import live_snapshot, result_snapshot
 from dagtune.dashboard.tree import STATES
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "result_html",
     "stage_tree_html",
     "study_html",
-    "trials_frame",
 ]
 
 _STYLE = (
@@ -163,27 +162,6 @@ def stage_tree_html(tree: Any) -> str:
         f'<div class="dagtune">{_STYLE}<b>Stage tree: {len(tree.stages)} stages, '
         f"{tree.total_steps} steps to train</b><table>{head}{''.join(lines)}</table></div>"
     )
-
-
-def trials_frame(trials: Iterable[Any]):
-    """One row per trial: id, status, steps reached, final metrics, then one column per
-    hyper-parameter with its sequence in readable form (``0.9``, ``64→128@18``, ...)."""
-    import pandas as pd
-
-    rows = []
-    for t in trials:
-        row: dict[str, Any] = {
-            "trial_id": t.id,
-            "status": t.status,
-            "steps": t.reached,
-        }
-        row.update(t.metrics or {})
-        for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix
-            row[name if name not in row else f"config/{name}"] = readable(seq)
-        if t.error:
-            row["error"] = t.error
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def plot_curves(result: Any, width: int = 800, height: int = 320):

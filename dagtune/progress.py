@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from dagtune.records import PENDING
+from dagtune.summary import best_of, metric_of
 
 __all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
 
@@ -62,13 +63,11 @@ class ProgressState:
 
 def read_state(study: Any, metric: str | None, mode: str, started: float) -> ProgressState:
     """The study's progress now (taken under its lock)."""
-    from dagtune.dashboard.snapshot import best_of, pick_metric
-
     with study._lock:
         trials = list(study.coordinator.trials.values())
         report = study.coordinator.report(trials)
     if metric is None:
-        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+        metric, mode = metric_of(trials)
     best = best_of(trials, metric, mode)
     return ProgressState(
         study=study.name,

@@ -41,6 +41,7 @@ from dagtune.plan import SearchPlan
 from dagtune.records import COMPLETED, FAILED, PENDING, Trial, check_steps, is_study_name
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
+from dagtune.summary import trials_frame
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer
 
@@ -157,8 +158,6 @@ class Result:
     def trials(self):
         """One row per trial: id, status, steps, final metrics, then one column per
         hyper-parameter with its sequence in short form (``0.9``, ``64→128@18``)."""
-        from dagtune.notebook import trials_frame
-
         return trials_frame(self._trials)
 
     def plot_curves(self, width: int = 800, height: int = 320):

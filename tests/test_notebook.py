@@ -10,9 +10,10 @@ import pytest
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.notebook import plot_curves, plot_tree, result_html, stage_tree_html, study_html, trials_frame
+from dagtune.notebook import plot_curves, plot_tree, result_html, stage_tree_html, study_html
 from dagtune.plan import build_stage_tree
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.summary import trials_frame
 
 SPACE = dt.Grid(
     {

@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagtune.catalog import StorageError, list_studies, load_study, open_storage, stored_snapshot
+from dagtune.catalog import StorageError, list_studies, load_study, open_storage
+from dagtune.dashboard.snapshot import stored_snapshot
 
 __all__ = ["StoredSnapshots", "serve", "websocket_origins"]
 
