@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.durable import Leases, plan_header, read_records, records_header
+from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan, unique_steps
 from dagtune.records import PENDING, Trial, TrialState, is_study_name
@@ -63,18 +63,6 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     if not exists:
         raise StorageError(f"storage {url!r} does not exist")
     return store
-
-
-def list_studies(store: CheckpointStore) -> list[str]:
-    """The names of the studies kept in `store`, sorted."""
-    base = f"{store.root}/studies"
-    store.fs.invalidate_cache(base)
-    try:
-        paths = store.fs.ls(base, detail=False)
-    except FileNotFoundError:
-        return []
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
-    return sorted(name for name in names if is_study_name(name))  # no study has another name
 
 
 @dataclass

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dagtune.dashboard.figures import COLORS, CRITICAL, curves_figure, tree_figure
+from dagtune.dashboard.plugin import page_url
 from dagtune.dashboard.snapshot import live_snapshot, result_snapshot
 from dagtune.dashboard.tree import STATES
 
@@ -22,7 +23,6 @@ __all__ = [
     "plot_curves",
     "plot_tree",
     "result_html",
-    "stage_tree_html",
     "study_html",
 ]
 
@@ -127,8 +127,6 @@ def snapshot_html(snapshot: dict, title: str, link: str | None = None) -> str:
 
 def study_html(study: Any) -> str:
     """`Study._repr_html_`: the live study with its dashboard link."""
-    from dagtune.dashboard.plugin import page_url
-
     client = getattr(study, "client", None)
     link = page_url(client) if client is not None else None
     title = f"Study {study.name!r} · {study.trainer.__name__} · {study.storage}"
@@ -138,30 +136,6 @@ def study_html(study: Any) -> str:
 def result_html(result: Any) -> str:
     """`Result._repr_html_`."""
     return snapshot_html(result_snapshot(result), f"Result: {len(result._trials)} trials")
-
-
-def stage_tree_html(tree: Any) -> str:
-    """`StageTree._repr_html_`: the stages still to run, indented under their parents."""
-    if not tree.stages:
-        return '<div class="dagtune">empty stage tree: nothing left to train</div>'
-    lines = []
-    stack = [(root, 0) for root in reversed(tree.roots)]
-    while stack:
-        stage, depth = stack.pop()
-        source = stage.source + (
-            f" {stage.source_point[0][:8]}@{stage.source_point[1]}" if stage.source_point else ""
-        )
-        lines.append(
-            f"<tr><td style='padding-left:{8 + 16 * depth}px'>{stage.node[:8]}</td>"
-            f"<td>{stage.start}–{stage.end}</td><td>{html.escape(source)}</td>"
-            f"<td>{'metrics' if stage.metrics_needed else ''}</td></tr>"
-        )
-        stack.extend((tree.stages[c], depth + 1) for c in reversed(stage.children))
-    head = "<tr><th>node</th><th>steps</th><th>starts from</th><th>reports</th></tr>"
-    return (
-        f'<div class="dagtune">{_STYLE}<b>Stage tree: {len(tree.stages)} stages, '
-        f"{tree.total_steps} steps to train</b><table>{head}{''.join(lines)}</table></div>"
-    )
 
 
 def plot_curves(result: Any, width: int = 800, height: int = 320):

@@ -153,7 +153,7 @@ def _display(study: Any, show: str, stream: IO[str], log_seconds: float, heartbe
     if show not in ("auto", "terminal", "notebook"):
         raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
     if show in ("auto", "notebook") and in_notebook():
-        from dagtune.notebook import LiveView
+        from dagtune.notebook import LiveView  # loads bokeh and distributed: in Jupyter only
 
         return LiveView(study)
     if show == "notebook":

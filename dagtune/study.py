@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
-from dagtune.checkpoints import CheckpointStore
+from dagtune.algos import Algorithm, Context, Decision, Extend, Stop, Submit
+from dagtune.checkpoints import CheckpointStore, process_token
 from dagtune.config import Config, config_dumps, normalize_config
 from dagtune.coordinator import Coordinator
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
+from dagtune.fusion import FusedPathRunner
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
+from dagtune.progress import watch
 from dagtune.records import COMPLETED, FAILED, PENDING, Trial, check_steps, is_study_name
 from dagtune.runner import PathRunner
 from dagtune.scheduling import policy_named
@@ -162,18 +164,18 @@ class Result:
 
     def plot_curves(self, width: int = 800, height: int = 320):
         """A Bokeh figure of the learning curves of `metric`, coloured by their last value."""
-        from dagtune.notebook import plot_curves
+        from dagtune.notebook import plot_curves  # the views load bokeh and distributed
 
         return plot_curves(self, width, height)
 
     def plot_tree(self, width: int = 800, height: int = 360):
         """A Bokeh figure of the trials' stage tree (thickness: trials sharing a stage)."""
-        from dagtune.notebook import plot_tree
+        from dagtune.notebook import plot_tree  # the views load bokeh and distributed
 
         return plot_tree(self, width, height)
 
     def _repr_html_(self) -> str:
-        from dagtune.notebook import result_html
+        from dagtune.notebook import result_html  # the views load bokeh and distributed
 
         return result_html(self)
 
@@ -472,7 +474,7 @@ class Study:
             self._driver.start()
         self._dashboard = None
         if getattr(self, "client", None) is not None:
-            from dagtune.dashboard import attach
+            from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
 
             self._dashboard = attach(self)
         self._demand = self._publish_demand()
@@ -482,7 +484,7 @@ class Study:
         adaptive cluster (`dagtune.cluster.DemandAdaptive`); None otherwise."""
         if getattr(self, "client", None) is None:
             return None
-        from dagtune.cluster import DemandPublisher
+        from dagtune.cluster import DemandPublisher  # loads distributed: on Dask only
 
         return DemandPublisher(self).start()
 
@@ -504,8 +506,6 @@ class Study:
         keep its checkpoints to itself and the others would find them missing."""
         if not self.store.process_local:
             return
-        from dagtune.checkpoints import process_token
-
         if client is None:
             elsewhere = "the embedded cluster's workers are processes of their own"
         else:
@@ -521,6 +521,7 @@ class Study:
         )
 
     def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
+        # Dask is loaded only by a study that runs on it
         from distributed import Client
 
         from dagtune.cluster import embedded_cluster, slow_allocator_workers
@@ -699,8 +700,6 @@ class Study:
         stopped (what they trained stays in the plan) and the error is raised."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
-        from dagtune.progress import watch
-
         session = _Session(self, algorithm)
         with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
@@ -785,7 +784,7 @@ class Study:
         self.close()
 
     def _repr_html_(self) -> str:
-        from dagtune.notebook import study_html
+        from dagtune.notebook import study_html  # the views load bokeh and distributed
 
         return study_html(self)
 
@@ -827,12 +826,7 @@ def run_alone(
         eval_every=1,
         check_evaluate=check_evaluate,
     )
-    if fused:
-        from dagtune.fusion import FusedPathRunner
-
-        events = FusedPathRunner([task], None).run()
-    else:
-        events = PathRunner(task, None).run()
+    events = FusedPathRunner([task], None).run() if fused else PathRunner(task, None).run()
     for event in events:
         if event["kind"] == "error":
             raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")

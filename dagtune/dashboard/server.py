@@ -112,7 +112,7 @@ def serve(
     from bokeh.application.handlers.function import FunctionHandler
     from bokeh.server.server import Server
 
-    from dagtune.dashboard.page import build_page
+    from dagtune.dashboard.page import build_page  # loads bokeh: only where the page is served
 
     store = open_storage(storage, storage_options)
     for name in names or ():

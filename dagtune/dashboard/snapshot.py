@@ -22,7 +22,9 @@ from typing import Any
 from dagtune.catalog import StoredStudy
 from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
+from dagtune.plan import build_stage_tree
 from dagtune.records import Trial
+from dagtune.scheduling import critical_path_priorities
 from dagtune.summary import (
     best_of,
     metric_of,
@@ -232,9 +234,6 @@ class _Peek:
 
 def live_snapshot(study: Any) -> dict:
     """A snapshot of a running `Study` (read under its lock)."""
-    from dagtune.plan import build_stage_tree
-    from dagtune.scheduling import critical_path_priorities
-
     with study._lock:
         coordinator = study.coordinator
         plan = coordinator.plan

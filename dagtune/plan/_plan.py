@@ -28,6 +28,7 @@ from dagtune.config import (
     config_first_difference,
     config_from_json,
     config_to_json,
+    normalize_config,
     value_key,
 )
 from dagtune.records import CheckpointInfo, node_id
@@ -339,8 +340,6 @@ def _check_steps(steps: Any) -> int:
 
 
 def _plan_of(trials) -> tuple[SearchPlan, dict[str, set[int]]]:
-    from dagtune.config import normalize_config
-
     plan = SearchPlan()
     requested: dict[str, set[int]] = {}
     names = None
