@@ -524,7 +524,7 @@ class Study:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import embedded_cluster, slow_allocator_workers
+        from dagtune.cluster import embedded_cluster, slow_allocator_workers  # both load distributed
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
