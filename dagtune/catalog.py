@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
+from dagtune.coordinator import trial_figures
 from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
 from dagtune.gc import collect
-from dagtune.plan import Journal, PlanJournal, SearchPlan, unique_steps
+from dagtune.plan import Journal, PlanJournal, SearchPlan
 from dagtune.records import PENDING, Trial, TrialState, is_study_name
 from dagtune.summary import metric_of, trained_to
 
@@ -81,16 +82,10 @@ class StoredStudy:
         """Trial and unique steps of the trials, the steps the plan holds trained (every
         study of this model identity included) and, when its sessions recorded them, the
         steps it executed and their GPU-seconds."""
-        reached = [(t.config, t.reached) for t in self.trials if t.reached > 0]
-        trial_steps = sum(s for _, s in reached)
-        unique = unique_steps(reached) if reached else 0
         trained = sum(trained_to(n) - n.start for n in self.plan.nodes.values())
         checkpoints = [i for n in self.plan.nodes.values() for i in n.checkpoints.values()]
         return {
-            "trials": len(self.trials),
-            "trial_steps": trial_steps,
-            "unique_steps": unique,
-            "merge_rate": trial_steps / unique if unique else 1.0,
+            **trial_figures(self.trials),
             "plan_steps": trained,
             "checkpoints": len(checkpoints),
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),

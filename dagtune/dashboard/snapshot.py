@@ -205,33 +205,6 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
     )
 
 
-class _Peek:
-    """`InFlight` for drawing: what running tasks will deliver, without claiming anything
-    (the coordinator's own `claim` records checkpoints for the tasks to save)."""
-
-    def __init__(self, running: Mapping[str, Any]):
-        self.running = running
-
-    def _covering(self, node: str):
-        for key, run in self.running.items():
-            for segment in run.task.segments:
-                if segment.node == node:
-                    yield key, run, segment
-
-    def claim(self, node: str, step: int) -> str | None:
-        for key, run, segment in self._covering(node):
-            if run.progress < step and segment.start < step <= segment.end:
-                return key
-        return None
-
-    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
-        for key, run, segment in self._covering(node):
-            if run.progress < segment.end < step and (best is None or segment.end > best[0]):
-                best = (segment.end, key)
-        return best
-
-
 def live_snapshot(study: Any) -> dict:
     """A snapshot of a running `Study` (read under its lock)."""
     with study._lock:
@@ -240,7 +213,7 @@ def live_snapshot(study: Any) -> dict:
         trials = list(coordinator.trials.values())
         report = coordinator.report()
         running_tasks = dict(coordinator.running)
-        tree = build_stage_tree(plan, _Peek(running_tasks))
+        tree = build_stage_tree(plan, coordinator.running.peek())  # drawn: claims nothing
         priority = critical_path_priorities(tree, coordinator.cost, plan)
         running = []
         for run in running_tasks.values():

@@ -36,7 +36,7 @@ class Result:
     """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
 
     `report` holds the run's figures (its trials, the work done while it ran), defined in
-    `dagtune.coordinator.Coordinator.report`."""
+    `dagtune.coordinator.report_figures`."""
 
     def __init__(
         self,

@@ -436,7 +436,7 @@ class Study:
                 self.coordinator.schedule()
                 # the run ends when its trials have ended and so has every stage no trial needs
                 # any more: the report then counts every step trained for the run (see
-                # `Coordinator.report`), those a stop reached late included
+                # `dagtune.coordinator.report_figures`), those a stop reached late included
                 self._wait(
                     lambda: (
                         session.error is not None or (session.finished and not self.coordinator.unneeded())
@@ -463,7 +463,7 @@ class Study:
     def report(self) -> dict:
         """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far:
         every trial of the study (restored ones too) and the work of this session, with the
-        figures defined in `dagtune.coordinator.Coordinator.report`."""
+        figures defined in `dagtune.coordinator.report_figures`."""
         with self._lock:
             return self.coordinator.report()
 
