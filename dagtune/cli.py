@@ -424,7 +424,7 @@ def tree(storage: str, study: str | None) -> None:
     """The stage tree of the studies in STORAGE: shared prefixes and where trials branch."""
     from rich.tree import Tree
 
-    from dagtune.dashboard.figures import COLORS  # loads bokeh
+    from dagtune.dashboard.figures import COLORS  # the dashboard loads bokeh and distributed
     from dagtune.dashboard.snapshot import stored_snapshot
 
     console = _console()

@@ -45,7 +45,7 @@ def test_html_views_show_summary_best_trial_and_tree(finished):
     assert "4 completed" in result_html(result)
 
 
-def test_a_stage_tree_renders_its_stages_under_their_parents(tmp_path):
+def test_stage_tree_html_lists_stages_under_their_parents(tmp_path):
     study = dt.Study(
         SyntheticTrainer,
         name="t",
