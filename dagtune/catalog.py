@@ -4,7 +4,7 @@ The command line (`dagtune status`, `tree`, `gc`, `dashboard`) works on storage 
 possibly while studies run elsewhere. This module reads the layout `dagtune.durable`
 writes: each study's records (``studies/{name}/journal``) give its trials, the search plan
 journal of its model identity (``{identity}/plan``) gives their paths, metrics and
-checkpoints. Trials come back as `coordinator.Trial` objects, as a resumed study would see
+checkpoints. Trials come back as `dagtune.records.Trial` records, as a resumed study would see
 them, so every view and `dagtune.gc.collect` can use them unchanged. Nothing here writes,
 except `collect_garbage` (which journals the checkpoints it deletes, as a study would).
 """
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Trial
-from dagtune.durable import Leases, plan_header, read_records, records_header
-from dagtune.plan import SearchPlan, unique_steps
-from dagtune.plan._journal import Journal, PlanJournal
-from dagtune.records import COMPLETED, PENDING, TrialState, is_study_name
+from dagtune.coordinator import trial_figures
+from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
+from dagtune.gc import collect
+from dagtune.plan import Journal, PlanJournal, SearchPlan
+from dagtune.records import PENDING, Trial, TrialState, is_study_name
+from dagtune.summary import metric_of, trained_to
 
 __all__ = [
-    "UNKNOWN_FROM_STORAGE",
     "StorageError",
     "StoredStudy",
     "StudyNameError",
@@ -33,14 +33,6 @@ __all__ = [
     "load_study",
     "open_storage",
 ]
-
-
-#: Why views of stored studies show no executed steps or GPU-seconds.
-UNKNOWN_FROM_STORAGE = (
-    "executed steps and GPU-seconds were not recorded by this study's sessions (written by a "
-    "dagtune before those records; its search plan only tells what was trained, by every study "
-    "of the model together)"
-)
 
 
 class StorageError(ValueError):
@@ -74,18 +66,6 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     return store
 
 
-def list_studies(store: CheckpointStore) -> list[str]:
-    """The names of the studies kept in `store`, sorted."""
-    base = f"{store.root}/studies"
-    store.fs.invalidate_cache(base)
-    try:
-        paths = store.fs.ls(base, detail=False)
-    except FileNotFoundError:
-        return []
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
-    return sorted(name for name in names if is_study_name(name))  # no study has another name
-
-
 @dataclass
 class StoredStudy:
     """One study as storage holds it: its identity record, trials and the shared plan."""
@@ -102,27 +82,15 @@ class StoredStudy:
         """Trial and unique steps of the trials, the steps the plan holds trained (every
         study of this model identity included) and, when its sessions recorded them, the
         steps it executed and their GPU-seconds."""
-        reached = [(t.config, _reached(t)) for t in self.trials if _reached(t) > 0]
-        trial_steps = sum(s for _, s in reached)
-        unique = unique_steps(reached) if reached else 0
-        trained = sum(
-            max([*n.metrics, *n.checkpoints], default=n.start) - n.start for n in self.plan.nodes.values()
-        )
+        trained = sum(trained_to(n) - n.start for n in self.plan.nodes.values())
         checkpoints = [i for n in self.plan.nodes.values() for i in n.checkpoints.values()]
         return {
-            "trials": len(self.trials),
-            "trial_steps": trial_steps,
-            "unique_steps": unique,
-            "merge_rate": trial_steps / unique if unique else 1.0,
+            **trial_figures(self.trials),
             "plan_steps": trained,
             "checkpoints": len(checkpoints),
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
             **(self.work or {}),
         }
-
-
-def _reached(trial: Trial) -> int:
-    return trial.steps if trial.status == COMPLETED else trial.reported
 
 
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
@@ -176,45 +144,12 @@ def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
     return trials
 
 
-def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict:
-    """A dashboard snapshot of a stored study (nothing runs: pieces are done or untrained)."""
-    from dagtune.dashboard.snapshot import (
-        _trained_from_plan,
-        compose,
-        pick_metric,
-        saved_seconds,
-        status_counts,
-    )
-
-    if metric is None:
-        metric, guessed = pick_metric(m for t in study.trials for _, ms in t.curve for m in ms)
-        mode = mode or guessed
-    nodes = {node for t in study.trials for node, _, _ in t.segments}
-    report = study.report()
-    if "gpu_seconds" in report:
-        report["gpu_seconds_saved"] = saved_seconds(report)
-    return compose(
-        study=study.name,
-        identity=study.identity,
-        source="storage",
-        trials=study.trials,
-        metric=metric,
-        mode=mode or "max",
-        counters={**status_counts(study.trials), **report},
-        configs={n: study.plan.nodes[n].config for n in nodes},
-        trained=_trained_from_plan(study.plan, nodes),
-    )
-
-
 def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = False) -> list[dict]:
     """Collect checkpoints of every model identity in `store` by `policy` (a `GcPolicy`),
     as `Study.gc` does, over the trials of all the identity's studies. What pending trials
     resume from (the latest checkpoint before each one's point) and what the leases of live
     studies hold (their running stages' sources and checkpoints) is never deleted. Returns one
     summary per identity; with `dry_run`, deletes nothing."""
-    from dagtune.dashboard.snapshot import pick_metric
-    from dagtune.gc import collect
-
     plans: dict[str, PlanJournal] = {}
     by_identity: dict[str, list[Trial]] = {}
     for name in list_studies(store):
@@ -233,7 +168,7 @@ def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = Fals
                 latest = plan.latest_checkpoint(trial.node, trial.steps)
                 if latest is not None:
                     protected.add(latest)
-        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+        metric, mode = metric_of(trials)
         decision = collect(plan, trials, protected, policy, metric=metric, mode=mode)
         if not dry_run:
             for node, step in sorted(decision.delete):

@@ -41,7 +41,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from dagtune.plan import CheckpointInfo
+from dagtune.records import CheckpointInfo
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 

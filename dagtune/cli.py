@@ -24,17 +24,24 @@ from typing import Any
 
 import click
 
+import dagtune as dt
 from dagtune.catalog import (
-    UNKNOWN_FROM_STORAGE,
     StorageError,
     StoredStudy,
     StudyNameError,
     check_study_name,
+    collect_garbage,
     list_studies,
     load_study,
     open_storage,
-    stored_snapshot,
 )
+from dagtune.checkpoints import CheckpointStore
+from dagtune.gc import GcPolicy
+from dagtune.launch import SetupError, load_setup
+from dagtune.progress import watch
+from dagtune.records import COMPLETED
+from dagtune.security import tls_from_files
+from dagtune.summary import UNKNOWN_FROM_STORAGE, trials_frame
 
 __all__ = ["main"]
 
@@ -71,7 +78,6 @@ def _mistake(kinds: type[BaseException] | tuple, message: Callable[[Any], str], 
 
 def _user_errors(command: Callable) -> Callable:
     """Turn the known user mistakes into `UserError` (unless --debug)."""
-    from dagtune.launch import SetupError
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -134,7 +140,6 @@ def _security(
     """The TLS settings ``run`` was given: certificate files (for the client of --scheduler,
     or for every process of the local cluster), ``False`` for a local cluster without TLS,
     or None (a local cluster with temporary credentials; for --scheduler, Dask's config)."""
-    from dagtune.security import tls_from_files
 
     files = {"--tls-ca-file": ca_file, "--tls-cert": cert, "--tls-key": key}
     given = [option for option, path in files.items() if path]
@@ -162,7 +167,6 @@ def _security(
 
 def _check_storage(url: str) -> None:
     """Fail early and clearly on a storage URL no filesystem can open."""
-    from dagtune.checkpoints import CheckpointStore
 
     with _mistake(
         (ValueError, ImportError, OSError),
@@ -230,9 +234,6 @@ def run(
     --tls-ca-file/--tls-cert/--tls-key it uses those instead (other processes holding
     them can connect). A --scheduler with TLS needs the same options (or Dask's
     distributed.comm.tls config)."""
-    import dagtune as dt
-    from dagtune.launch import load_setup
-    from dagtune.progress import watch
 
     if scheduler and workers:
         raise UserError(
@@ -288,7 +289,6 @@ def run(
 
 
 def _completed(study: Any) -> str:
-    from dagtune.coordinator import COMPLETED
 
     with study._lock:
         trials = list(study.coordinator.trials.values())
@@ -343,6 +343,8 @@ def _studies(storage: str, study: str | None) -> list[StoredStudy]:
 def status(storage: str, study: str | None, metric: str | None, mode: str | None, top: int) -> None:
     """Trials, best so far and reuse of the studies in STORAGE."""
     from rich.table import Table
+
+    from dagtune.dashboard.snapshot import stored_snapshot  # the dashboard package loads distributed
 
     console = _console()
     studies = _studies(storage, study)
@@ -400,8 +402,6 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
     from rich.table import Table
 
-    from dagtune.notebook import trials_frame
-
     metric = snapshot["metric"]
     frame = trials_frame(stored.trials)
     if metric is None or metric not in frame or frame.empty:
@@ -424,7 +424,8 @@ def tree(storage: str, study: str | None) -> None:
     """The stage tree of the studies in STORAGE: shared prefixes and where trials branch."""
     from rich.tree import Tree
 
-    from dagtune.dashboard.figures import COLORS
+    from dagtune.dashboard.figures import COLORS  # the dashboard loads bokeh and distributed
+    from dagtune.dashboard.snapshot import stored_snapshot
 
     console = _console()
     for stored in _studies(storage, study):
@@ -470,9 +471,6 @@ def gc(storage: str, keep_best: int, budget_bytes: int | None, dry_run: bool) ->
     from is always kept)."""
     from rich.table import Table
 
-    from dagtune.catalog import collect_garbage
-    from dagtune.gc import GcPolicy
-
     store = open_storage(storage)
     summaries = collect_garbage(
         store, GcPolicy(keep_best=keep_best, budget_bytes=budget_bytes), dry_run=dry_run
@@ -515,7 +513,7 @@ def dashboard(
     storage: str, studies: tuple[str, ...], address: str, port: int, refresh: float, origins: tuple[str, ...]
 ) -> None:
     """Serve the dagtune page for the studies in STORAGE (no study needs to run)."""
-    from dagtune.dashboard.server import serve, websocket_origins
+    from dagtune.dashboard.server import serve, websocket_origins  # loads distributed
 
     for name in studies:
         check_study_name(name)

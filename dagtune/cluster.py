@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
 
+from dagtune.security import embedded_security, protocol_of
+
 if TYPE_CHECKING:
     from distributed.security import Security
 
@@ -434,8 +436,6 @@ def embedded_cluster(
     ``dask worker --resources GPU=1`` per GPU does; a machine without GPUs is refused rather
     than offered pretend ones."""
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
-
-    from dagtune.security import embedded_security, protocol_of
 
     gpus = (resources or {}).get("GPU")
     if gpus is None:

@@ -26,15 +26,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Coordinator, Trial
-from dagtune.plan import SearchPlan
-from dagtune.plan._journal import Journal, PlanJournal
-from dagtune.records import COMPLETED, PENDING, StudyRecords, read_study_records
+from dagtune.coordinator import Coordinator
+from dagtune.plan import Journal, PlanJournal, SearchPlan
+from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, is_study_name, read_study_records
 from dagtune.results import ResultsWriter, results_url
 
 __all__ = [
     "Leases",
     "Persistence",
+    "list_studies",
     "needed_by_stored_studies",
     "plan_header",
     "read_records",
@@ -121,14 +121,24 @@ def read_records(journal: Journal) -> StudyRecords:
     return records
 
 
+def list_studies(store: CheckpointStore) -> list[str]:
+    """The names of the studies kept in `store`, sorted."""
+    base = f"{store.root}/studies"
+    store.fs.invalidate_cache(base)
+    try:
+        paths = store.fs.ls(base, detail=False)
+    except FileNotFoundError:
+        return []
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+    return sorted(name for name in names if is_study_name(name))  # no study has another name
+
+
 def needed_by_stored_studies(
     store: CheckpointStore, identity: str, plan: SearchPlan, exclude: str
 ) -> set[Point]:
     """Checkpoints the other studies of `identity` kept in `store` still need, read from
     their trial records: each completed trial's latest checkpoint (it may be extended) and
     the latest checkpoint before each pending trial's point (it resumes there)."""
-    from dagtune.catalog import list_studies
-
     needed: set[Point] = set()
     for name in list_studies(store):
         if name == exclude:

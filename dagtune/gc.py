@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dagtune.coordinator import COMPLETED, Trial
 from dagtune.plan import SearchPlan
+from dagtune.records import COMPLETED, Trial
 from dagtune.scheduling import CostModel
 
 __all__ = ["GcDecision", "GcPolicy", "collect"]
@@ -108,9 +108,8 @@ def collect(
         ]
         scored.sort(key=lambda t: (-sign * t.metrics[metric], t.id))
         for trial in scored[: policy.keep_best]:
-            reached = trial.steps if trial.status == COMPLETED else trial.reported
-            if reached > 0:
-                _add(keep, plan.latest_checkpoint(trial.node, reached))
+            if trial.reached > 0:
+                _add(keep, plan.latest_checkpoint(trial.node, trial.reached))
     if policy.budget_bytes is not None:
         _evict(plan, keep, guarded, sizes, policy.budget_bytes, cost)
     return GcDecision(

@@ -25,6 +25,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Variable, get_worker
 from distributed.client import FutureCancelledError
 
+from dagtune.cluster import adapts, asking_for_a_worker
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.runner import LiveTrainers, PathRunner
@@ -76,8 +77,6 @@ def check_resources(client: Client, resources: dict[str, float] | None, wait: fl
     """
     import dask
     from dask.utils import parse_timedelta
-
-    from dagtune.cluster import adapts, asking_for_a_worker
 
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dagtune.algos._base import Algorithm
+from dagtune.algos import Algorithm
 from dagtune.trainer import Trainer
 
 __all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]

@@ -1,5 +1,5 @@
-"""dagtune in Jupyter: rich HTML for studies, results and stage trees, a live view while a
-study runs, Bokeh figures and a tidy trials table.
+"""dagtune in Jupyter: rich HTML for studies and results, a live view while a study runs, and
+Bokeh figures (the trials table is `dagtune.summary.trials_frame`; a stage tree renders itself).
 
 Everything here renders a snapshot (`dagtune.dashboard.snapshot`), so a notebook shows
 what the dashboard page shows: a summary table, the best trial, a small tree (inline SVG,
@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from dagtune.dashboard.figures import COLORS, CRITICAL, curves_figure, tree_figure
-from dagtune.dashboard.snapshot import live_snapshot, readable, result_snapshot
+from dagtune.dashboard.plugin import page_url
+from dagtune.dashboard.snapshot import live_snapshot, result_snapshot
 from dagtune.dashboard.tree import STATES
 
 __all__ = [
@@ -22,9 +23,7 @@ __all__ = [
     "plot_curves",
     "plot_tree",
     "result_html",
-    "stage_tree_html",
     "study_html",
-    "trials_frame",
 ]
 
 _STYLE = (
@@ -128,8 +127,6 @@ def snapshot_html(snapshot: dict, title: str, link: str | None = None) -> str:
 
 def study_html(study: Any) -> str:
     """`Study._repr_html_`: the live study with its dashboard link."""
-    from dagtune.dashboard.plugin import page_url
-
     client = getattr(study, "client", None)
     link = page_url(client) if client is not None else None
     title = f"Study {study.name!r} · {study.trainer.__name__} · {study.storage}"
@@ -139,51 +136,6 @@ def study_html(study: Any) -> str:
 def result_html(result: Any) -> str:
     """`Result._repr_html_`."""
     return snapshot_html(result_snapshot(result), f"Result: {len(result._trials)} trials")
-
-
-def stage_tree_html(tree: Any) -> str:
-    """`StageTree._repr_html_`: the stages still to run, indented under their parents."""
-    if not tree.stages:
-        return '<div class="dagtune">empty stage tree: nothing left to train</div>'
-    lines = []
-    stack = [(root, 0) for root in reversed(tree.roots)]
-    while stack:
-        stage, depth = stack.pop()
-        source = stage.source + (
-            f" {stage.source_point[0][:8]}@{stage.source_point[1]}" if stage.source_point else ""
-        )
-        lines.append(
-            f"<tr><td style='padding-left:{8 + 16 * depth}px'>{stage.node[:8]}</td>"
-            f"<td>{stage.start}–{stage.end}</td><td>{html.escape(source)}</td>"
-            f"<td>{'metrics' if stage.metrics_needed else ''}</td></tr>"
-        )
-        stack.extend((tree.stages[c], depth + 1) for c in reversed(stage.children))
-    head = "<tr><th>node</th><th>steps</th><th>starts from</th><th>reports</th></tr>"
-    return (
-        f'<div class="dagtune">{_STYLE}<b>Stage tree: {len(tree.stages)} stages, '
-        f"{tree.total_steps} steps to train</b><table>{head}{''.join(lines)}</table></div>"
-    )
-
-
-def trials_frame(trials: Iterable[Any]):
-    """One row per trial: id, status, steps reached, final metrics, then one column per
-    hyper-parameter with its sequence in readable form (``0.9``, ``64→128@18``, ...)."""
-    import pandas as pd
-
-    rows = []
-    for t in trials:
-        row: dict[str, Any] = {
-            "trial_id": t.id,
-            "status": t.status,
-            "steps": t.steps if t.status == "completed" else t.reported,
-        }
-        row.update(t.metrics or {})
-        for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix
-            row[name if name not in row else f"config/{name}"] = readable(seq)
-        if t.error:
-            row["error"] = t.error
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def plot_curves(result: Any, width: int = 800, height: int = 320):

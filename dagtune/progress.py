@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from dagtune.coordinator import PENDING
+from dagtune.records import PENDING
+from dagtune.summary import best_of, metric_of
 
 __all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
 
@@ -62,13 +63,11 @@ class ProgressState:
 
 def read_state(study: Any, metric: str | None, mode: str, started: float) -> ProgressState:
     """The study's progress now (taken under its lock)."""
-    from dagtune.dashboard.snapshot import best_of, pick_metric
-
     with study._lock:
         trials = list(study.coordinator.trials.values())
         report = study.coordinator.report(trials)
     if metric is None:
-        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+        metric, mode = metric_of(trials)
     best = best_of(trials, metric, mode)
     return ProgressState(
         study=study.name,
@@ -154,7 +153,7 @@ def _display(study: Any, show: str, stream: IO[str], log_seconds: float, heartbe
     if show not in ("auto", "terminal", "notebook"):
         raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
     if show in ("auto", "notebook") and in_notebook():
-        from dagtune.notebook import LiveView
+        from dagtune.notebook import LiveView  # loads bokeh and distributed: in Jupyter only
 
         return LiveView(study)
     if show == "notebook":

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from dagtune.config import config_dumps, config_from_json
-from dagtune.coordinator import Trial
-from dagtune.records import is_study_name
+from dagtune.records import Trial, is_study_name
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
@@ -101,7 +100,7 @@ class ResultsWriter:
         if group is None:
             group = self._group = _open_group(self.url, "a", self.storage_options)
         ordered = [trials[i] for i in ids]
-        steps = max((_reached(t) for t in ordered), default=0)
+        steps = max((t.reached for t in ordered), default=0)
         steps = max(steps, max((s for t in ordered for s, _ in t.curve), default=0))
         keys = _array_names({m for t in ordered for _, ms in t.curve for m in ms})
         # curves are appended to; they are written whole when rows moved or a metric is new
@@ -111,7 +110,7 @@ class ResultsWriter:
         )
         _put(group, "trial_id", np.array(ids, dtype=np.int64))
         _put(group, "status", _text([t.status for t in ordered]))
-        _put(group, "steps", np.array([_reached(t) for t in ordered], dtype=np.int64))
+        _put(group, "steps", np.array([t.reached for t in ordered], dtype=np.int64))
         _put(group, "config", _text([config_dumps(t.config) for t in ordered]))
         _put(group, "error", _text([t.error or "" for t in ordered]))
         _put_steps(group, steps)
@@ -136,10 +135,6 @@ class ResultsWriter:
         for i in changed:
             self._written[i] = _snapshot(trials[i])
         return True
-
-
-def _reached(trial: Trial) -> int:
-    return trial.steps if trial.status == "completed" else trial.reported
 
 
 def _snapshot(trial: Trial) -> tuple:

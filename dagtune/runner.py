@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
-from dagtune.plan import CheckpointInfo
+from dagtune.records import CheckpointInfo
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import Trainer, build_trainer, capture_rng, check_rng_state, isolated_rng, restore_rng

@@ -22,7 +22,7 @@ import numpy as np
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
-from dagtune.plan import CheckpointInfo
+from dagtune.records import CheckpointInfo
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.trainer import Trainer

@@ -43,7 +43,7 @@ from dagtune.algos import ASHA, GridSearch, SuccessiveHalving
 from dagtune.config import config_values, normalize_config
 from dagtune.plan import SearchPlan
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-from perf import spaces
+from perf import schedulers, spaces
 
 WORKERS = 40
 LAUNCH_SECONDS = 5.0  # starting a task
@@ -346,10 +346,27 @@ def benchmark(mode: str = "quick", variants: bool | None = None) -> dict[str, An
         )
     result: dict[str, Any] = {"workers": WORKERS if mode != "smoke" else 8, "studies": rows}
     if variants if variants is not None else mode == "full":
-        from perf import schedulers
-
-        result["schedulers"] = schedulers.compare(mode)
+        result["schedulers"] = compare_schedulers(mode)
     return result
+
+
+def compare_schedulers(mode: str = "quick") -> dict[str, Any]:
+    """Every scheduling policy of perf/schedulers.py on every study (smoke: 12 configs, 8 workers)."""
+    rows = []
+    for study in STUDIES:
+        configs = list(study.space())
+        gpus = WORKERS
+        if mode == "smoke":
+            configs, gpus = configs[:12], 8
+        workers = gpus // study.gpus_per_trial
+        row: dict[str, Any] = {"study": study.name}
+        for name, policy in schedulers.variants(workers).items():
+            run = run_study(study, configs, True, policy, gpus)
+            row[name] = run["makespan_hours"]
+            row[name + " / precedence bound"] = run["makespan_over_precedence_bound"]
+        row["breadth first"] = run_study(study, configs, True, "breadth_first", gpus)["makespan_hours"]
+        rows.append(row)
+    return {"rows": rows, "variants": list(schedulers.variants(1)), "tolerance": schedulers.TOLERANCE}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -451,7 +468,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _schedulers_markdown(found: dict[str, Any]) -> str:
-    from perf import schedulers
     from perf.table import table
 
     columns = [("study", "study"), ("breadth first", "breadth first (h)")]
@@ -471,4 +487,6 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(benchmark("smoke" if "--smoke" in sys.argv else "quick"), indent=2))
+    mode = "smoke" if "--smoke" in sys.argv else "quick"
+    found = compare_schedulers(mode) if "--schedulers" in sys.argv else benchmark(mode)
+    print(json.dumps(found, indent=2))

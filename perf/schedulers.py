@@ -20,16 +20,12 @@ variants here change only those two choices, to see what the tie-breaks are wort
                              holding much parallel work beneath it counts as urgent as a
                              long chain, the quantity the precedence lower bound charges.
 
-``python perf/schedulers.py`` runs every variant on the four studies at 40 GPUs.
+``python -m perf.paper --schedulers`` runs every variant on the four studies at 40 GPUs.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagtune.plan import SearchPlan, Stage, StageTree
 from dagtune.scheduling import CostModel, CriticalPath, critical_path_priorities
@@ -130,30 +126,3 @@ def variants(workers: int) -> dict[str, Any]:
         "+ subtree work, no path": SubtreeWorkStages(),
         "work-weighted": WorkWeighted(workers),
     }
-
-
-def compare(mode: str = "quick") -> dict[str, Any]:
-    """Every variant on every paper study (smoke: 12 configs, 8 workers)."""
-    from perf import paper
-
-    rows = []
-    for study in paper.STUDIES:
-        configs = list(study.space())
-        gpus = paper.WORKERS
-        if mode == "smoke":
-            configs, gpus = configs[:12], 8
-        workers = gpus // study.gpus_per_trial
-        row: dict[str, Any] = {"study": study.name}
-        for name, policy in variants(workers).items():
-            run = paper.run_study(study, configs, True, policy, gpus)
-            row[name] = run["makespan_hours"]
-            row[name + " / precedence bound"] = run["makespan_over_precedence_bound"]
-        row["breadth first"] = paper.run_study(study, configs, True, "breadth_first", gpus)["makespan_hours"]
-        rows.append(row)
-    return {"rows": rows, "variants": list(variants(1)), "tolerance": TOLERANCE}
-
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(compare("smoke" if "--smoke" in sys.argv else "quick"), indent=1))

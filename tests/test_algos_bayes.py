@@ -11,7 +11,7 @@ import dagtune as dt
 from dagtune.algos import RandomSearch
 from dagtune.algos._bayes import BayesOpt, _copula, expected_improvement
 from dagtune.algos._params import CATEGORICAL, CONTINUOUS, INT, LOG, ParamSpace
-from dagtune.coordinator import COMPLETED, DIVERGED, STOPPED
+from dagtune.records import COMPLETED, DIVERGED, STOPPED
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study
 

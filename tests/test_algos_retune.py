@@ -10,8 +10,8 @@ import pytest
 import dagtune as dt
 from dagtune.algos._retune import CONVERGING, DIVERGED, UNSTABLE, Progress, Retune, summarize_progress
 from dagtune.config import config_first_difference, normalize_config
-from dagtune.coordinator import COMPLETED
-from dagtune.coordinator import DIVERGED as TRIAL_DIVERGED
+from dagtune.records import COMPLETED
+from dagtune.records import DIVERGED as TRIAL_DIVERGED
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dagtune.checkpoints import CheckpointError, CheckpointStore
-from dagtune.plan import CheckpointInfo
+from dagtune.records import CheckpointInfo
 from dagtune.trainer import capture_rng
 
 IDENTITY = "0123abcd0123abcd"

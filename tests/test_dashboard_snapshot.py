@@ -10,10 +10,11 @@ import dagtune as dt
 from dagtune import catalog
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.dashboard.snapshot import live_snapshot, pick_metric, readable, result_snapshot
+from dagtune.dashboard.snapshot import live_snapshot, result_snapshot, stored_snapshot
 from dagtune.dashboard.tree import DONE, TrialPath, layout
 from dagtune.gc import GcPolicy
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.summary import pick_metric, readable
 
 SPACE = dt.Grid(
     {
@@ -80,7 +81,7 @@ def test_live_snapshot_shows_running_queued_and_the_critical_path(tmp_path):
     study.close()
 
     stored = catalog.load_study(catalog.open_storage(str(tmp_path)), "snap")
-    again = catalog.stored_snapshot(stored, "val_loss", "min")
+    again = stored_snapshot(stored, "val_loss", "min")
     assert again["tree"] == {**final["tree"], "critical": [False] * len(final["tree"]["node"])}
     assert again["curves"] == final["curves"] and again["best"] == final["best"]
     report = stored.report()

@@ -24,8 +24,9 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_to_json, normalize_config
 from dagtune.durable import records_header
 from dagtune.gc import GcPolicy
-from dagtune.plan import CheckpointInfo, SearchPlan
+from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal, encode_line
+from dagtune.records import CheckpointInfo
 from dagtune.results import open_results
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, TrialError, run_alone

@@ -10,9 +10,10 @@ import pytest
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.notebook import plot_curves, plot_tree, result_html, stage_tree_html, study_html, trials_frame
+from dagtune.notebook import plot_curves, plot_tree, result_html, study_html
 from dagtune.plan import build_stage_tree
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.summary import trials_frame
 
 SPACE = dt.Grid(
     {
@@ -54,10 +55,10 @@ def test_stage_tree_html_lists_stages_under_their_parents(tmp_path):
     for config in SPACE:
         study.submit(config, 8)
     tree = build_stage_tree(study.plan)
-    html = stage_tree_html(tree)
+    html = tree._repr_html_()
     assert f"{len(tree.stages)} stages, {tree.total_steps} steps to train" in html
     assert html.count("<tr>") == len(tree.stages) + 1
-    assert "empty stage tree" in stage_tree_html(type(tree)([]))
+    assert "empty stage tree" in type(tree)([])._repr_html_()
 
 
 def test_trials_frame_has_one_column_per_hyper_parameter(finished):

@@ -11,7 +11,8 @@ from strategies import brute_unique_steps, more_examples, prefixes, step_values,
 
 import dagtune as dt
 from dagtune.config import normalize_config
-from dagtune.plan import CheckpointInfo, SearchPlan, build_stage_tree, merge_rate, trial_steps, unique_steps
+from dagtune.plan import SearchPlan, build_stage_tree, merge_rate, trial_steps, unique_steps
+from dagtune.records import CheckpointInfo
 
 CKPT = CheckpointInfo(nbytes=10, sha256="ab" * 32)
 

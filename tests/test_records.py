@@ -20,11 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dagtune as dt
-from dagtune.catalog import load_study, stored_snapshot
+from dagtune.catalog import load_study
 from dagtune.checkpoints import CheckpointStore
 from dagtune.cli import main
 from dagtune.config import config_to_json, normalize_config
 from dagtune.dashboard.server import StoredSnapshots
+from dagtune.dashboard.snapshot import stored_snapshot
 from dagtune.durable import plan_header, records_header
 from dagtune.plan import SearchPlan
 from dagtune.plan._journal import decode_line, encode_line

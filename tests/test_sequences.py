@@ -18,6 +18,7 @@ from strategies import brute_first_difference, numeric_sequences, reference_valu
 import dagtune as dt
 from dagtune import sequences as seqmod
 from dagtune.config import normalize_config
+from dagtune.sequences import _primitives as primitives
 from dagtune.sequences import first_difference, same_value
 
 # ----------------------------------------------------------------------------- semantics
@@ -418,7 +419,13 @@ def test_restarted_triangles_compare_exactly(up, down, cycles):
 def count_evaluations(monkeypatch):
     """Counts every evaluation of a canonical-form primitive."""
     counter = {"n": 0}
-    for cls in (seqmod._Const, seqmod._Geometric, seqmod._Ramp, seqmod._CosineArc, seqmod._Triangle):
+    for cls in (
+        primitives.Const,
+        primitives.Geometric,
+        primitives.Ramp,
+        primitives.CosineArc,
+        primitives.Triangle,
+    ):
         original = cls.value
 
         def counted(self, t, _original=original):

@@ -37,7 +37,8 @@ from strategies import brute_unique_steps, more_examples, prefixes, step_values,
 
 import dagtune as dt
 from dagtune.config import normalize_config
-from dagtune.plan import CheckpointInfo, SearchPlan, StageTree, build_stage_tree
+from dagtune.plan import SearchPlan, StageTree, build_stage_tree
+from dagtune.records import CheckpointInfo
 
 CKPT = CheckpointInfo(nbytes=1, sha256="0" * 64)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagtune.config import Config, normalize_config
-from dagtune.coordinator import COMPLETED, Trial
+from dagtune.records import COMPLETED, Trial
 from dagtune.space import SearchSpace
 
 __all__ = ["Algorithm", "Context", "Decision", "Extend", "Stop", "Submit"]

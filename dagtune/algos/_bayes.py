@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, check_positive
 from dagtune.algos._params import CATEGORICAL, ParamSpace
-from dagtune.coordinator import COMPLETED, STOPPED, Trial
+from dagtune.records import COMPLETED, STOPPED, Trial
 from dagtune.space import Random
 
 __all__ = ["BayesOpt", "expected_improvement"]

@@ -35,7 +35,7 @@ from dagtune.algos._base import (
     is_finite,
 )
 from dagtune.config import Config
-from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.records import COMPLETED, PENDING, Trial
 
 __all__ = ["ASHA", "ConfigSource", "Hyperband", "SuccessiveHalving"]
 

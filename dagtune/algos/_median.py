@@ -15,7 +15,7 @@ from typing import Any
 
 from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, check_positive
 from dagtune.algos._halving import ConfigSource
-from dagtune.coordinator import COMPLETED, Trial
+from dagtune.records import COMPLETED, Trial
 
 __all__ = ["MedianStopping"]
 

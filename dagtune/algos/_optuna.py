@@ -22,7 +22,7 @@ from typing import Any
 
 from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, check_positive
 from dagtune.algos._params import CATEGORICAL, INT, LOG, Param, ParamSpace
-from dagtune.coordinator import FAILED, Trial
+from dagtune.records import FAILED, Trial
 from dagtune.space import Random
 
 __all__ = ["OptunaSampler"]

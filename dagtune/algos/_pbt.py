@@ -20,7 +20,7 @@ import numpy as np
 from dagtune.algos._base import Algorithm, Context, Decision, Extend, Submit, check_positive
 from dagtune.algos._halving import ConfigSource
 from dagtune.config import Config
-from dagtune.coordinator import COMPLETED, Trial
+from dagtune.records import COMPLETED, Trial
 from dagtune.sequences import Constant, Piecewise, Sequence
 from dagtune.space import Random
 

@@ -68,7 +68,7 @@ import numpy as np
 
 from dagtune.algos._base import Algorithm, Context, Decision, Extend, Submit, check_positive
 from dagtune.config import Config, normalize_config
-from dagtune.coordinator import COMPLETED, PENDING, Trial
+from dagtune.records import COMPLETED, PENDING, Trial
 from dagtune.sequences import Piecewise, Sequence
 from dagtune.space import Random
 

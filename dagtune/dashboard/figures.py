@@ -21,6 +21,7 @@ from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED
+from dagtune.summary import UNKNOWN_FROM_STORAGE
 
 __all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "tree_figure"]
 
@@ -82,8 +83,6 @@ def counters_html(snapshot: dict) -> str:
     c = snapshot["counters"]
     executed = c.get("executed_steps")
     if executed is None:  # a stored study: say why, and what storage does tell
-        from dagtune.catalog import UNKNOWN_FROM_STORAGE
-
         note = html.escape(UNKNOWN_FROM_STORAGE, quote=True)
         executed_html = f'<span title="{note}">— (not recorded)</span>'
     else:

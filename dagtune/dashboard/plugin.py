@@ -23,6 +23,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dagtune.dashboard.snapshot import live_snapshot
+
 __all__ = ["SNAPSHOTS", "DashboardPlugin", "Publisher", "attach", "page_url", "register", "snapshots_on"]
 
 log = logging.getLogger("dagtune")
@@ -83,7 +85,7 @@ def _scheduler_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     """The page as one of the Dask dashboard's documents (its template and theme)."""
     from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
-    from dagtune.dashboard.page import build_page
+    from dagtune.dashboard.page import build_page  # loads bokeh: only where the page is served
 
     build_page(doc, lambda: snapshots_on(scheduler), title="Dask: dagtune")
     doc.template = env.get_template("simple.html")
@@ -153,8 +155,6 @@ class Publisher:
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
-        from dagtune.dashboard.snapshot import live_snapshot
-
         state = self._state()
         if state == self._sent and not force:
             return False

@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagtune.catalog import StorageError, list_studies, load_study, open_storage, stored_snapshot
+from dagtune.catalog import StorageError, list_studies, load_study, open_storage
+from dagtune.dashboard.snapshot import stored_snapshot
 
 __all__ = ["StoredSnapshots", "serve", "websocket_origins"]
 
@@ -111,7 +112,7 @@ def serve(
     from bokeh.application.handlers.function import FunctionHandler
     from bokeh.server.server import Server
 
-    from dagtune.dashboard.page import build_page
+    from dagtune.dashboard.page import build_page  # loads bokeh: only where the page is served
 
     store = open_storage(storage, storage_options)
     for name in names or ():

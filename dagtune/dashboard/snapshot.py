@@ -5,7 +5,8 @@ GPU-seconds and what reuse saved), its best trial, the stage tree laid out as pi
 (`dagtune.dashboard.tree`) and the learning curves of one metric. It is built from a live
 study (`live_snapshot`, with running and queued stages and the critical path), from what a
 study left in storage (`stored_snapshot`) or from a `Result` (`result_snapshot`), and read
-by the Bokeh page, the notebook views and the command line, which therefore all agree.
+by the Bokeh page, the notebook views and the command line, which therefore all agree. The
+figures in it are `dagtune.summary`'s.
 
 Columns are lists (not lists of dicts) so a snapshot stays small on its way to the Dask
 scheduler through ``log_event`` (msgpack: plain ints, floats, strings, lists, dicts).
@@ -18,65 +19,29 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dagtune.catalog import StoredStudy
 from dagtune.config import Config
-from dagtune.coordinator import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, Trial
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
-from dagtune.sequences import Constant, Steps
+from dagtune.plan import build_stage_tree
+from dagtune.records import Trial
+from dagtune.scheduling import critical_path_priorities
+from dagtune.summary import (
+    best_of,
+    metric_of,
+    readable,
+    saved_seconds,
+    status_counts,
+    trained_from_plan,
+    trained_from_trials,
+)
 
-__all__ = [
-    "FORMAT",
-    "best_of",
-    "compose",
-    "live_snapshot",
-    "pick_metric",
-    "readable",
-    "result_snapshot",
-]
+__all__ = ["FORMAT", "compose", "live_snapshot", "result_snapshot", "stored_snapshot"]
 
 FORMAT = "dagtune-dashboard/1"
-_STATUSES = (PENDING, COMPLETED, STOPPED, FAILED, DIVERGED)
-
-
-# --------------------------------------------------------------------------- small helpers
-
-
-def readable(sequence: Any) -> str:
-    """A short form of a sequence for tables and labels: ``0.9``, ``64→128@18``, else repr."""
-    if isinstance(sequence, Constant):
-        return f"{sequence.value:g}" if isinstance(sequence.value, float) else repr(sequence.value)
-    if isinstance(sequence, Steps):
-        values = "→".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sequence.values)
-        return f"{values}@{','.join(str(m) for m in sequence.milestones)}"
-    return repr(sequence)
-
-
-def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
-    """The metric to show when no algorithm named one, and its mode: the first validation
-    metric (``val_*``) or else the first, minimized if it looks like a loss or error."""
-    names = sorted(set(names))
-    if not names:
-        return None, "max"
-    chosen = next((n for n in names if n.startswith("val_") and "loss" not in n), None)
-    chosen = chosen or next((n for n in names if n.startswith("val_")), names[0])
-    return chosen, ("min" if "loss" in chosen or "err" in chosen else "max")
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
-    """The trial with the best final `metric` (completed trials first, as `Result.best`)."""
-    scored = [t for t in trials if metric and t.metrics and _finite(t.metrics.get(metric))]
-    if not scored:
-        return None
-    pool = [t for t in scored if t.status == COMPLETED] or scored
-    sign = 1.0 if mode == "max" else -1.0
-    return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
-
-
-def _reached(trial: Trial) -> int:
-    return trial.steps if trial.status == COMPLETED else trial.reported
 
 
 def _label(config: Config | None, parent: Config | None) -> str:
@@ -115,7 +80,7 @@ def compose(
     trained on them; `running` and `queued` are spans of running tasks and queued stages.
     """
     if metric is None:
-        metric, mode = pick_metric(m for t in trials for _, ms in t.curve for m in ms)
+        metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
 
     def state(node: str, start: int, end: int) -> str:
@@ -165,7 +130,7 @@ def compose(
         else {
             "trial": best.id,
             "value": float(best.metrics[metric]),
-            "steps": _reached(best),
+            "steps": best.reached,
             "status": best.status,
             "config": {name: readable(seq) for name, seq in best.config.items()},
         },
@@ -187,44 +152,6 @@ def compose(
         "parents": dict(tree.parents),
         "curves": curves,
     }
-
-
-def status_counts(trials: Iterable[Trial]) -> dict[str, int]:
-    counts = dict.fromkeys(_STATUSES, 0)
-    for trial in trials:
-        counts[trial.status] = counts.get(trial.status, 0) + 1
-    return counts
-
-
-def _trained_from_trials(trials: Iterable[Trial]) -> dict[str, int]:
-    """The last step known trained on each node, from what the trials reached."""
-    trained: dict[str, int] = {}
-    for trial in trials:
-        reached = _reached(trial)
-        for node, start, end in trial.segments:
-            if reached > start:
-                trained[node] = max(trained.get(node, start), min(end, reached))
-    return trained
-
-
-def _trained_from_plan(plan: Any, nodes: Iterable[str]) -> dict[str, int]:
-    """The last step with metrics or a checkpoint on each node (training is linear along a
-    node, so everything before it was trained)."""
-    trained = {}
-    for node_id in nodes:
-        node = plan.nodes.get(node_id)
-        if node is not None:
-            trained[node_id] = max([*node.metrics, *node.checkpoints], default=node.start)
-    return trained
-
-
-def saved_seconds(report: Mapping[str, Any]) -> float:
-    """GPU-seconds reuse saved: the trial steps not executed, at the measured seconds per step."""
-    executed = report.get("executed_steps") or 0
-    if not executed:
-        return 0.0
-    per_step = report.get("gpu_seconds", 0.0) / executed
-    return max(0, report.get("trial_steps", 0) - executed) * per_step
 
 
 # --------------------------------------------------------------------------- sources
@@ -251,49 +178,42 @@ def result_snapshot(result: Any, name: str = "result") -> dict:
         mode=result.mode,
         counters=counters,
         configs=configs,
-        trained=_trained_from_trials(trials),
+        trained=trained_from_trials(trials),
     )
 
 
-class _Peek:
-    """`InFlight` for drawing: what running tasks will deliver, without claiming anything
-    (the coordinator's own `claim` records checkpoints for the tasks to save)."""
-
-    def __init__(self, running: Mapping[str, Any]):
-        self.running = running
-
-    def _covering(self, node: str):
-        for key, run in self.running.items():
-            for segment in run.task.segments:
-                if segment.node == node:
-                    yield key, run, segment
-
-    def claim(self, node: str, step: int) -> str | None:
-        for key, run, segment in self._covering(node):
-            if run.progress < step and segment.start < step <= segment.end:
-                return key
-        return None
-
-    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
-        for key, run, segment in self._covering(node):
-            if run.progress < segment.end < step and (best is None or segment.end > best[0]):
-                best = (segment.end, key)
-        return best
+def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict:
+    """A snapshot of a study as storage holds it (`dagtune.catalog.load_study`; nothing runs:
+    pieces are done or untrained)."""
+    if metric is None:
+        metric, guessed = metric_of(study.trials)
+        mode = mode or guessed
+    nodes = {node for t in study.trials for node, _, _ in t.segments}
+    report = study.report()
+    if "gpu_seconds" in report:
+        report["gpu_seconds_saved"] = saved_seconds(report)
+    return compose(
+        study=study.name,
+        identity=study.identity,
+        source="storage",
+        trials=study.trials,
+        metric=metric,
+        mode=mode or "max",
+        counters={**status_counts(study.trials), **report},
+        configs={n: study.plan.nodes[n].config for n in nodes},
+        trained=trained_from_plan(study.plan, nodes),
+    )
 
 
 def live_snapshot(study: Any) -> dict:
     """A snapshot of a running `Study` (read under its lock)."""
-    from dagtune.plan import build_stage_tree
-    from dagtune.scheduling import critical_path_priorities
-
     with study._lock:
         coordinator = study.coordinator
         plan = coordinator.plan
         trials = list(coordinator.trials.values())
         report = coordinator.report()
         running_tasks = dict(coordinator.running)
-        tree = build_stage_tree(plan, _Peek(running_tasks))
+        tree = build_stage_tree(plan, coordinator.running.peek())  # drawn: claims nothing
         priority = critical_path_priorities(tree, coordinator.cost, plan)
         running = []
         for run in running_tasks.values():
@@ -304,7 +224,7 @@ def live_snapshot(study: Any) -> dict:
         critical = _critical_spans(tree, priority, running_tasks, coordinator.cost, plan)
         nodes = {node for t in trials for node, _, _ in t.segments}
         configs = {n: plan.nodes[n].config for n in nodes if n in plan.nodes}
-        trained = _trained_from_plan(plan, nodes)
+        trained = trained_from_plan(plan, nodes)
         metric, mode = study._metric
         counters = {
             **status_counts(trials),

@@ -2,11 +2,10 @@
 
 from dagtune.plan._journal import Journal, PlanJournal
 from dagtune.plan._live import LiveStage, LiveStageTree, RunningTasks, TreeObserver
-from dagtune.plan._plan import CheckpointInfo, Node, SearchPlan, merge_rate, trial_steps, unique_steps
+from dagtune.plan._plan import Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
 
 __all__ = [
-    "CheckpointInfo",
     "InFlight",
     "Journal",
     "LiveStage",

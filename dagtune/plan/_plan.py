@@ -28,19 +28,12 @@ from dagtune.config import (
     config_first_difference,
     config_from_json,
     config_to_json,
+    normalize_config,
     value_key,
 )
-from dagtune.records import node_id
+from dagtune.records import CheckpointInfo, node_id
 
-__all__ = ["CheckpointInfo", "Node", "SearchPlan"]
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A committed checkpoint: its size and content hash, for verification and GC."""
-
-    nbytes: int = 0
-    sha256: str = ""
+__all__ = ["Node", "SearchPlan"]
 
 
 @dataclass(eq=False)
@@ -363,8 +356,6 @@ def _check_steps(steps: Any) -> int:
 
 
 def _plan_of(trials) -> tuple[SearchPlan, dict[str, set[int]]]:
-    from dagtune.config import normalize_config
-
     plan = SearchPlan()
     requested: dict[str, set[int]] = {}
     names = None

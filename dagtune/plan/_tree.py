@@ -16,6 +16,7 @@ passed the branch step, the tree relies on that task to checkpoint there (no rec
 from __future__ import annotations
 
 import heapq
+import html
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -106,9 +107,27 @@ class StageTree:
         return len(self.stages)
 
     def _repr_html_(self) -> str:
-        from dagtune.notebook import stage_tree_html
-
-        return stage_tree_html(self)
+        """The stages still to run, indented under their parents (how Jupyter shows a tree)."""
+        if not self.stages:
+            return '<div class="dagtune">empty stage tree: nothing left to train</div>'
+        lines = []
+        stack = [(root, 0) for root in reversed(self.roots)]
+        while stack:
+            stage, depth = stack.pop()
+            source = stage.source + (
+                f" {stage.source_point[0][:8]}@{stage.source_point[1]}" if stage.source_point else ""
+            )
+            lines.append(
+                f"<tr><td style='padding-left:{8 + 16 * depth}px;text-align:left'>{stage.node[:8]}</td>"
+                f"<td>{stage.start}–{stage.end}</td><td>{html.escape(source)}</td>"
+                f"<td>{'metrics' if stage.metrics_needed else ''}</td></tr>"
+            )
+            stack.extend((self.stages[c], depth + 1) for c in reversed(stage.children))
+        head = "<tr><th>node</th><th>steps</th><th>starts from</th><th>reports</th></tr>"
+        return (
+            f'<div class="dagtune"><b>Stage tree: {len(self.stages)} stages, '
+            f"{self.total_steps} steps to train</b><table>{head}{''.join(lines)}</table></div>"
+        )
 
 
 def build_stage_tree(plan: SearchPlan, in_flight: InFlight | None = None) -> StageTree:

@@ -1,4 +1,4 @@
-"""Studies: the public entry point (`Study`, `TrialHandle`, `Result`, `run_alone`).
+"""A `Study` of one model (and `TrialHandle`, the handle on one of its trials).
 
 A `Study` owns a coordinator for one model identity (trainer class, trainer arguments,
 seed, version) and an executor: the embedded local Dask cluster by default, an existing
@@ -15,33 +15,30 @@ its in-memory store keeps nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import PurePath
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
-from dagtune.checkpoints import CheckpointStore
+from dagtune.algos import Algorithm, Context
+from dagtune.checkpoints import CheckpointStore, process_token
 from dagtune.config import Config, config_dumps, normalize_config
-from dagtune.coordinator import COMPLETED, FAILED, PENDING, Coordinator, Trial
+from dagtune.coordinator import Coordinator
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
-from dagtune.records import check_steps, is_study_name
-from dagtune.runner import PathRunner
+from dagtune.progress import watch
+from dagtune.records import FAILED, Trial, check_steps, is_study_name
 from dagtune.scheduling import policy_named
-from dagtune.tasks import PathTask, Segment, TrainerSpec
+from dagtune.study._alone import check_evaluate_count
+from dagtune.study._identity import model_identity
+from dagtune.study._results import Result, TrialError
+from dagtune.study._session import Session
+from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -49,281 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dagtune")
 
-__all__ = ["Result", "Study", "TrialError", "TrialHandle", "TrialResult", "model_identity", "run_alone"]
-
-
-class TrialError(RuntimeError):
-    """A trial's trainer raised (after the allowed retries); the message holds its traceback."""
-
-
-# --------------------------------------------------------------------------- identity
-
-
-def _canonical(value: Any, where: str) -> Any:
-    """A JSON-able form of a trainer argument that is the same in every process."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        return {
-            str(k): _canonical(v, f"{where}[{k!r}]")
-            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
-        }
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray) or type(value).__name__ == "Tensor":
-        array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
-        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-        return {"array": digest, "shape": list(array.shape), "dtype": str(array.dtype)}
-    raise ValueError(
-        f"{where} = {value!r} has no stable identity across processes; pass JSON-like values "
-        f"(numbers, strings, paths, lists, dicts, arrays) and build objects inside the trainer"
-    )
-
-
-def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
-    """The id of a model identity: trials of equal identities share one search plan."""
-    payload = {
-        "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
-        "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
-        "seed": seed,
-        "version": version,
-    }
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    """A finished trial: its config, the steps it reached and its final metrics."""
-
-    config: Config
-    steps: int
-    metrics: dict[str, float]
-    id: int = -1
-    status: str = COMPLETED
-
-
-def _as_result(trial: Trial) -> TrialResult:
-    steps = trial.steps if trial.status == COMPLETED else trial.reported
-    return TrialResult(trial.config, steps, dict(trial.metrics or {}), trial.id, trial.status)
-
-
-class Result:
-    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
-
-    `report` holds the run's figures (its trials, the work done while it ran), defined in
-    `dagtune.coordinator.Coordinator.report`."""
-
-    def __init__(
-        self,
-        trials: list[Trial],
-        report: dict,
-        metric: str | None,
-        mode: str = "max",
-        chosen: Trial | None = None,
-    ):
-        self._trials = trials
-        self.report = report
-        self.metric = metric
-        self.mode = mode
-        self._chosen = chosen
-
-    @property
-    def best(self) -> TrialResult | None:
-        """The algorithm's answer if it names one (`Algorithm.best_trial`), else the completed
-        trial with the best final `metric` (longest trials first on ties)."""
-        if self._chosen is not None and self._chosen.metrics:
-            return _as_result(self._chosen)
-        scored = [
-            t
-            for t in self._trials
-            if t.metrics and self.metric in t.metrics and not math.isnan(t.metrics[self.metric])
-        ]
-        if not scored:
-            return None
-        completed = [t for t in scored if t.status == COMPLETED] or scored
-        sign = 1.0 if self.mode == "max" else -1.0
-        return _as_result(max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id)))
-
-    @property
-    def trials(self):
-        """One row per trial: id, status, steps, final metrics, then one column per
-        hyper-parameter with its sequence in short form (``0.9``, ``64→128@18``)."""
-        from dagtune.notebook import trials_frame
-
-        return trials_frame(self._trials)
-
-    def plot_curves(self, width: int = 800, height: int = 320):
-        """A Bokeh figure of the learning curves of `metric`, coloured by their last value."""
-        from dagtune.notebook import plot_curves
-
-        return plot_curves(self, width, height)
-
-    def plot_tree(self, width: int = 800, height: int = 360):
-        """A Bokeh figure of the trials' stage tree (thickness: trials sharing a stage)."""
-        from dagtune.notebook import plot_tree
-
-        return plot_tree(self, width, height)
-
-    def _repr_html_(self) -> str:
-        from dagtune.notebook import result_html
-
-        return result_html(self)
-
-    @property
-    def curves(self) -> dict[int, list[tuple[int, dict[str, float]]]]:
-        """Per trial, the (step, metrics) pairs it reported, in order."""
-        return {t.id: list(t.curve) for t in self._trials}
-
-    def __repr__(self) -> str:
-        best = self.best
-        shown = f"best {self.metric}={best.metrics[self.metric]:.4g}" if best else "no result"
-        return (
-            f"<Result {len(self._trials)} trials, {shown}, merge rate {self.report.get('merge_rate', 1):.2f}>"
-        )
-
-
-class TrialHandle:
-    """A submitted trial: wait for it with `result`, or `stop` it."""
-
-    def __init__(self, study: Study, trial: Trial):
-        self._study = study
-        self.trial = trial
-
-    @property
-    def id(self) -> int:
-        return self.trial.id
-
-    @property
-    def status(self) -> str:
-        return self.trial.status
-
-    def done(self) -> bool:
-        return self.trial.done
-
-    def result(self, timeout: float | None = None) -> dict[str, float]:
-        """The final metrics (waits for them). A stopped or diverged trial returns its last
-        metrics; a failed one raises `TrialError`."""
-        self._study._wait(lambda: self.trial.done, timeout)
-        if self.trial.status == FAILED:
-            raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
-        return dict(self.trial.metrics or {})
-
-    def curve(self) -> list[tuple[int, dict[str, float]]]:
-        return list(self.trial.curve)
-
-    def stop(self) -> None:
-        self._study._call(self._study.coordinator.stop, self.trial.id)
-
-    def __repr__(self) -> str:
-        return f"<TrialHandle {self.trial.id} {self.trial.status} steps={self.trial.steps}>"
-
-
-# --------------------------------------------------------------------------- running an algorithm
-
-
-class _Session:
-    """Routes one algorithm's callbacks and applies its decisions."""
-
-    def __init__(self, study: Study, algorithm: Algorithm):
-        self.study = study
-        self.algorithm = algorithm
-        self.trials: dict[int, Trial] = {}
-        self.error: BaseException | None = None
-        self.finished = False
-        self.started = False  # the algorithm's first decisions are all applied
-        self._applying = False
-        self._depth = 0  # nested callbacks: known results arrive while decisions are applied
-        self._ended = True  # a trial ended (or none was looked at yet) since `finished` was computed
-
-    def _adopt(self, trial: Trial) -> None:
-        if trial.id not in self.trials:
-            self.trials[trial.id] = trial
-            self.algorithm.trials.append(trial)
-
-    def apply(self, decisions: Iterable[Decision] | None) -> None:
-        coordinator = self.study.coordinator
-        for decision in decisions or ():
-            if isinstance(decision, Submit):
-                config = self.study._check_config(decision.config)
-                restored = self.study._take_restored(config, decision.steps)
-                if restored is not None:
-                    restored.tag = decision.tag
-                    self._adopt(restored)
-                    self._replay(restored)
-                    continue
-                self._applying = True  # results known already arrive inside submit
-                try:
-                    self._adopt(coordinator.submit(config, decision.steps, decision.tag))
-                finally:
-                    self._applying = False
-            elif isinstance(decision, Extend):
-                coordinator.extend(decision.trial, decision.steps)
-            elif isinstance(decision, Stop):
-                coordinator.stop(decision.trial)
-            else:
-                raise TypeError(f"{type(self.algorithm).__name__} returned {decision!r}, not a decision")
-
-    def _replay(self, trial: Trial) -> None:
-        """Tell the algorithm what a trial restored from an earlier session already reported."""
-        for step, metrics in list(trial.curve):
-            self.on_result(trial, step, metrics)
-        if trial.status == COMPLETED:
-            self.on_complete(trial)
-        elif trial.status != PENDING:
-            self.on_end(trial)
-
-    def _callback(self, trial: Trial | None, method: str, *args: Any) -> None:
-        if trial is not None and self._applying:
-            self._adopt(trial)
-        if self.error is not None or (trial is not None and trial.id not in self.trials):
-            return
-        self._depth += 1
-        try:
-            decide = getattr(self.algorithm, method)
-            self.apply(decide(*args) if trial is None else decide(trial, *args))
-        except BaseException as error:  # surfaced by Study.run in the caller's thread
-            self.error = error
-        finally:
-            self._depth -= 1
-        if self._depth == 0 and self.error is None:
-            self._check_end()
-
-    def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
-        self._callback(trial, "on_result", step, metrics)
-
-    def on_complete(self, trial: Trial) -> None:
-        self._ended = True
-        self._callback(trial, "on_complete")
-
-    def on_end(self, trial: Trial) -> None:
-        self._ended = True
-        self._callback(trial, "on_end")
-
-    def on_idle(self, free: int) -> None:
-        if self.started and not self.finished:
-            self._callback(None, "on_idle", free)
-
-    def _check_end(self) -> None:
-        if self.algorithm.is_finished():
-            for trial in list(self.trials.values()):
-                if trial.status == PENDING:
-                    self.study.coordinator.stop(trial.id)
-        if self.started and self._ended:  # only an ending trial can end the run: no scan per result
-            self._ended = False
-            self.finished = not any(t.status == PENDING for t in self.trials.values())
-
-
-# --------------------------------------------------------------------------- the study
+__all__ = ["Study", "TrialHandle"]
 
 
 class Study:
@@ -391,7 +114,7 @@ class Study:
         for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
-        _check_evaluate_count(check_evaluate)
+        check_evaluate_count(check_evaluate)
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -474,7 +197,7 @@ class Study:
             self._driver.start()
         self._dashboard = None
         if getattr(self, "client", None) is not None:
-            from dagtune.dashboard import attach
+            from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
 
             self._dashboard = attach(self)
         self._demand = self._publish_demand()
@@ -484,7 +207,7 @@ class Study:
         adaptive cluster (`dagtune.cluster.DemandAdaptive`); None otherwise."""
         if getattr(self, "client", None) is None:
             return None
-        from dagtune.cluster import DemandPublisher
+        from dagtune.cluster import DemandPublisher  # loads distributed: on Dask only
 
         return DemandPublisher(self).start()
 
@@ -506,8 +229,6 @@ class Study:
         keep its checkpoints to itself and the others would find them missing."""
         if not self.store.process_local:
             return
-        from dagtune.checkpoints import process_token
-
         if client is None:
             elsewhere = "the embedded cluster's workers are processes of their own"
         else:
@@ -523,9 +244,10 @@ class Study:
         )
 
     def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
+        # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import embedded_cluster, slow_allocator_workers
+        from dagtune.cluster import embedded_cluster, slow_allocator_workers  # both load distributed
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
@@ -701,9 +423,7 @@ class Study:
         stopped (what they trained stays in the plan) and the error is raised."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
-        from dagtune.progress import watch
-
-        session = _Session(self, algorithm)
+        session = Session(self.coordinator, algorithm, self._check_config, self._take_restored)
         with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
@@ -712,11 +432,11 @@ class Study:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
                 self.coordinator.expect(normalize_config(c, owner="prospect") for c in algorithm.prospects())
                 session.started = True  # known results arriving during start must not end the run
-                session._check_end()
+                session.check_end()
                 self.coordinator.schedule()
                 # the run ends when its trials have ended and so has every stage no trial needs
                 # any more: the report then counts every step trained for the run (see
-                # `Coordinator.report`), those a stop reached late included
+                # `dagtune.coordinator.report_figures`), those a stop reached late included
                 self._wait(
                     lambda: (
                         session.error is not None or (session.finished and not self.coordinator.unneeded())
@@ -743,7 +463,7 @@ class Study:
     def report(self) -> dict:
         """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far:
         every trial of the study (restored ones too) and the work of this session, with the
-        figures defined in `dagtune.coordinator.Coordinator.report`."""
+        figures defined in `dagtune.coordinator.report_figures`."""
         with self._lock:
             return self.coordinator.report()
 
@@ -787,7 +507,7 @@ class Study:
         self.close()
 
     def _repr_html_(self) -> str:
-        from dagtune.notebook import study_html
+        from dagtune.notebook import study_html  # the views load bokeh and distributed
 
         return study_html(self)
 
@@ -795,52 +515,37 @@ class Study:
         return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"
 
 
-# --------------------------------------------------------------------------- alone
+class TrialHandle:
+    """A submitted trial: wait for it with `result`, or `stop` it."""
 
+    def __init__(self, study: Study, trial: Trial):
+        self._study = study
+        self.trial = trial
 
-def run_alone(
-    trainer: type[Trainer],
-    config: Mapping[str, Any],
-    steps: int,
-    trainer_kwargs: Mapping[str, Any] | None = None,
-    seed: int = 0,
-    fused: bool = False,
-    *,
-    check_evaluate: int = 3,
-) -> list[dict[str, float]]:
-    """Train one trial in this process, no reuse, no checkpoints; metrics after each step.
+    @property
+    def id(self) -> int:
+        return self.trial.id
 
-    This is the reference that training through dagtune must reproduce exactly. With
-    `fused`, the trial (of a `dagtune.FusibleTrainer`) trains through the fused code path as
-    a group of one: the reference every fused group's members must reproduce exactly. Its
-    first `check_evaluate` evaluations are checked for changing the training state, as a
-    study's workers do (`TrialError` naming what changed).
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    _check_evaluate_count(check_evaluate)
-    config = normalize_config(config)
-    task = PathTask(
-        key="run_alone",
-        trainer=TrainerSpec(trainer, dict(trainer_kwargs or {}), seed, ""),
-        segments=(Segment("alone", config, 0, steps),),
-        source=None,
-        checkpoints=frozenset(),
-        eval_every=1,
-        check_evaluate=check_evaluate,
-    )
-    if fused:
-        from dagtune.fusion import FusedPathRunner
+    @property
+    def status(self) -> str:
+        return self.trial.status
 
-        events = FusedPathRunner([task], None).run()
-    else:
-        events = PathRunner(task, None).run()
-    for event in events:
-        if event["kind"] == "error":
-            raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")
-    return [e["metrics"] for e in events if e["kind"] == "metrics"]
+    def done(self) -> bool:
+        return self.trial.done
 
+    def result(self, timeout: float | None = None) -> dict[str, float]:
+        """The final metrics (waits for them). A stopped or diverged trial returns its last
+        metrics; a failed one raises `TrialError`."""
+        self._study._wait(lambda: self.trial.done, timeout)
+        if self.trial.status == FAILED:
+            raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
+        return dict(self.trial.metrics or {})
 
-def _check_evaluate_count(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"check_evaluate must be an int >= 0 (0: no check), got {value!r}")
+    def curve(self) -> list[tuple[int, dict[str, float]]]:
+        return list(self.trial.curve)
+
+    def stop(self) -> None:
+        self._study._call(self._study.coordinator.stop, self.trial.id)
+
+    def __repr__(self) -> str:
+        return f"<TrialHandle {self.trial.id} {self.trial.status} steps={self.trial.steps}>"

@@ -1,22 +1,5 @@
-"""The coordinator: one loop from trials to stages to events and back.
-
-Data flows one way. Trials become requests in the search plan; the stage tree is rebuilt
-from the plan whenever something changed; the scheduling policy picks paths of ready stages
-for the free slots and the executor runs them; the events they report (metrics,
-checkpoints, progress, ends, errors) update the plan, which resolves requests and reports
-results to the trials' listener. Running tasks are never re-issued: the tree builder asks
-them (`InFlight`) for the points they will still pass, which also tells each task which
-extra checkpoints it should save on its way and where it may stop.
-
-Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
-plain record, which is how a study journals its trials, and `restore` rebuilds trials from
-those records, checked and folded by `dagtune.records`, when a study resumes. A checkpoint that fails verification when a task loads
-it (``corrupt`` event) is dropped from the plan and deleted, and the work it held is planned
-again from an earlier point; it is not a trainer failure. `absorb` takes plan events written
-by other coordinators (studies of the same model running at the same time).
-
-The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
-"""
+"""`Coordinator`: trials in, stages out, results back (the package docstring tells how), and
+`TrialListener`, what it tells about trials."""
 
 from __future__ import annotations
 
@@ -24,48 +7,31 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.config import Config, check_config_finite, config_first_difference, config_to_json
+from dagtune.config import Config, check_config_finite, config_to_json
+from dagtune.coordinator._branches import LaterBranches
+from dagtune.coordinator._report import report_figures
+from dagtune.coordinator._running import Running, RunningTasks
 from dagtune.executor import Executor
-from dagtune.plan import CheckpointInfo, SearchPlan, Stage, StageTree, build_stage_tree, unique_steps
-from dagtune.records import COMPLETED, DIVERGED, FAILED, PENDING, STOPPED, TrialState, check_steps
-from dagtune.scheduling import CostModel, Pausable, SchedulingPolicy, critical_path_priorities
+from dagtune.plan import SearchPlan, Stage, build_stage_tree
+from dagtune.records import (
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    PENDING,
+    STOPPED,
+    CheckpointInfo,
+    Trial,
+    TrialState,
+    check_steps,
+)
+from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
-__all__ = ["Coordinator", "Trial", "TrialListener"]
+__all__ = ["Coordinator", "TrialListener"]
 
 log = logging.getLogger("dagtune")
-
-
-@dataclass(eq=False)
-class Trial:
-    """One trial: a config trained for `steps` steps, and what came back.
-
-    `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
-    algorithm may extend it), ``stopped``, ``failed`` (its trainer raised; see `error`) or
-    ``diverged`` (a metric became NaN or infinite).
-    """
-
-    id: int
-    config: Config
-    steps: int
-    tag: Any = None
-    status: str = PENDING
-    node: str = ""
-    metrics: dict[str, float] | None = None
-    reported: int = 0
-    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    error: str | None = None
-    submitted_at: float = 0.0
-    finished_at: float | None = None
-    salt: str = ""
-    segments: list[tuple[str, int, int]] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.status != PENDING
 
 
 class TrialListener(Protocol):
@@ -78,18 +44,6 @@ class TrialListener(Protocol):
 
     def on_idle(self, free: int) -> None:
         """`free` worker slots have nothing to run (optional): time to ask for more work."""
-
-
-@dataclass
-class _Running:
-    task: PathTask
-    priority: float
-    worker: str | None = None
-    started: float | None = None
-    progress: int = 0
-    claimed: set[int] = field(default_factory=set)
-    directive: Directive = field(default_factory=Directive)
-    pause_at: int | None = None
 
 
 class Coordinator:
@@ -131,17 +85,14 @@ class Coordinator:
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
         self._next_id = 0
-        self.running: dict[str, _Running] = {}
-        self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
+        self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
         # worker -> the task launched to continue the trainer a task still running there will
         # leave live: once that task ends, its point is taken, not free for a second task
         self._promised: dict[str, str] = {}
         self._failures: dict[tuple[str, int], int] = {}
-        self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
-        self._prospects: list[Config] = []  # configs an algorithm may submit later
-        self._prospect_branches: dict[tuple[str, int], set[int]] = {}
+        self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
         self._dirty = True
@@ -220,7 +171,7 @@ class Coordinator:
             self._forget_request(trial)
         elif trial.status != COMPLETED:
             raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
-        self._paused.get(trial.node, set()).discard(trial.id)
+        self.branches.resume(trial)
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
         self._request(trial)
@@ -237,8 +188,7 @@ class Coordinator:
         """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
         step where one of them would branch off its path saves a checkpoint there, so the later
         trial trains only its own steps instead of recomputing a shared prefix."""
-        self._prospects = list(configs) if self.share else []
-        self._prospect_branches.clear()
+        self.branches.expect(configs if self.share else ())
 
     def _request(self, trial: Trial) -> None:
         plan = self.plan
@@ -286,13 +236,13 @@ class Coordinator:
                 "r": "end",
                 "trial": trial.id,
                 "status": status,
-                "steps": trial.steps if status == COMPLETED else trial.reported,
+                "steps": trial.reached,
                 "metrics": trial.metrics,
                 "error": error,
             }
         )
         if status == COMPLETED:
-            self._paused.setdefault(trial.node, set()).add(trial.id)
+            self.branches.pause(trial)
         for listener in list(self.listeners):
             if status == COMPLETED:
                 listener.on_complete(trial)
@@ -386,13 +336,9 @@ class Coordinator:
     def _release_promise(self, key: str) -> None:
         self._promised = {worker: k for worker, k in self._promised.items() if k != key}
 
-    def _retire(self, key: str, running: _Running, event: dict) -> None:
-        del self.running[key]
+    def _retire(self, key: str, running: Running, event: dict) -> None:
+        self.running.end(key)
         self._release_promise(key)
-        for segment in running.task.segments:
-            keys = self._on_node.get(segment.node)
-            if keys is not None and key in keys:
-                keys.remove(key)
         if running.started is not None and event.get("time") is not None:
             self.gpu_seconds += max(0.0, event["time"] - running.started) * self.gpus_per_task
         self._dirty = True
@@ -425,30 +371,6 @@ class Coordinator:
 
     # ------------------------------------------------------------------ scheduling
 
-    def claim(self, node: str, step: int) -> str | None:
-        """`InFlight`: a running task that still passes point ``(node, step)``."""
-        for key in self._on_node.get(node, ()):
-            running = self.running[key]
-            if running.progress < step and any(
-                s.node == node and s.start < step <= s.end for s in running.task.segments
-            ):
-                running.claimed.add(step)
-                return key
-        return None
-
-    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
-        """`InFlight`: the latest point on `node` before `step` a running task will reach."""
-        best: tuple[int, str] | None = None
-        for key in self._on_node.get(node, ()):
-            running = self.running[key]
-            for segment in running.task.segments:
-                later = best is None or segment.end > best[0]
-                if segment.node == node and running.progress < segment.end < step and later:
-                    best = (segment.end, key)
-        if best is not None:
-            self.running[best[1]].claimed.add(best[0])
-        return best
-
     def schedule(self) -> None:
         """Rebuild the stage tree if anything changed, redirect running tasks, fill free
         slots; if slots stay free, tell the listeners (an algorithm may then add work)."""
@@ -473,7 +395,7 @@ class Coordinator:
         for running in self.running.values():
             running.claimed = set()
             running.pause_at = None
-        tree = build_stage_tree(self.plan, self)
+        tree = build_stage_tree(self.plan, self.running)
         free = self.executor.slots() - len(self.running)
         paths: list[list[Stage]] = []
         self.demand = 0
@@ -485,7 +407,7 @@ class Coordinator:
             waiting = [s for s in tree.ready() if s.index not in launched]
             self.demand = len(waiting)
             if waiting and self.running:
-                pausable = self._pausable(tree, priority)
+                pausable = self.running.pausable(tree, priority, self.cost, self.plan)
                 for key, step in self.policy.preempt(waiting, priority, pausable).items():
                     self.running[key].pause_at = step
         for key, running in self.running.items():
@@ -494,33 +416,7 @@ class Coordinator:
             self._launch(path, priority[path[0].index])
         return self.executor.slots() - len(self.running)
 
-    def _pausable(self, tree: StageTree, priority: list[float]) -> list[Pausable]:
-        """Running tasks with a stage boundary still ahead, and the longest chain each would
-        leave behind by pausing there: the rest of its path, then what hangs below the points
-        it delivers (stages sourced from it)."""
-        below: dict[str, list[tuple[int, float]]] = {}
-        for stage in tree.stages:
-            if stage.source == "running" and stage.source_task is not None and stage.source_point:
-                below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
-        found = []
-        for key, running in self.running.items():
-            task = running.task
-            step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
-            if step is None:
-                continue
-            own = self._seconds(task, step, task.end)
-            hanging = [self._seconds(task, step, at) + p for at, p in below.get(key, ()) if at > step]
-            found.append(Pausable(key, step, max([own, *hanging])))
-        return found
-
-    def _seconds(self, task: PathTask, start: int, end: int) -> float:
-        """Estimated seconds of training `task`'s steps ``[start, end)``."""
-        return sum(
-            max(0, min(s.end, end) - max(s.start, start)) * self.cost.step_seconds(s.node, self.plan)
-            for s in task.segments
-        )
-
-    def _redirect(self, key: str, running: _Running) -> None:
+    def _redirect(self, key: str, running: Running) -> None:
         task = running.task
         stop_at = max(running.claimed) if running.claimed else running.progress
         directive = Directive(
@@ -537,8 +433,7 @@ class Coordinator:
         segments = tuple(Segment(s.node, self.plan.nodes[s.node].config, s.start, s.end) for s in path)
         checkpoints = {s.end for s in path}
         for segment in segments:
-            checkpoints.update(self._branches_of_paused(segment))
-            checkpoints.update(self._branches_of_prospects(segment))
+            checkpoints.update(self.branches.within(segment))
         if self.checkpoint_every:
             every = self.checkpoint_every
             checkpoints.update(range((first.start // every + 1) * every, path[-1].end, every))
@@ -571,41 +466,8 @@ class Coordinator:
             self._live[prefer] = None  # that worker is busy now; no second task may count on it
             self._promised[prefer] = key
         # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
-        self.running[key] = _Running(task, priority, progress=first.start, claimed={s.end for s in path})
-        for segment in segments:
-            self._on_node.setdefault(segment.node, []).append(key)
+        self.running.start(key, Running(task, priority, progress=first.start, claimed={s.end for s in path}))
         self.executor.launch(task, priority, prefer)
-
-    def _branches_of_paused(self, segment: Segment) -> set[int]:
-        """Steps inside `segment` where a completed trial on its node would branch off if it
-        were extended (ASHA pauses trials at a rung and promotes them later): checkpointing
-        there on the way costs a save now instead of retraining the prefix later."""
-        steps = set()
-        for trial_id in self._paused.get(segment.node, ()):
-            trial = self.trials[trial_id]
-            if trial.status != COMPLETED or trial.steps > segment.start:
-                continue
-            branch = config_first_difference(segment.config, trial.config, trial.steps, segment.end)
-            if segment.start < branch < segment.end:
-                steps.add(branch)
-        return steps
-
-    def _branches_of_prospects(self, segment: Segment) -> set[int]:
-        """Steps inside `segment` where an expected config would branch off its path (a node's
-        config agrees with its whole path, so one comparison from step 0 finds the branch)."""
-        if not self._prospects:
-            return set()
-        key = (segment.node, segment.end)
-        found = self._prospect_branches.get(key)
-        if found is None:
-            node = self.plan.nodes[segment.node]
-            found = set()
-            for config in self._prospects:
-                branch = config_first_difference(node.config, config, 0, segment.end)
-                if node.start < branch < segment.end:
-                    found.add(branch)
-            self._prospect_branches[key] = found
-        return {step for step in found if step > segment.start}
 
     # ------------------------------------------------------------------ state
 
@@ -617,14 +479,7 @@ class Coordinator:
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
         or may resume from, and the latest checkpoint before each waiting request."""
-        points: set[tuple[str, int]] = set()
-        for running in self.running.values():
-            task = running.task
-            if task.source is not None:
-                points.add(task.source)
-            for step in task.checkpoints | running.directive.checkpoints:
-                if task.start < step <= task.end:
-                    points.add((task.node_at(step), step))
+        points = self.running.needed_points()
         for node, step in self.plan.active:
             latest = self.plan.latest_checkpoint(node, step)
             if latest is not None:
@@ -650,80 +505,27 @@ class Coordinator:
         """Running tasks no pending trial needs any more (the stage tree claims none of their
         points): each ends at its next step boundary (its path is done, or it was told to
         stop), but its last events are still to come, with any steps a late stop let it train."""
-        return [key for key, running in self.running.items() if not running.claimed]
+        return self.running.unneeded()
 
     def report(self, trials: list[Trial] | None = None, since: dict | None = None) -> dict:
-        """The figures of `trials` (default: every trial) and of the work done since the
-        report `since` was taken (default: since this coordinator started). `Study.run`
-        reports its own trials since it started; this is where each figure is defined:
-
-        ``trials``
-            how many trials.
-        ``trial_steps``
-            the sum over the trials of the steps each *reached*: its `steps` if completed,
-            else the last step it received metrics for (stopped, diverged, failed, or
-            pending still). What a trial-based system trains for the same results.
-        ``unique_steps``
-            the distinct points among the steps the trials reached: step ``s`` of two trials
-            counts once when every hyper-parameter has the same value in both at every step
-            up to ``s`` (`dagtune.plan.unique_steps`, on configs even without sharing). The
-            least any system must train for these results from scratch.
-        ``executed_steps``
-            the steps trained since `since` (calls of ``Trainer.train``, counted from the
-            ``step`` events), whatever they were for: the points the trials reached that
-            were not trained before; steps trained again (a lost worker's stage rerun from
-            its last checkpoint, a corrupt checkpoint's work, a retried failure, a point
-            whose checkpoint was asked for after its stage had passed it); and steps a stage
-            trained after its trials were stopped or diverged, before the stop reached it (a
-            worker sees a stop at its next step boundary): those are executed, never unique.
-            `Study.run` returns only after every stage no pending trial needs has ended, so
-            a run counts them all. Points trained before `since` (by an earlier run or
-            session, or another study of the same model) are not trained again. So a run with
-            sharing executes: unique − the reached points trained before `since` + the
-            steps trained again + the steps trained past a stop; on fresh storage, a run
-            with nothing stopped, diverged, failed, lost or corrupt executes exactly its
-            unique steps unless a branch was asked for after its stage had passed it.
-        ``merge_rate``
-            trial_steps / unique_steps (1.0 without steps).
-        ``reuse``
-            trial_steps / executed_steps: how many times fewer steps were trained than a
-            trial-based system trains (infinite when every result was known already, 1.0
-            without steps).
-        ``gpu_seconds``
-            the seconds the stages held their workers since `since` (each from its
-            ``start`` event, when a worker took it, to its ``end``: loading, training,
-            evaluating and saving, not queueing; a stage still running up to now), times the
-            GPUs each stage asks for (``resources["GPU"]``, else 1).
-        ``makespan_seconds``
-            from the first of the trials' submissions to the end of the last of them (to
-            now while one is pending), on the executor's clock (virtual in simulation).
-        """
+        """The figures (`dagtune.coordinator.report_figures`, where each is defined) of
+        `trials` (default: every trial) and of the work done since the report `since` was
+        taken (default: since this coordinator started); `Study.run` reports its own trials
+        since it started. The GPU-seconds count a stage still running up to now."""
         trials = list(self.trials.values()) if trials is None else trials
-        reached = [(t.config, t.steps if t.status == COMPLETED else t.reported) for t in trials]
-        reached = [(c, s) for c, s in reached if s > 0]
-        trial_steps = sum(s for _, s in reached)
-        unique = unique_steps(reached) if reached else 0
-        executed = self.executed_steps - (since or {}).get("executed_steps", 0)
+        since = since or {}
         now = self.executor.now()
         in_flight = sum(
             max(0.0, now - r.started) * self.gpus_per_task
             for r in self.running.values()
             if r.started is not None
         )
-        gpu = self.gpu_seconds + in_flight - (since or {}).get("gpu_seconds", 0.0)
-        start = min((t.submitted_at for t in trials), default=self.executor.now())
-        ends = [t.finished_at for t in trials if t.finished_at is not None]
-        end = max(ends) if ends and all(t.done for t in trials) else self.executor.now()
-        return {
-            "trials": len(trials),
-            "trial_steps": trial_steps,
-            "unique_steps": unique,
-            "executed_steps": executed,
-            "merge_rate": trial_steps / unique if unique else 1.0,
-            "reuse": trial_steps / executed if executed else (math.inf if trial_steps else 1.0),
-            "gpu_seconds": gpu,
-            "makespan_seconds": max(0.0, end - start),
-        }
+        return report_figures(
+            trials,
+            executed_steps=self.executed_steps - since.get("executed_steps", 0),
+            gpu_seconds=self.gpu_seconds + in_flight - since.get("gpu_seconds", 0.0),
+            now=now,
+        )
 
 
 def _jsonable(value: Any) -> Any:

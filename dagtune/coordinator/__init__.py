@@ -1,0 +1,29 @@
+"""The coordinator: one loop from trials to stages to events and back.
+
+Data flows one way. Trials become requests in the search plan; the stage tree is rebuilt
+from the plan whenever something changed; the scheduling policy picks paths of ready stages
+for the free slots and the executor runs them; the events they report (metrics,
+checkpoints, progress, ends, errors) update the plan, which resolves requests and reports
+results to the trials' listener. Running tasks are never re-issued: the tree builder asks
+them (`InFlight`) for the points they will still pass, which also tells each task which
+extra checkpoints it should save on its way and where it may stop.
+
+Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
+plain record, which is how a study journals its trials, and `restore` rebuilds trials from
+those records, checked and folded by `dagtune.records`, when a study resumes. A checkpoint
+that fails verification when a task loads it (``corrupt`` event) is dropped from the plan and
+deleted, and the work it held is planned again from an earlier point; it is not a trainer
+failure. `absorb` takes plan events written by other coordinators (studies of the same model
+running at the same time).
+
+The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
+
+Its parts: the loop itself (`_coordinator`), the running tasks and what they will deliver
+(`_running`), the points where later trials would branch off a path (`_branches`), and the
+figures of its report, each defined once (`_report`).
+"""
+
+from dagtune.coordinator._coordinator import Coordinator, TrialListener
+from dagtune.coordinator._report import report_figures, trial_figures
+
+__all__ = ["Coordinator", "TrialListener", "report_figures", "trial_figures"]

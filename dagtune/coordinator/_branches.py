@@ -1,0 +1,77 @@
+"""Where trials that may come later would branch off a path, so that a task passing there
+saves a checkpoint on its way: a save now instead of retraining the shared prefix later.
+
+Two kinds are known in advance: completed trials paused at a rung, which an algorithm may
+extend (ASHA promotes them later), and the configs an algorithm announced it may submit
+(`Algorithm.prospects`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from dagtune.config import Config, config_first_difference
+from dagtune.plan import SearchPlan
+from dagtune.records import COMPLETED, Trial
+from dagtune.tasks import Segment
+
+__all__ = ["LaterBranches"]
+
+
+class LaterBranches:
+    """The paused trials and the announced configs of one coordinator (see the module
+    docstring); `within` gives the steps of a segment where one of them would branch off."""
+
+    def __init__(self, plan: SearchPlan, trials: Mapping[int, Trial]):
+        self.plan = plan
+        self.trials = trials
+        self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
+        self._prospects: list[Config] = []  # configs an algorithm may submit later
+        self._prospect_branches: dict[tuple[str, int], set[int]] = {}
+
+    def pause(self, trial: Trial) -> None:
+        """`trial` completed: it may be extended from its node later."""
+        self._paused.setdefault(trial.node, set()).add(trial.id)
+
+    def resume(self, trial: Trial) -> None:
+        """`trial` is extended: it branches no more from where it paused."""
+        self._paused.get(trial.node, set()).discard(trial.id)
+
+    def expect(self, configs: Iterable[Config]) -> None:
+        """The configs an algorithm may submit later (none: forget the earlier ones)."""
+        self._prospects = list(configs)
+        self._prospect_branches.clear()
+
+    def within(self, segment: Segment) -> set[int]:
+        """The steps inside `segment` where a paused trial or an expected config would branch off."""
+        return self._of_paused(segment) | self._of_prospects(segment)
+
+    def _of_paused(self, segment: Segment) -> set[int]:
+        """Steps inside `segment` where a completed trial on its node would branch off if it
+        were extended."""
+        steps = set()
+        for trial_id in self._paused.get(segment.node, ()):
+            trial = self.trials[trial_id]
+            if trial.status != COMPLETED or trial.steps > segment.start:
+                continue
+            branch = config_first_difference(segment.config, trial.config, trial.steps, segment.end)
+            if segment.start < branch < segment.end:
+                steps.add(branch)
+        return steps
+
+    def _of_prospects(self, segment: Segment) -> set[int]:
+        """Steps inside `segment` where an expected config would branch off its path (a node's
+        config agrees with its whole path, so one comparison from step 0 finds the branch)."""
+        if not self._prospects:
+            return set()
+        key = (segment.node, segment.end)
+        found = self._prospect_branches.get(key)
+        if found is None:
+            node = self.plan.nodes[segment.node]
+            found = set()
+            for config in self._prospects:
+                branch = config_first_difference(node.config, config, 0, segment.end)
+                if node.start < branch < segment.end:
+                    found.add(branch)
+            self._prospect_branches[key] = found
+        return {step for step in found if step > segment.start}

@@ -1,0 +1,92 @@
+"""The figures a study is reported by (`Study.report`, `Result.report`), each defined here.
+
+`report_figures` gives them all; `trial_figures` the part that depends on the trials alone
+(what a study read back from storage can tell too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from dagtune.plan import unique_steps
+from dagtune.records import Trial
+
+__all__ = ["report_figures", "trial_figures"]
+
+
+def trial_figures(trials: Sequence[Trial]) -> dict:
+    """``trials``, ``trial_steps``, ``unique_steps`` and ``merge_rate`` of `trials`, as
+    `report_figures` defines them."""
+    reached = [(t.config, t.reached) for t in trials if t.reached > 0]
+    trial_steps = sum(s for _, s in reached)
+    unique = unique_steps(reached) if reached else 0
+    return {
+        "trials": len(trials),
+        "trial_steps": trial_steps,
+        "unique_steps": unique,
+        "merge_rate": trial_steps / unique if unique else 1.0,
+    }
+
+
+def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: float, now: float) -> dict:
+    """The figures of `trials`, with the steps executed and the GPU-seconds spent for them
+    (since some report was taken: `dagtune.coordinator.Coordinator.report` counts those),
+    `now` on the executor's clock. Each figure is exactly:
+
+    ``trials``
+        how many trials.
+    ``trial_steps``
+        the sum over the trials of the steps each *reached*: its `steps` if completed,
+        else the last step it received metrics for (stopped, diverged, failed, or
+        pending still). What a trial-based system trains for the same results.
+    ``unique_steps``
+        the distinct points among the steps the trials reached: step ``s`` of two trials
+        counts once when every hyper-parameter has the same value in both at every step
+        up to ``s`` (`dagtune.plan.unique_steps`, on configs even without sharing). The
+        least any system must train for these results from scratch.
+    ``executed_steps``
+        the steps trained since `since` (calls of ``Trainer.train``, counted from the
+        ``step`` events), whatever they were for: the points the trials reached that
+        were not trained before; steps trained again (a lost worker's stage rerun from
+        its last checkpoint, a corrupt checkpoint's work, a retried failure, a point
+        whose checkpoint was asked for after its stage had passed it); and steps a stage
+        trained after its trials were stopped or diverged, before the stop reached it (a
+        worker sees a stop at its next step boundary): those are executed, never unique.
+        `Study.run` returns only after every stage no pending trial needs has ended, so
+        a run counts them all. Points trained before `since` (by an earlier run or
+        session, or another study of the same model) are not trained again. So a run with
+        sharing executes: unique − the reached points trained before `since` + the
+        steps trained again + the steps trained past a stop; on fresh storage, a run
+        with nothing stopped, diverged, failed, lost or corrupt executes exactly its
+        unique steps unless a branch was asked for after its stage had passed it.
+    ``merge_rate``
+        trial_steps / unique_steps (1.0 without steps).
+    ``reuse``
+        trial_steps / executed_steps: how many times fewer steps were trained than a
+        trial-based system trains (infinite when every result was known already, 1.0
+        without steps).
+    ``gpu_seconds``
+        the seconds the stages held their workers since `since` (each from its
+        ``start`` event, when a worker took it, to its ``end``: loading, training,
+        evaluating and saving, not queueing; a stage still running up to now), times the
+        GPUs each stage asks for (``resources["GPU"]``, else 1).
+    ``makespan_seconds``
+        from the first of the trials' submissions to the end of the last of them (to
+        now while one is pending), on the executor's clock (virtual in simulation).
+    """
+    figures = trial_figures(trials)
+    trial_steps = figures["trial_steps"]
+    start = min((t.submitted_at for t in trials), default=now)
+    ends = [t.finished_at for t in trials if t.finished_at is not None]
+    end = max(ends) if ends and all(t.done for t in trials) else now
+    return {
+        "trials": figures["trials"],
+        "trial_steps": trial_steps,
+        "unique_steps": figures["unique_steps"],
+        "executed_steps": executed_steps,
+        "merge_rate": figures["merge_rate"],
+        "reuse": trial_steps / executed_steps if executed_steps else (math.inf if trial_steps else 1.0),
+        "gpu_seconds": gpu_seconds,
+        "makespan_seconds": max(0.0, end - start),
+    }

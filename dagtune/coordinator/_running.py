@@ -1,0 +1,165 @@
+"""The tasks running: each one's record (`Running`), indexed by the plan nodes its path
+covers, and what they will still deliver.
+
+`RunningTasks` is the `dagtune.plan.InFlight` the stage tree is built against: claiming a
+point asks the task that passes it to deliver it (checkpoint it on its way, run at least that
+far); a task nothing claims is needed by no trial and may stop. `peek` answers the same
+questions without claiming anything (for drawing the tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from dagtune.plan import InFlight, SearchPlan, StageTree
+from dagtune.scheduling import CostModel, Pausable
+from dagtune.tasks import Directive, PathTask
+
+__all__ = ["Running", "RunningTasks"]
+
+
+@dataclass
+class Running:
+    """A launched path task: where it runs (`worker`, since `started`), how far it got
+    (`progress`), the points the last stage tree claimed from it, the directive it was last
+    sent and the step it is asked to pause at."""
+
+    task: PathTask
+    priority: float
+    worker: str | None = None
+    started: float | None = None
+    progress: int = 0
+    claimed: set[int] = field(default_factory=set)
+    directive: Directive = field(default_factory=Directive)
+    pause_at: int | None = None
+
+
+class RunningTasks(Mapping[str, Running]):
+    """The running tasks by key (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Running] = {}
+        self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
+
+    def __getitem__(self, key: str) -> Running:
+        return self._tasks[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def start(self, key: str, running: Running) -> None:
+        self._tasks[key] = running
+        for segment in running.task.segments:
+            self._on_node.setdefault(segment.node, []).append(key)
+
+    def end(self, key: str) -> Running:
+        running = self._tasks.pop(key)
+        for segment in running.task.segments:
+            keys = self._on_node.get(segment.node)
+            if keys is not None and key in keys:
+                keys.remove(key)
+        return running
+
+    # ------------------------------------------------------------------ InFlight
+
+    def claim(self, node: str, step: int) -> str | None:
+        """A running task that still passes point ``(node, step)``, which must deliver it."""
+        key = self._passing(node, step)
+        if key is not None:
+            self._tasks[key].claimed.add(step)
+        return key
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        """The latest point on `node` before `step` a running task will reach, claimed."""
+        best = self._latest_before(node, step)
+        if best is not None:
+            self._tasks[best[1]].claimed.add(best[0])
+        return best
+
+    def peek(self) -> InFlight:
+        """The same answers as `claim` and `latest_before`, claiming nothing."""
+        return _Peek(self)
+
+    def _passing(self, node: str, step: int) -> str | None:
+        for key in self._on_node.get(node, ()):
+            running = self._tasks[key]
+            if running.progress < step and any(
+                s.node == node and s.start < step <= s.end for s in running.task.segments
+            ):
+                return key
+        return None
+
+    def _latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for key in self._on_node.get(node, ()):
+            running = self._tasks[key]
+            for segment in running.task.segments:
+                later = best is None or segment.end > best[0]
+                if segment.node == node and running.progress < segment.end < step and later:
+                    best = (segment.end, key)
+        return best
+
+    # ------------------------------------------------------------------ what they need, what they may give up
+
+    def unneeded(self) -> list[str]:
+        """The tasks the last stage tree claimed nothing from."""
+        return [key for key, running in self._tasks.items() if not running.claimed]
+
+    def needed_points(self) -> set[tuple[str, int]]:
+        """Every point a running task starts from or may resume from (its source, and the
+        checkpoints it saves on its way)."""
+        points: set[tuple[str, int]] = set()
+        for running in self._tasks.values():
+            task = running.task
+            if task.source is not None:
+                points.add(task.source)
+            for step in task.checkpoints | running.directive.checkpoints:
+                if task.start < step <= task.end:
+                    points.add((task.node_at(step), step))
+        return points
+
+    def pausable(
+        self, tree: StageTree, priority: list[float], cost: CostModel, plan: SearchPlan
+    ) -> list[Pausable]:
+        """Running tasks with a stage boundary still ahead, and the longest chain each would
+        leave behind by pausing there: the rest of its path, then what hangs below the points
+        it delivers (stages sourced from it)."""
+        below: dict[str, list[tuple[int, float]]] = {}
+        for stage in tree.stages:
+            if stage.source == "running" and stage.source_task is not None and stage.source_point:
+                below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
+
+        def seconds(task: PathTask, start: int, end: int) -> float:
+            """Estimated seconds of training `task`'s steps ``[start, end)``."""
+            return sum(
+                max(0, min(s.end, end) - max(s.start, start)) * cost.step_seconds(s.node, plan)
+                for s in task.segments
+            )
+
+        found = []
+        for key, running in self._tasks.items():
+            task = running.task
+            step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
+            if step is None:
+                continue
+            own = seconds(task, step, task.end)
+            hanging = [seconds(task, step, at) + p for at, p in below.get(key, ()) if at > step]
+            found.append(Pausable(key, step, max([own, *hanging])))
+        return found
+
+
+class _Peek:
+    """`InFlight` over running tasks that claims nothing (`RunningTasks.peek`)."""
+
+    def __init__(self, tasks: RunningTasks):
+        self.tasks = tasks
+
+    def claim(self, node: str, step: int) -> str | None:
+        return self.tasks._passing(node, step)
+
+    def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
+        return self.tasks._latest_before(node, step)

@@ -1,0 +1,49 @@
+"""A trial and its statuses: the record the coordinator fills in, the algorithms decide on,
+and storage and every view show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagtune.config import Config
+
+__all__ = ["COMPLETED", "DIVERGED", "FAILED", "PENDING", "STATUSES", "STOPPED", "Trial"]
+
+PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
+STATUSES = (PENDING, COMPLETED, STOPPED, FAILED, DIVERGED)
+
+
+@dataclass(eq=False)
+class Trial:
+    """One trial: a config trained for `steps` steps, and what came back.
+
+    `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
+    algorithm may extend it), ``stopped``, ``failed`` (its trainer raised; see `error`) or
+    ``diverged`` (a metric became NaN or infinite).
+    """
+
+    id: int
+    config: Config
+    steps: int
+    tag: Any = None
+    status: str = PENDING
+    node: str = ""
+    metrics: dict[str, float] | None = None
+    reported: int = 0
+    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    error: str | None = None
+    submitted_at: float = 0.0
+    finished_at: float | None = None
+    salt: str = ""
+    segments: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.status != PENDING
+
+    @property
+    def reached(self) -> int:
+        """The steps the trial reached: its `steps` if completed, else the last step it
+        received metrics for (what every report and view counts for it)."""
+        return self.steps if self.status == COMPLETED else self.reported

@@ -1,0 +1,272 @@
+"""A study's trial records (``open``, ``submit``, ``extend``, ``end``, ``work``), checked
+one by one (`parse_trial_record`) and folded into trials (`read_study_records`), with the
+checks that span records: an ``end`` for a trial never submitted, an ``extend`` that does
+not extend, a session of another model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagtune.config import Config, check_config_finite
+from dagtune.records._checks import Fields, RecordError, is_int, is_number, shown
+from dagtune.records._trial import COMPLETED, DIVERGED, PENDING, STATUSES
+
+__all__ = [
+    "Ended",
+    "Extended",
+    "Opened",
+    "StudyRecords",
+    "Submitted",
+    "TrialRecord",
+    "TrialState",
+    "Worked",
+    "parse_trial_record",
+    "read_study_records",
+]
+
+_IDENTITY = re.compile(r"^[0-9a-f]{16}$")  # `dagtune.study.model_identity`
+_SESSION = re.compile(r"^[0-9a-f]{32}$")  # a journal writer (uuid4 hex)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A session of the study began (``open``): the model identity it belongs to."""
+
+    identity: str
+    trainer: str | None
+    seed: int | None
+    version: str | None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A trial was submitted (``submit``)."""
+
+    trial: int
+    config: Config
+    steps: int
+    tag: Any
+    salt: str
+
+
+@dataclass(frozen=True)
+class Extended:
+    """A trial was given more steps (``extend``)."""
+
+    trial: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A trial finished (``end``) with `status` after `reached` steps."""
+
+    trial: int
+    status: str
+    reached: int
+    metrics: dict[str, float] | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Worked:
+    """What one session had trained so far (``work``): its latest record counts."""
+
+    session: str
+    executed_steps: int
+    gpu_seconds: float
+
+
+TrialRecord = Opened | Submitted | Extended | Ended | Worked
+
+
+def parse_trial_record(record: Mapping[str, Any]) -> TrialRecord:
+    """One line of a study's records journal, checked (`RecordError` says what is wrong)."""
+    kind = record.get("r")
+    parse = _TRIAL_RECORDS.get(kind) if isinstance(kind, str) else None
+    if parse is None:
+        raise RecordError(f"unknown trial record kind 'r' = {shown(kind)}")
+    return parse(Fields(record, f"{kind} record"))
+
+
+def _opened(fields: Fields) -> Opened:
+    return Opened(
+        identity=fields.text("identity", pattern=_IDENTITY),
+        trainer=fields.text("trainer", optional=True),
+        seed=fields.get("seed", is_int, "an int", optional=True),
+        version=fields.text("version", optional=True),
+    )
+
+
+def _submitted(fields: Fields) -> Submitted:
+    trial, steps, config = fields.trial(), fields.step("steps"), fields.config()
+    try:
+        check_config_finite(config, steps)
+    except ValueError as error:
+        raise RecordError(
+            f"{fields.kind} field 'config' is not finite over its {steps} steps: {error}"
+        ) from None
+    return Submitted(trial, config, steps, fields.record.get("tag"), fields.text("salt", optional=True) or "")
+
+
+def _extended(fields: Fields) -> Extended:
+    return Extended(fields.trial(), fields.step("steps"))
+
+
+def _ended(fields: Fields) -> Ended:
+    ends = STATUSES[1:]
+    status = fields.get("status", lambda v: v in ends, f"one of {', '.join(ends)}")
+    metrics = None
+    if fields.record.get("metrics") is not None or status in (COMPLETED, DIVERGED):  # these have results
+        metrics = fields.metrics(finite=status != DIVERGED)
+    return Ended(
+        trial=fields.trial(),
+        status=status,
+        reached=fields.step("steps", least=0),
+        metrics=metrics,
+        error=fields.get(
+            "error", lambda v: v is None or isinstance(v, str), "a string or null", optional=True
+        ),
+    )
+
+
+def _worked(fields: Fields) -> Worked:
+    seconds = fields.get(
+        "gpu_seconds", lambda v: is_number(v) and 0 <= v < math.inf, "a finite number of seconds >= 0"
+    )
+    return Worked(
+        session=fields.text("session", pattern=_SESSION),
+        executed_steps=fields.get("executed_steps", lambda v: is_int(v) and v >= 0, "an int >= 0"),
+        gpu_seconds=float(seconds),
+    )
+
+
+_TRIAL_RECORDS: dict[str, Callable[[Fields], TrialRecord]] = {
+    "open": _opened,
+    "submit": _submitted,
+    "extend": _extended,
+    "end": _ended,
+    "work": _worked,
+}
+
+
+@dataclass
+class TrialState:
+    """One trial as a study's records tell it: what resuming it or showing it starts from.
+
+    `where` is the ``file:line`` of its submit record; `reached` the steps it reached when it
+    ended (0 while pending)."""
+
+    id: int
+    config: Config
+    steps: int
+    where: str
+    tag: Any = None
+    salt: str = ""
+    status: str = PENDING
+    reached: int = 0
+    metrics: dict[str, float] | None = None
+    error: str | None = None
+
+
+@dataclass
+class StudyRecords:
+    """A study's records journal folded: its sessions (all of one model identity: a study
+    belongs to one model), the trials, each session's latest work record, and every line
+    skipped with why (``(file:line, reason)``)."""
+
+    opened: list[Opened] = field(default_factory=list)
+    trials: dict[int, TrialState] = field(default_factory=dict)
+    work: dict[str, Worked] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def read(self, record: Mapping[str, Any], where: str) -> None:
+        """Take one record (from `where`, ``file:line``), or skip it and say why."""
+        try:
+            self._fold(parse_trial_record(record), where)
+        except RecordError as error:
+            self.skipped.append((where, f"unreadable trial record ({error}); skipped"))
+
+    def _fold(self, record: TrialRecord, where: str) -> None:
+        if isinstance(record, Opened):
+            if self.opened and record.identity != self.opened[0].identity:
+                raise RecordError(
+                    f"the study belongs to model {self.opened[0].identity}, this session names {record.identity}"
+                )
+            self.opened.append(record)
+        elif isinstance(record, Worked):
+            self.work[record.session] = record
+        elif isinstance(record, Submitted):
+            self._submit(record, where)
+        else:
+            state = self.trials.get(record.trial)
+            if state is None:
+                raise RecordError(f"trial {record.trial} was never submitted")
+            if isinstance(record, Extended):
+                _extend(state, record)
+            else:
+                _end(state, record)
+
+    def _submit(self, record: Submitted, where: str) -> None:
+        earlier = self.trials.get(record.trial)
+        if earlier is not None:
+            raise RecordError(f"trial {record.trial} was submitted before, at {earlier.where}")
+        first = next(iter(self.trials.values()), None)
+        if first is not None and record.config.keys() != first.config.keys():
+            raise RecordError(
+                f"trial {record.trial}'s config names {sorted(record.config)}, the study's trials "
+                f"name {sorted(first.config)}"
+            )
+        self.trials[record.trial] = TrialState(
+            record.trial, record.config, record.steps, where, record.tag, record.salt
+        )
+
+    def work_total(self) -> dict[str, float] | None:
+        """Executed steps and GPU-seconds over the study's sessions (each one's latest
+        record), or None if no session recorded any (studies written before these records)."""
+        if not self.work:
+            return None
+        return {
+            "executed_steps": sum(w.executed_steps for w in self.work.values()),
+            "gpu_seconds": sum(w.gpu_seconds for w in self.work.values()),
+        }
+
+
+def _extend(state: TrialState, record: Extended) -> None:
+    if state.status not in (PENDING, COMPLETED):
+        raise RecordError(f"trial {state.id} is {state.status} and cannot be extended")
+    if record.steps <= state.steps:
+        raise RecordError(
+            f"trial {state.id} has {state.steps} steps; extending it to {record.steps} does not"
+        )
+    try:
+        check_config_finite(state.config, record.steps)
+    except ValueError as error:
+        raise RecordError(
+            f"trial {state.id}'s config is not finite over {record.steps} steps: {error}"
+        ) from None
+    state.steps, state.status = record.steps, PENDING
+
+
+def _end(state: TrialState, record: Ended) -> None:
+    if state.status != PENDING:
+        raise RecordError(f"trial {state.id} has ended already ({state.status})")
+    if record.reached > state.steps or (record.status == COMPLETED and record.reached != state.steps):
+        raise RecordError(
+            f"trial {state.id} of {state.steps} steps cannot be {record.status} after {record.reached} steps"
+        )
+    state.status, state.reached = record.status, record.reached
+    state.metrics, state.error = record.metrics, record.error
+
+
+def read_study_records(entries: Iterable[tuple[Mapping[str, Any], str]]) -> StudyRecords:
+    """Fold a study's records, given as ``(record, file:line)`` in journal order."""
+    records = StudyRecords()
+    for record, where in entries:
+        records.read(record, where)
+    return records

@@ -1,0 +1,14 @@
+"""Studies: the public entry point (`Study`, `TrialHandle`, `Result`, `run_alone`).
+
+A `Study` owns a coordinator for one model identity (trainer class, trainer arguments,
+seed, version; `model_identity`) and an executor, and runs algorithms on it (a session per
+`Study.run`, giving back a `Result`); `run_alone` trains one trial in-process, the
+reference every study reproduces.
+"""
+
+from dagtune.study._alone import run_alone
+from dagtune.study._identity import model_identity
+from dagtune.study._results import Result, TrialError, TrialResult
+from dagtune.study._study import Study, TrialHandle
+
+__all__ = ["Result", "Study", "TrialError", "TrialHandle", "TrialResult", "model_identity", "run_alone"]

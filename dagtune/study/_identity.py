@@ -1,0 +1,54 @@
+"""A study's model identity: trials of equal identities (trainer, its arguments, seed,
+version) share one search plan, in every process and every session."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+import numpy as np
+
+__all__ = ["model_identity"]
+
+
+def _canonical(value: Any, where: str) -> Any:
+    """A JSON-able form of a trainer argument that is the same in every process."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        return {
+            str(k): _canonical(v, f"{where}[{k!r}]")
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+        }
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) or type(value).__name__ == "Tensor":
+        array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+        return {"array": digest, "shape": list(array.shape), "dtype": str(array.dtype)}
+    raise ValueError(
+        f"{where} = {value!r} has no stable identity across processes; pass JSON-like values "
+        f"(numbers, strings, paths, lists, dicts, arrays) and build objects inside the trainer"
+    )
+
+
+def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
+    """The id of a model identity: trials of equal identities share one search plan."""
+    payload = {
+        "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+        "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
+        "seed": seed,
+        "version": version,
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

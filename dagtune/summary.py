@@ -1,0 +1,134 @@
+"""What every view of a study shows, defined once: trials by status, the metric to show and
+the best trial by it, the steps known trained, the GPU-seconds reuse saved, the short form
+of a sequence and the table of trials.
+
+The dashboard page, the notebook views, the progress display and the command line all take
+their figures from here, so they agree; each works on `Trial` records and plain reports,
+whatever they were read from (a live study, a `Result`, storage).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dagtune.records import COMPLETED, STATUSES, Trial
+from dagtune.sequences import Constant, Steps
+
+__all__ = [
+    "UNKNOWN_FROM_STORAGE",
+    "best_of",
+    "metric_of",
+    "pick_metric",
+    "readable",
+    "saved_seconds",
+    "status_counts",
+    "trained_from_plan",
+    "trained_from_trials",
+    "trained_to",
+    "trials_frame",
+]
+
+#: Why views of stored studies show no executed steps or GPU-seconds.
+UNKNOWN_FROM_STORAGE = (
+    "executed steps and GPU-seconds were not recorded by this study's sessions (written by a "
+    "dagtune before those records; its search plan only tells what was trained, by every study "
+    "of the model together)"
+)
+
+
+def readable(sequence: Any) -> str:
+    """A short form of a sequence for tables and labels: ``0.9``, ``64→128@18``, else repr."""
+    if isinstance(sequence, Constant):
+        return f"{sequence.value:g}" if isinstance(sequence.value, float) else repr(sequence.value)
+    if isinstance(sequence, Steps):
+        values = "→".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sequence.values)
+        return f"{values}@{','.join(str(m) for m in sequence.milestones)}"
+    return repr(sequence)
+
+
+def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
+    """The metric to show when no algorithm named one, and its mode: the first validation
+    metric (``val_*``) or else the first, minimized if it looks like a loss or error."""
+    names = sorted(set(names))
+    if not names:
+        return None, "max"
+    chosen = next((n for n in names if n.startswith("val_") and "loss" not in n), None)
+    chosen = chosen or next((n for n in names if n.startswith("val_")), names[0])
+    return chosen, ("min" if "loss" in chosen or "err" in chosen else "max")
+
+
+def metric_of(trials: Iterable[Trial]) -> tuple[str | None, str]:
+    """`pick_metric` over every metric the trials reported."""
+    return pick_metric(name for trial in trials for _, metrics in trial.curve for name in metrics)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
+    """The trial with the best final `metric` (completed trials first, as `Result.best`)."""
+    scored = [t for t in trials if metric and t.metrics and _finite(t.metrics.get(metric))]
+    if not scored:
+        return None
+    pool = [t for t in scored if t.status == COMPLETED] or scored
+    sign = 1.0 if mode == "max" else -1.0
+    return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
+
+
+def status_counts(trials: Iterable[Trial]) -> dict[str, int]:
+    """How many trials have each status (every status, zeros included)."""
+    counts = dict.fromkeys(STATUSES, 0)
+    for trial in trials:
+        counts[trial.status] = counts.get(trial.status, 0) + 1
+    return counts
+
+
+def trained_to(node: Any) -> int:
+    """The last step known trained on a search plan node: its last step with metrics or a
+    checkpoint (training is linear along a node, so everything before it was trained)."""
+    return max([*node.metrics, *node.checkpoints], default=node.start)
+
+
+def trained_from_plan(plan: Any, nodes: Iterable[str]) -> dict[str, int]:
+    """`trained_to` of each of `nodes` the plan knows."""
+    return {node: trained_to(plan.nodes[node]) for node in nodes if node in plan.nodes}
+
+
+def trained_from_trials(trials: Iterable[Trial]) -> dict[str, int]:
+    """The last step known trained on each node, from what the trials reached."""
+    trained: dict[str, int] = {}
+    for trial in trials:
+        reached = trial.reached
+        for node, start, end in trial.segments:
+            if reached > start:
+                trained[node] = max(trained.get(node, start), min(end, reached))
+    return trained
+
+
+def saved_seconds(report: Mapping[str, Any]) -> float:
+    """GPU-seconds reuse saved: the trial steps not executed, at the measured seconds per step."""
+    executed = report.get("executed_steps") or 0
+    if not executed:
+        return 0.0
+    per_step = report.get("gpu_seconds", 0.0) / executed
+    return max(0, report.get("trial_steps", 0) - executed) * per_step
+
+
+def trials_frame(trials: Iterable[Trial]):
+    """One row per trial: id, status, steps reached, final metrics, then one column per
+    hyper-parameter with its sequence in readable form (``0.9``, ``64→128@18``, ...)."""
+    import pandas as pd  # loaded only for a table: most callers never ask for one
+
+    rows = []
+    for t in trials:
+        row: dict[str, Any] = {"trial_id": t.id, "status": t.status, "steps": t.reached}
+        row.update(t.metrics or {})
+        for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix
+            row[name if name not in row else f"config/{name}"] = readable(seq)
+        if t.error:
+            row["error"] = t.error
+        rows.append(row)
+    return pd.DataFrame(rows)
