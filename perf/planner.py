@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagtune.plan import SearchPlan, build_stage_tree
 from dagtune.planner import IncrementalPlanner
+from dagtune.records import CheckpointInfo
 from dagtune.scheduling import CostModel, CriticalPath, critical_path_priorities
 from perf.spaces import resnet56_random
 
@@ -289,8 +290,6 @@ class _Workload:
         self._replan()
 
     def _stage_end(self, node: str, step: int) -> None:
-        from dagtune.plan import CheckpointInfo
-
         self.plan.record_checkpoint(node, step, CheckpointInfo(1, ""))
         self.plan.record_metrics(node, step, {"val_acc": 0.5})
         for waiter in list(self.plan.active.get((node, step), ())):
