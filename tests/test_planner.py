@@ -19,8 +19,8 @@ from strategies import more_examples, trial_lists
 import dagtune as dt
 from dagtune.config import normalize_config
 from dagtune.plan import SearchPlan, build_stage_tree
-from dagtune.records import CheckpointInfo
 from dagtune.planner import IncrementalPlanner
+from dagtune.records import CheckpointInfo
 from dagtune.scheduling import CostModel, critical_path_priorities, policy_named
 
 CKPT = CheckpointInfo(nbytes=1, sha256="0" * 64)
