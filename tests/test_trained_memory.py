@@ -23,8 +23,9 @@ from dagtune import catalog
 from dagtune.algos import Algorithm, Stop, Submit
 from dagtune.checkpoints import CheckpointStore
 from dagtune.cli import main
-from dagtune.coordinator import Trial
 from dagtune.dashboard.figures import StudyView
+from dagtune.dashboard.snapshot import stored_snapshot
+from dagtune.records import Trial
 from dagtune.results import ResultsWriter
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
@@ -83,7 +84,7 @@ def test_status_and_tree_cost_the_trained_steps(storage):
 def test_the_page_from_storage_costs_the_trained_steps(storage):
     def page():
         study = catalog.load_study(catalog.open_storage(storage), "huge")
-        snapshot = catalog.stored_snapshot(study)
+        snapshot = stored_snapshot(study)
         StudyView().update(snapshot)
         return study, snapshot
 
