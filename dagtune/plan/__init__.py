@@ -1,18 +1,18 @@
 """The search plan, its journal, and the stage tree built from it (rebuilt, or kept live)."""
 
 from dagtune.plan._journal import Journal, PlanJournal
-from dagtune.plan._live import LiveStage, LiveStageTree, RunningTasks, TreeObserver
+from dagtune.plan._live import InFlightPoints, LiveStage, LiveStageTree, TreeObserver
 from dagtune.plan._plan import Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
 
 __all__ = [
     "InFlight",
+    "InFlightPoints",
     "Journal",
     "LiveStage",
     "LiveStageTree",
     "Node",
     "PlanJournal",
-    "RunningTasks",
     "SearchPlan",
     "Stage",
     "StageTree",

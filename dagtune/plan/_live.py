@@ -40,7 +40,7 @@ from typing import Protocol
 from dagtune.plan._plan import SearchPlan
 from dagtune.plan._tree import Stage, StageTree
 
-__all__ = ["LiveStage", "LiveStageTree", "RunningTasks", "TreeObserver"]
+__all__ = ["InFlightPoints", "LiveStage", "LiveStageTree", "TreeObserver"]
 
 _METRICS, _STATE = 1, 2
 
@@ -149,8 +149,10 @@ class TreeObserver(Protocol):
     def stage_removed(self, stage: LiveStage) -> None: ...
 
 
-class RunningTasks:
-    """What running tasks still deliver: the `InFlight` answers, without side effects.
+class InFlightPoints:
+    """The points running tasks will still deliver, as plain facts (segments and progress):
+    the `InFlight` answers, without side effects (the coordinator's `RunningTasks` holds the
+    tasks themselves and records what the rebuilt tree claims from them).
 
     A task trains segments ``(node, start, end)`` and has trained up to `progress`; it will
     deliver every point ``(node, t)`` of a segment with ``progress < t <= end``. Tasks are
@@ -259,7 +261,7 @@ class LiveStageTree:
     def __init__(self, plan: SearchPlan, observer: TreeObserver | None = None):
         self.plan = plan
         self.observer = observer
-        self.tasks = RunningTasks()
+        self.tasks = InFlightPoints()
         self._states: dict[str, _NodeState] = {}
         self._queue: list[tuple[int, str]] = []
         self._queued: set[str] = set()
