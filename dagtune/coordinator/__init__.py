@@ -1,12 +1,14 @@
 """The coordinator: one loop from trials to stages to events and back.
 
-Data flows one way. Trials become requests in the search plan; the stage tree is rebuilt
-from the plan whenever something changed; the scheduling policy picks paths of ready stages
+Data flows one way. Trials become requests in the search plan; the stage tree follows the
+plan (kept up to date by `dagtune.planner.IncrementalPlanner` as requests, checkpoints,
+metrics and task progress arrive, or rebuilt from the plan at each scheduling round with
+``planner="rebuild"``, the reference); the scheduling policy picks paths of ready stages
 for the free slots and the executor runs them; the events they report (metrics,
 checkpoints, progress, ends, errors) update the plan, which resolves requests and reports
-results to the trials' listener. Running tasks are never re-issued: the tree builder asks
-them (`InFlight`) for the points they will still pass, which also tells each task which
-extra checkpoints it should save on its way and where it may stop.
+results to the trials' listener. Running tasks are never re-issued: the tree asks them
+(`InFlight`) for the points they will still pass, which also tells each task which extra
+checkpoints it should save on its way and where it may stop.
 
 Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
 plain record, which is how a study journals its trials, and `restore` rebuilds trials from

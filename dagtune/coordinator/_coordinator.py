@@ -15,6 +15,7 @@ from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks
 from dagtune.executor import Executor
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
+from dagtune.planner import IncrementalPlanner
 from dagtune.records import (
     COMPLETED,
     DIVERGED,
@@ -29,9 +30,21 @@ from dagtune.records import (
 from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
-__all__ = ["Coordinator", "TrialListener"]
+__all__ = ["PLANNERS", "Coordinator", "TrialListener"]
 
 log = logging.getLogger("dagtune")
+
+#: how a coordinator plans each scheduling round: ``"incremental"`` keeps the stage tree, its
+#: priorities and the ready queue up to date as things happen (`IncrementalPlanner`), at a
+#: cost per event that does not grow with the trials; ``"rebuild"`` rebuilds them from the
+#: plan (`build_stage_tree`, `critical_path_priorities`), the reference the other is checked
+#: against, and what a policy with its own `pick` needs
+PLANNERS = ("incremental", "rebuild")
+
+#: relative change of a step-cost estimate beyond which the incremental planner re-prices
+#: the stages priced with it (following every measured step exactly would touch most of the
+#: tree at every step event; see `dagtune.planner`)
+REPRICE_TOLERANCE = 0.05
 
 
 class TrialListener(Protocol):
@@ -65,6 +78,7 @@ class Coordinator:
         cost: CostModel | None = None,
         topic: str = "",
         name: str = "dagtune",
+        planner: str | None = None,
     ):
         self.plan = plan
         self.executor = executor
@@ -102,6 +116,24 @@ class Coordinator:
         self.events_seen = 0
         self.demand = 0  # ready stages left without a slot at the last scheduling round
         self._slots_seen = 0
+        self.planner = self._incremental_planner(planner)  # None: rebuild every round
+
+    def _incremental_planner(self, planner: str | None) -> IncrementalPlanner | None:
+        """The planner `planner` names (None: incremental unless the policy picks by itself,
+        which only the rebuilt tree serves); None when the coordinator rebuilds."""
+        own_pick = type(self.policy).pick is not SchedulingPolicy.pick
+        if planner is None:
+            planner = "rebuild" if own_pick else "incremental"
+        if planner not in PLANNERS:
+            raise ValueError(f"planner must be one of {list(PLANNERS)}, got {planner!r}")
+        if planner == "rebuild":
+            return None
+        if own_pick:
+            raise ValueError(
+                f'planner="incremental" follows a policy\'s ready_key and path_key, but '
+                f"{type(self.policy).__name__} overrides pick: use planner=\"rebuild\""
+            )
+        return IncrementalPlanner(self.plan, self.cost, self.policy, tolerance=REPRICE_TOLERANCE)
 
     # ------------------------------------------------------------------ trials
 
@@ -274,6 +306,7 @@ class Coordinator:
             self.cost.observe(event["node"], event["seconds"])
             if running is not None:
                 running.progress = max(running.progress, event["step"])
+                self._progressed(event["task"], running)
         elif kind == "metrics":
             if self.plan.record_metrics(event["node"], event["step"], event["metrics"]):
                 self._metrics_known(event["node"], event["step"], event["metrics"])
@@ -284,6 +317,7 @@ class Coordinator:
         elif kind == "start" and running is not None:
             running.worker, running.started = event.get("worker"), event.get("time")
             running.progress = event["step"]
+            self._progressed(event["task"], running)
             self._live[running.worker] = None
             self._release_promise(event["task"])
         elif kind == "load":
@@ -333,11 +367,17 @@ class Coordinator:
             if trial.status == PENDING:
                 self._finish(trial, COMPLETED)
 
+    def _progressed(self, key: str, running: Running) -> None:
+        if self.planner is not None:
+            self.planner.task_progressed(key, running.progress)
+
     def _release_promise(self, key: str) -> None:
         self._promised = {worker: k for worker, k in self._promised.items() if k != key}
 
     def _retire(self, key: str, running: Running, event: dict) -> None:
         self.running.end(key)
+        if self.planner is not None:
+            self.planner.task_ended(key)
         self._release_promise(key)
         if running.started is not None and event.get("time") is not None:
             self.gpu_seconds += max(0.0, event["time"] - running.started) * self.gpus_per_task
@@ -372,8 +412,9 @@ class Coordinator:
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self) -> None:
-        """Rebuild the stage tree if anything changed, redirect running tasks, fill free
-        slots; if slots stay free, tell the listeners (an algorithm may then add work)."""
+        """If anything changed, plan a round (from the planner's state, or a rebuilt stage
+        tree), redirect running tasks, fill free slots; if slots stay free, tell the
+        listeners (an algorithm may then add work)."""
         slots = self.executor.slots()
         if slots > self._slots_seen:  # workers joined: fill them now, not at the next event
             self._dirty = True
@@ -390,31 +431,67 @@ class Coordinator:
                     on_idle(free)
 
     def _schedule_once(self) -> int:
-        """One rebuild and launch; returns how many slots are still free."""
+        """One round of planning and launching; returns how many slots are still free."""
         self._dirty = False
         for running in self.running.values():
-            running.claimed = set()
             running.pause_at = None
-        tree = build_stage_tree(self.plan, self.running)
         free = self.executor.slots() - len(self.running)
-        paths: list[list[Stage]] = []
-        self.demand = 0
-        if tree.stages:
-            priority = critical_path_priorities(tree, self.cost, self.plan)
-            if free > 0:
-                paths = self.policy.pick(tree, free, self.cost, self.plan)
-            launched = {path[0].index for path in paths}
-            waiting = [s for s in tree.ready() if s.index not in launched]
-            self.demand = len(waiting)
-            if waiting and self.running:
-                pausable = self.running.pausable(tree, priority, self.cost, self.plan)
-                for key, step in self.policy.preempt(waiting, priority, pausable).items():
-                    self.running[key].pause_at = step
+        plan_round = self._round_rebuilt if self.planner is None else self._round_incremental
+        launches, pauses = plan_round(free)
+        for key, step in pauses.items():
+            self.running[key].pause_at = step
         for key, running in self.running.items():
             self._redirect(key, running)
-        for path in paths:
-            self._launch(path, priority[path[0].index])
+        for path, priority in launches:
+            self._launch(path, priority)
         return self.executor.slots() - len(self.running)
+
+    def _round_rebuilt(self, free: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
+        """Rebuild the stage tree and its priorities: the paths to launch with their
+        priorities, and the running tasks to pause (task -> step). Sets what each running
+        task is claimed for and the demand."""
+        for running in self.running.values():
+            running.claimed = set()
+        tree = build_stage_tree(self.plan, self.running)
+        self.demand = 0
+        if not tree.stages:
+            return [], {}
+        priority = critical_path_priorities(tree, self.cost, self.plan)
+        paths = self.policy.pick(tree, free, self.cost, self.plan) if free > 0 else []
+        launched = {path[0].index for path in paths}
+        waiting = [s for s in tree.ready() if s.index not in launched]
+        self.demand = len(waiting)
+        pauses: dict[str, int] = {}
+        if waiting and self.running:
+            below: dict[str, list[tuple[int, float]]] = {}
+            for stage in tree.stages:
+                if stage.source == "running" and stage.source_task is not None and stage.source_point:
+                    below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
+            pausable = self.running.pausable(below, self.cost, self.plan)
+            pauses = self.policy.preempt(waiting, priority, pausable)
+        return [(path, priority[path[0].index]) for path in paths], pauses
+
+    def _round_incremental(self, free: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
+        """`_round_rebuilt` from the incremental planner's state: the same decisions (with
+        priorities from estimates within `REPRICE_TOLERANCE` of the cost model's)."""
+        planner = self.planner
+        picked = planner.pick(free) if free > 0 else []
+        launched = {path[0].index for path in picked}
+        # snapshots: launching changes the live stages
+        launches = [([s.snapshot() for s in path], path[0].priority) for path in picked]
+        self.demand = planner.ready_count() - len(picked)
+        pauses: dict[str, int] = {}
+        if self.demand > 0 and self.running:
+            below = {
+                key: [(s.source_point[1], s.priority) for s in planner.sourced_from(key)]
+                for key in self.running
+            }
+            pausable = self.running.pausable(below, self.cost, self.plan)
+            waiting = (s for s in planner.ready() if s.index not in launched)
+            pauses = self.policy.preempt_ordered(waiting, planner.priorities, pausable)
+        for key, running in self.running.items():
+            running.claimed = {step for _, step in planner.wanted_of(key)}
+        return launches, pauses
 
     def _redirect(self, key: str, running: Running) -> None:
         task = running.task
@@ -467,6 +544,8 @@ class Coordinator:
             self._promised[prefer] = key
         # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
         self.running.start(key, Running(task, priority, progress=first.start, claimed={s.end for s in path}))
+        if self.planner is not None:
+            self.planner.task_launched(key, [(s.node, s.start, s.end) for s in path], first.start)
         self.executor.launch(task, priority, prefer)
 
     # ------------------------------------------------------------------ state

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from dagtune.plan import InFlight, SearchPlan, StageTree
+from dagtune.plan import InFlight, SearchPlan
 from dagtune.scheduling import CostModel, Pausable
 from dagtune.tasks import Directive, PathTask
 
@@ -123,15 +123,11 @@ class RunningTasks(Mapping[str, Running]):
         return points
 
     def pausable(
-        self, tree: StageTree, priority: list[float], cost: CostModel, plan: SearchPlan
+        self, below: Mapping[str, list[tuple[int, float]]], cost: CostModel, plan: SearchPlan
     ) -> list[Pausable]:
         """Running tasks with a stage boundary still ahead, and the longest chain each would
         leave behind by pausing there: the rest of its path, then what hangs below the points
-        it delivers (stages sourced from it)."""
-        below: dict[str, list[tuple[int, float]]] = {}
-        for stage in tree.stages:
-            if stage.source == "running" and stage.source_task is not None and stage.source_point:
-                below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
+        it delivers (`below`: task -> ``(step, priority)`` of each stage sourced from it)."""
 
         def seconds(task: PathTask, start: int, end: int) -> float:
             """Estimated seconds of training `task`'s steps ``[start, end)``."""
