@@ -244,6 +244,10 @@ class IncrementalPlanner:
         """The points the tree relies on running task `task` to deliver (`StageTree.wanted`)."""
         return self.live.wanted_of(task)
 
+    def wanted_changed(self) -> set[str]:
+        """The running tasks whose `wanted_of` changed since the last call."""
+        return self.live.take_changed()
+
     def sourced_from(self, task: str) -> list[LiveStage]:
         """The stages that start from a point running task `task` will deliver."""
         self.settle()

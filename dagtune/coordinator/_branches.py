@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from dagtune.config import Config, config_first_difference
+from dagtune.config import Config, config_first_difference, value_key
 from dagtune.plan import SearchPlan
 from dagtune.records import COMPLETED, Trial
 from dagtune.tasks import Segment
@@ -26,7 +26,9 @@ class LaterBranches:
         self.plan = plan
         self.trials = trials
         self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
-        self._prospects: list[Config] = []  # configs an algorithm may submit later
+        # configs an algorithm may submit later, by their values at step 0: only those agreeing
+        # there with a path can branch off it later (no scan of every prospect per segment)
+        self._prospects: dict[tuple, list[Config]] = {}
         self._prospect_branches: dict[tuple[str, int], set[int]] = {}
 
     def pause(self, trial: Trial) -> None:
@@ -39,7 +41,9 @@ class LaterBranches:
 
     def expect(self, configs: Iterable[Config]) -> None:
         """The configs an algorithm may submit later (none: forget the earlier ones)."""
-        self._prospects = list(configs)
+        self._prospects = {}
+        for config in configs:
+            self._prospects.setdefault(value_key(config, 0), []).append(config)
         self._prospect_branches.clear()
 
     def within(self, segment: Segment) -> set[int]:
@@ -69,7 +73,7 @@ class LaterBranches:
         if found is None:
             node = self.plan.nodes[segment.node]
             found = set()
-            for config in self._prospects:
+            for config in self._prospects.get(value_key(node.config, 0), ()):
                 branch = config_first_difference(node.config, config, 0, segment.end)
                 if node.start < branch < segment.end:
                     found.add(branch)

@@ -102,6 +102,7 @@ class Coordinator:
         self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
+        self._holders: dict[tuple[str, int], dict[str, None]] = {}  # point -> workers holding it
         # worker -> the task launched to continue the trainer a task still running there will
         # leave live: once that task ends, its point is taken, not free for a second task
         self._promised: dict[str, str] = {}
@@ -117,6 +118,12 @@ class Coordinator:
         self.demand = 0  # ready stages left without a slot at the last scheduling round
         self._slots_seen = 0
         self.planner = self._incremental_planner(planner)  # None: rebuild every round
+        self._paused: set[str] = set()  # running tasks asked to pause
+        # with the planner, a round redirects only the tasks whose directive may have changed:
+        # their claims changed (or were never planned: launched since), their pause, or the
+        # progress of a task nothing claims (it stops where it is)
+        self._redirect_due: set[str] = set()
+        self._launched_since: set[str] = set()
 
     def _incremental_planner(self, planner: str | None) -> IncrementalPlanner | None:
         """The planner `planner` names (None: incremental unless the policy picks by itself,
@@ -318,7 +325,7 @@ class Coordinator:
             running.worker, running.started = event.get("worker"), event.get("time")
             running.progress = event["step"]
             self._progressed(event["task"], running)
-            self._live[running.worker] = None
+            self._hold(running.worker, None)
             self._release_promise(event["task"])
         elif kind == "load":
             self.loads[event["origin"]] += 1
@@ -370,6 +377,20 @@ class Coordinator:
     def _progressed(self, key: str, running: Running) -> None:
         if self.planner is not None:
             self.planner.task_progressed(key, running.progress)
+            if not running.claimed:
+                self._redirect_due.add(key)
+
+    def _hold(self, worker: str, point: tuple[str, int] | None) -> None:
+        """`worker` holds the trainer at `point` in memory now (None: nothing to reuse)."""
+        old = self._live.get(worker)
+        if old is not None:
+            holders = self._holders[old]
+            del holders[worker]
+            if not holders:
+                del self._holders[old]
+        self._live[worker] = point
+        if point is not None:
+            self._holders.setdefault(point, {})[worker] = None
 
     def _release_promise(self, key: str) -> None:
         self._promised = {worker: k for worker, k in self._promised.items() if k != key}
@@ -385,10 +406,10 @@ class Coordinator:
         if event["kind"] == "end":
             if running.worker is not None:
                 left = (event["node"], event["step"]) if event["node"] else None
-                self._live[running.worker] = None if running.worker in self._promised else left
+                self._hold(running.worker, None if running.worker in self._promised else left)
             return
         if running.worker is not None:
-            self._live[running.worker] = None
+            self._hold(running.worker, None)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -433,15 +454,24 @@ class Coordinator:
     def _schedule_once(self) -> int:
         """One round of planning and launching; returns how many slots are still free."""
         self._dirty = False
-        for running in self.running.values():
-            running.pause_at = None
         free = self.executor.slots() - len(self.running)
-        plan_round = self._round_rebuilt if self.planner is None else self._round_incremental
-        launches, pauses = plan_round(free)
+        if self.planner is None:
+            launches, pauses = self._round_rebuilt(free)
+            due = set(self.running)
+        else:
+            launches, pauses = self._round_incremental(free)
+            due, self._redirect_due = self._redirect_due, set()
+        for key in self._paused - pauses.keys():
+            running = self.running.get(key)
+            if running is not None:
+                running.pause_at = None
+                due.add(key)
         for key, step in pauses.items():
             self.running[key].pause_at = step
-        for key, running in self.running.items():
-            self._redirect(key, running)
+            due.add(key)
+        self._paused = set(pauses)
+        for key in sorted((k for k in due if k in self.running), key=lambda k: self.running[k].number):
+            self._redirect(key, self.running[key])
         for path, priority in launches:
             self._launch(path, priority)
         return self.executor.slots() - len(self.running)
@@ -467,13 +497,14 @@ class Coordinator:
             for stage in tree.stages:
                 if stage.source == "running" and stage.source_task is not None and stage.source_point:
                     below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
-            pausable = self.running.pausable(below, self.cost, self.plan)
+            pausable = self.running.pausable(lambda key: below.get(key, ()), self.cost, self.plan)
             pauses = self.policy.preempt(waiting, priority, pausable)
         return [(path, priority[path[0].index]) for path in paths], pauses
 
     def _round_incremental(self, free: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
         """`_round_rebuilt` from the incremental planner's state: the same decisions (with
-        priorities from estimates within `REPRICE_TOLERANCE` of the cost model's)."""
+        priorities from estimates within `REPRICE_TOLERANCE` of the cost model's). Only the
+        tasks whose claims changed are looked at."""
         planner = self.planner
         picked = planner.pick(free) if free > 0 else []
         launched = {path[0].index for path in picked}
@@ -482,15 +513,20 @@ class Coordinator:
         self.demand = planner.ready_count() - len(picked)
         pauses: dict[str, int] = {}
         if self.demand > 0 and self.running:
-            below = {
-                key: [(s.source_point[1], s.priority) for s in planner.sourced_from(key)]
-                for key in self.running
-            }
+
+            def below(key: str) -> list[tuple[int, float]]:
+                return [(s.source_point[1], s.priority) for s in planner.sourced_from(key)]
+
             pausable = self.running.pausable(below, self.cost, self.plan)
             waiting = (s for s in planner.ready() if s.index not in launched)
             pauses = self.policy.preempt_ordered(waiting, planner.priorities, pausable)
-        for key, running in self.running.items():
-            running.claimed = {step for _, step in planner.wanted_of(key)}
+        changed = planner.wanted_changed() | self._launched_since
+        self._launched_since = set()
+        for key in changed:
+            running = self.running.get(key)
+            if running is not None:
+                running.claimed = {step for _, step in planner.wanted_of(key)}
+                self._redirect_due.add(key)
         return launches, pauses
 
     def _redirect(self, key: str, running: Running) -> None:
@@ -527,25 +563,18 @@ class Coordinator:
             topic=self.topic,
             check_evaluate=self.check_evaluate,
         )
-        prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
+        prefer = next(iter(self._holders.get(source, ())), None) if source is not None else None
         if prefer is None and source is not None:  # a task about to end there holds it next
-            prefer = next(
-                (
-                    r.worker
-                    for r in self.running.values()
-                    if r.worker is not None
-                    and r.task.end == source[1]
-                    and r.task.node_at(r.task.end) == source[0]
-                ),
-                None,
-            )
+            prefer = next((r.worker for r in self.running.ending_at(source) if r.worker is not None), None)
         if prefer is not None:
-            self._live[prefer] = None  # that worker is busy now; no second task may count on it
+            self._hold(prefer, None)  # that worker is busy now; no second task may count on it
             self._promised[prefer] = key
         # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
-        self.running.start(key, Running(task, priority, progress=first.start, claimed={s.end for s in path}))
+        running = Running(task, priority, progress=first.start, claimed={s.end for s in path}, number=self._launched)
+        self.running.start(key, running)
         if self.planner is not None:
             self.planner.task_launched(key, [(s.node, s.start, s.end) for s in path], first.start)
+            self._launched_since.add(key)
         self.executor.launch(task, priority, prefer)
 
     # ------------------------------------------------------------------ state

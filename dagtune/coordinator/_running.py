@@ -9,7 +9,7 @@ questions without claiming anything (for drawing the tree).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dagtune.plan import InFlight, SearchPlan
@@ -33,6 +33,7 @@ class Running:
     claimed: set[int] = field(default_factory=set)
     directive: Directive = field(default_factory=Directive)
     pause_at: int | None = None
+    number: int = 0  # launch order
 
 
 class RunningTasks(Mapping[str, Running]):
@@ -41,6 +42,8 @@ class RunningTasks(Mapping[str, Running]):
     def __init__(self) -> None:
         self._tasks: dict[str, Running] = {}
         self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
+        self._ending: dict[tuple[str, int], dict[str, None]] = {}  # end point -> tasks ending there
+        self._bounded: dict[str, None] = {}  # tasks of several segments: a boundary to pause at
 
     def __getitem__(self, key: str) -> Running:
         return self._tasks[key]
@@ -55,6 +58,10 @@ class RunningTasks(Mapping[str, Running]):
         self._tasks[key] = running
         for segment in running.task.segments:
             self._on_node.setdefault(segment.node, []).append(key)
+        task = running.task
+        self._ending.setdefault((task.node_at(task.end), task.end), {})[key] = None
+        if len(task.segments) > 1:
+            self._bounded[key] = None
 
     def end(self, key: str) -> Running:
         running = self._tasks.pop(key)
@@ -62,7 +69,17 @@ class RunningTasks(Mapping[str, Running]):
             keys = self._on_node.get(segment.node)
             if keys is not None and key in keys:
                 keys.remove(key)
+        task = running.task
+        end = (task.node_at(task.end), task.end)
+        del self._ending[end][key]
+        if not self._ending[end]:
+            del self._ending[end]
+        self._bounded.pop(key, None)
         return running
+
+    def ending_at(self, point: tuple[str, int]) -> Iterator[Running]:
+        """The running tasks whose path ends at `point`, in launch order."""
+        return (self._tasks[key] for key in self._ending.get(point, ()))
 
     # ------------------------------------------------------------------ InFlight
 
@@ -123,11 +140,12 @@ class RunningTasks(Mapping[str, Running]):
         return points
 
     def pausable(
-        self, below: Mapping[str, list[tuple[int, float]]], cost: CostModel, plan: SearchPlan
+        self, below: Callable[[str], Iterable[tuple[int, float]]], cost: CostModel, plan: SearchPlan
     ) -> list[Pausable]:
         """Running tasks with a stage boundary still ahead, and the longest chain each would
         leave behind by pausing there: the rest of its path, then what hangs below the points
-        it delivers (`below`: task -> ``(step, priority)`` of each stage sourced from it)."""
+        it delivers (`below(task)`: ``(step, priority)`` of each stage sourced from it). Only
+        tasks of several segments have a boundary: the others are not looked at."""
 
         def seconds(task: PathTask, start: int, end: int) -> float:
             """Estimated seconds of training `task`'s steps ``[start, end)``."""
@@ -137,13 +155,14 @@ class RunningTasks(Mapping[str, Running]):
             )
 
         found = []
-        for key, running in self._tasks.items():
+        for key in self._bounded:
+            running = self._tasks[key]
             task = running.task
             step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
             if step is None:
                 continue
             own = seconds(task, step, task.end)
-            hanging = [seconds(task, step, at) + p for at, p in below.get(key, ()) if at > step]
+            hanging = [seconds(task, step, at) + p for at, p in below(key) if at > step]
             found.append(Pausable(key, step, max([own, *hanging])))
         return found
 

@@ -266,6 +266,7 @@ class LiveStageTree:
         self._queue: list[tuple[int, str]] = []
         self._queued: set[str] = set()
         self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
+        self._relied_changed: set[str] = set()  # tasks whose points changed since `take_changed`
         self._next_index = 0
         self.rebuilds = 0  # node rebuilds so far: what the changes cost
         plan.observers.append(self._plan_changed)
@@ -347,6 +348,13 @@ class LiveStageTree:
     def wanted_of(self, task: str) -> set[tuple[str, int]]:
         self.settle()
         return set(self._relied.get(task, ()))
+
+    def take_changed(self) -> set[str]:
+        """The running tasks whose `wanted_of` changed since the last call (a coordinator
+        redirects those, not every running task)."""
+        self.settle()
+        changed, self._relied_changed = self._relied_changed, set()
+        return changed
 
     def tree(self) -> StageTree:
         """The tree as a `StageTree`, numbered as `build_stage_tree` numbers it."""
@@ -501,6 +509,7 @@ class LiveStageTree:
             return
         for step, task in state.served.items():
             if served.get(step) != task:
+                self._relied_changed.add(task)
                 points = self._relied.get(task)
                 if points is not None:
                     points.discard((node_id, step))
@@ -508,6 +517,7 @@ class LiveStageTree:
                         del self._relied[task]
         for step, task in served.items():
             if state.served.get(step) != task:
+                self._relied_changed.add(task)
                 self._relied.setdefault(task, set()).add((node_id, step))
         state.served = served
 

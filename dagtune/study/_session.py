@@ -37,12 +37,14 @@ class Session:
         self.started = False  # the algorithm's first decisions are all applied
         self._applying = False
         self._depth = 0  # nested callbacks: known results arrive while decisions are applied
-        self._ended = True  # a trial ended (or none was looked at yet) since `finished` was computed
+        self._pending: set[int] = set()  # its trials still pending: the run ends when none is
 
     def _adopt(self, trial: Trial) -> None:
         if trial.id not in self.trials:
             self.trials[trial.id] = trial
             self.algorithm.trials.append(trial)
+            if trial.status == PENDING:
+                self._pending.add(trial.id)
 
     def apply(self, decisions: Iterable[Decision] | None) -> None:
         coordinator = self.coordinator
@@ -61,7 +63,9 @@ class Session:
                 finally:
                     self._applying = False
             elif isinstance(decision, Extend):
-                coordinator.extend(decision.trial, decision.steps)
+                trial = coordinator.extend(decision.trial, decision.steps)
+                if trial.id in self.trials and trial.status == PENDING:  # known results may complete it
+                    self._pending.add(trial.id)
             elif isinstance(decision, Stop):
                 coordinator.stop(decision.trial)
             else:
@@ -96,11 +100,11 @@ class Session:
         self._callback(trial, "on_result", step, metrics)
 
     def on_complete(self, trial: Trial) -> None:
-        self._ended = True
+        self._pending.discard(trial.id)
         self._callback(trial, "on_complete")
 
     def on_end(self, trial: Trial) -> None:
-        self._ended = True
+        self._pending.discard(trial.id)
         self._callback(trial, "on_end")
 
     def on_idle(self, free: int) -> None:
@@ -110,9 +114,7 @@ class Session:
     def check_end(self) -> None:
         """Stop what is pending once the algorithm is finished; `finished` once its trials ended."""
         if self.algorithm.is_finished():
-            for trial in list(self.trials.values()):
-                if trial.status == PENDING:
-                    self.coordinator.stop(trial.id)
-        if self.started and self._ended:  # only an ending trial can end the run: no scan per result
-            self._ended = False
-            self.finished = not any(t.status == PENDING for t in self.trials.values())
+            for trial_id in sorted(self._pending):
+                self.coordinator.stop(trial_id)
+        if self.started:
+            self.finished = not self._pending
