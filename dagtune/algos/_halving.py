@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from sortedcontainers import SortedList
+
 from dagtune.algos._base import (
     Algorithm,
     Context,
@@ -315,6 +317,10 @@ class ASHA(Algorithm):
         self.requested = 0  # trial steps requested so far
         self.results: list[dict[int, float]] = [{} for _ in self.rungs]  # rung -> trial id -> score
         self.promoted: list[set[int]] = [set() for _ in self.rungs]
+        # per rung, (-score, trial id) of every result and of those not promoted yet, sorted: a
+        # promotion reads the best waiting one and its rank instead of sorting the rung
+        self._ranked = [SortedList() for _ in self.rungs]
+        self._waiting = [SortedList() for _ in self.rungs]
         self._working = 0  # decisions whose trial has not completed or ended yet
         self._slots = 1
 
@@ -334,8 +340,18 @@ class ASHA(Algorithm):
 
     def on_complete(self, trial: Trial) -> list[Decision]:
         self._working -= 1
-        self.results[self.rungs.index(trial.steps)][trial.id] = self.score(trial.metrics)
+        self._record(self.rungs.index(trial.steps), trial.id, self.score(trial.metrics))
         return self._fill()
+
+    def _record(self, rung: int, trial_id: int, score: float) -> None:
+        old = self.results[rung].get(trial_id)
+        if old is not None:
+            self._ranked[rung].remove((-old, trial_id))
+            self._waiting[rung].discard((-old, trial_id))
+        self.results[rung][trial_id] = score
+        self._ranked[rung].add((-score, trial_id))
+        if trial_id not in self.promoted[rung]:
+            self._waiting[rung].add((-score, trial_id))
 
     def on_end(self, trial: Trial) -> list[Decision]:
         self.check_ended(trial)
@@ -357,10 +373,16 @@ class ASHA(Algorithm):
     def promotable(self, rung: int, at_least: int = 0) -> list[int]:
         """Trials of `rung` in its top ``max(at_least, floor(n / eta))`` so far and not yet
         promoted, best first."""
-        results = self.results[rung]
-        top = max(at_least, len(results) // self.eta)
-        ranked = sorted(results, key=lambda tid: (-results[tid], tid))[:top]
-        return [tid for tid in ranked if tid not in self.promoted[rung]]
+        return list(self._promotable(rung, at_least))
+
+    def _promotable(self, rung: int, at_least: int) -> Iterator[int]:
+        """`promotable`, lazily: O(log n) per trial read."""
+        ranked = self._ranked[rung]
+        top = max(at_least, len(ranked) // self.eta)
+        for key in self._waiting[rung]:
+            if ranked.bisect_left(key) >= top:  # every better result is promoted: its rank
+                return
+            yield key[1]
 
     def _affordable(self, steps: int) -> bool:
         return self.budget is None or self.requested + steps <= self.budget
@@ -368,11 +390,12 @@ class ASHA(Algorithm):
     def _promotion(self, at_least: int = 0) -> Extend | None:
         for rung in range(len(self.rungs) - 2, -1, -1):
             steps = self.rungs[rung + 1] - self.rungs[rung]
-            candidates = self.promotable(rung, at_least)
-            if candidates and self._affordable(steps):
-                self.promoted[rung].add(candidates[0])
+            best = next(self._promotable(rung, at_least), None)
+            if best is not None and self._affordable(steps):
+                self.promoted[rung].add(best)
+                self._waiting[rung].remove((-self.results[rung][best], best))
                 self.requested += steps
-                return Extend(candidates[0], self.rungs[rung + 1])
+                return Extend(best, self.rungs[rung + 1])
         return None
 
     def _new_config(self) -> Submit | None:

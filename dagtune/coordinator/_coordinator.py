@@ -106,6 +106,7 @@ class Coordinator:
         # worker -> the task launched to continue the trainer a task still running there will
         # leave live: once that task ends, its point is taken, not free for a second task
         self._promised: dict[str, str] = {}
+        self._promise_of: dict[str, str] = {}  # the same, task -> worker
         self._failures: dict[tuple[str, int], int] = {}
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
@@ -393,7 +394,9 @@ class Coordinator:
             self._holders.setdefault(point, {})[worker] = None
 
     def _release_promise(self, key: str) -> None:
-        self._promised = {worker: k for worker, k in self._promised.items() if k != key}
+        worker = self._promise_of.pop(key, None)
+        if worker is not None:
+            del self._promised[worker]
 
     def _retire(self, key: str, running: Running, event: dict) -> None:
         self.running.end(key)
@@ -568,7 +571,11 @@ class Coordinator:
             prefer = next((r.worker for r in self.running.ending_at(source) if r.worker is not None), None)
         if prefer is not None:
             self._hold(prefer, None)  # that worker is busy now; no second task may count on it
+            earlier = self._promised.get(prefer)
+            if earlier is not None:
+                del self._promise_of[earlier]
             self._promised[prefer] = key
+            self._promise_of[key] = prefer
         # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
         running = Running(task, priority, progress=first.start, claimed={s.end for s in path}, number=self._launched)
         self.running.start(key, running)
