@@ -30,6 +30,7 @@ BENCHMARKS = (
     ("checkpoint_io", "6. Checkpoint I/O"),
     ("fusion", "7. Trial fusion"),
     ("surrogate", "8. Hyper-parameter transfer across width (muP surrogates)"),
+    ("scale", "9. Coordinator at scale"),
 )
 
 

@@ -32,6 +32,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "checkpoint_io",
         "fusion",
         "surrogate",
+        "scale",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(
@@ -39,5 +40,8 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         <= s["runs"]["trial-based FIFO"]["executed_steps"]
         for s in paper
     )
+    scale = results["benchmarks"]["scale"]["rows"]
+    assert all(r["executed"] == r["unique"] for r in scale)
+    assert {r["planner"] for r in scale} == {"incremental", "rebuild"}
     report = (tmp_path / "RESULTS.md").read_text()
     assert "## 1. The paper's single studies" in report and "## 8. Hyper-parameter transfer" in report

@@ -1,0 +1,298 @@
+"""A whole study's coordinator, simulated, from 1,000 to 100,000 trials (issue 15): a grid of
+distinct 2-step trials (constant learning rate x momentum) and an ASHA random search (rungs
+1, 3, 9 with eta 3 over log-uniform lr x uniform momentum) on 100 and 1,000 virtual workers.
+
+The coordinator's CPU time is the process's CPU time during `Study.run` minus the time spent
+inside the simulated executor (`poll`, `launch`, `direct`: the workers' side, which really
+runs each step of the synthetic trainer and saves its checkpoints): what remains is the
+coordinator, the study, the algorithm and the planner. Per event divides it by the events
+the coordinator handled; a pump is one event batch and its scheduling round (the
+coordinator's CPU time in it: p99 and the slowest). The slowest pumps are those a full
+garbage collection lands in: it walks every object of the process, so its pause grows with
+the trials (the longest is given). Peak memory is the growth of the process's peak
+resident set over the study; it includes the simulator's in-memory checkpoint store (one
+checkpoint per trial end, kept pickled), whose size is given. Each run is a fresh
+subprocess. ``planner="rebuild"`` (the stage tree and its priorities rebuilt at every
+scheduling round, what the coordinator did before the incremental planner) runs at the
+smallest size as the reference.
+
+    python perf/scale.py --algorithm grid --trials 10000 --workers 100 [--planner rebuild] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import pickle
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dagtune as dt
+import dagtune.study._study as study_module
+from dagtune.algos import ASHA, GridSearch
+from dagtune.coordinator import Coordinator
+from dagtune.records import CheckpointInfo
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+ALGORITHMS = ("grid", "asha")
+
+
+def grid(n: int) -> list[dict]:
+    side = round(n**0.5)
+    configs = [{"lr": 1e-4 * (i + 1), "momentum": j / side} for i in range(side) for j in range(-(-n // side))]
+    return configs[:n]
+
+
+def algorithm(name: str, n: int):
+    if name == "grid":
+        return GridSearch(grid(n), metric="val_loss", mode="min", steps=2)
+    space = dt.Random({"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.0, 0.6)}, n=n, seed=1)
+    return ASHA(space, "val_loss", "min", max_steps=9, eta=3)
+
+
+class PickledStore:
+    """The simulator's in-memory checkpoint store, keeping each state pickled: about a third
+    of the memory of `MemoryStore`'s deep copies (a checkpoint holds the random generators'
+    states), and `held_bytes` says how much it holds."""
+
+    def __init__(self, nbytes: int = 1_000_000):
+        self.nbytes = nbytes
+        self.states: dict[tuple[str, str, int], bytes] = {}
+
+    def save(self, identity: str, node: str, step: int, state: dict) -> CheckpointInfo:
+        self.states.setdefault((identity, node, step), pickle.dumps(state, protocol=5))  # write-once
+        return CheckpointInfo(self.nbytes, "")
+
+    def load(self, identity: str, node: str, step: int) -> dict:
+        return pickle.loads(self.states[(identity, node, step)])
+
+    def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None:
+        return CheckpointInfo(self.nbytes, "") if (identity, node, step) in self.states else None
+
+    def delete(self, identity: str, node: str, step: int) -> None:
+        self.states.pop((identity, node, step), None)
+
+    def points(self, identity: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
+        for ident, node, step in sorted(self.states):
+            if ident == identity:
+                yield node, step, CheckpointInfo(self.nbytes, "")
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(len(state) for state in self.states.values())
+
+
+class FullCollections:
+    """The longest full (generation-2) garbage collection while it listens (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._heard)
+
+    def _heard(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.longest = max(self.longest, time.process_time() - self._began)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._heard)
+
+
+class ExecutorClock:
+    """CPU seconds spent inside an executor's methods (the simulated workers' side)."""
+
+    def __init__(self, executor: SimulatedExecutor):
+        self.seconds = 0.0
+        for name in ("poll", "launch", "direct"):
+            setattr(executor, name, self._timed(getattr(executor, name)))
+
+    def _timed(self, method):
+        def timed(*args, **kwargs):
+            began = time.process_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - began
+
+        return timed
+
+
+def run(name: str, n: int, workers: int, planner: str) -> dict[str, Any]:
+    """One study in this process (see the module docstring)."""
+    store = PickledStore()
+    executor = SimulatedExecutor(workers, store=store)
+    clock = ExecutorClock(executor)
+    original = study_module.Coordinator
+    study_module.Coordinator = functools.partial(Coordinator, planner=planner)
+    try:
+        study = dt.Study(SyntheticTrainer, name="scale", executor=executor)
+    finally:
+        study_module.Coordinator = original
+    coordinator = study.coordinator
+    pump, pumps = coordinator.pump, []
+
+    def timed_pump(*args, **kwargs):
+        """The pump, keeping its coordinator part (the pump less the executor's CPU in it)."""
+        executor_before, began = clock.seconds, time.process_time()
+        handled = pump(*args, **kwargs)
+        pumps.append(time.process_time() - began - (clock.seconds - executor_before))
+        return handled
+
+    coordinator.pump = timed_pump
+    collections = FullCollections()
+    search = algorithm(name, n)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    began, cpu = time.perf_counter(), time.process_time()
+    result = study.run(search)
+    total_cpu = time.process_time() - cpu
+    wall = time.perf_counter() - began
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    collections.close()
+    pumps.sort()
+    report = result.report
+    coordinator_cpu = total_cpu - clock.seconds
+    events = coordinator.events_seen
+    study.close()
+    return {
+        "algorithm": name,
+        "trials": len(search.trials),
+        "workers": workers,
+        "planner": planner,
+        "coordinator_s": round(coordinator_cpu, 2),
+        "per_trial_ms": round(coordinator_cpu / n * 1e3, 3),
+        "events": events,
+        "per_event_us": round(coordinator_cpu / events * 1e6, 1),
+        "pump_p99_ms": round(pumps[int(0.99 * (len(pumps) - 1))] * 1e3, 2),
+        "slowest_pump_ms": round(pumps[-1] * 1e3, 1),
+        "full_gc_max_ms": round(collections.longest * 1e3, 1),
+        "executor_s": round(clock.seconds, 2),
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": round(max(0, rss_after - rss_before) / 1024, 1),
+        "checkpoints_mib": round(store.held_bytes / 2**20, 1),
+        "executed": report["executed_steps"],
+        "unique": report["unique_steps"],
+        "makespan_s": round(report["makespan_seconds"], 1),
+    }
+
+
+def measure(name: str, n: int, workers: int, planner: str = "incremental") -> dict[str, Any]:
+    """`run` in a fresh subprocess."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--algorithm",
+        name,
+        "--trials",
+        str(n),
+        "--workers",
+        str(workers),
+        "--planner",
+        planner,
+        "--json",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True, timeout=3600)
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+#: (trials, workers) per mode; the rebuild runs at the first size only
+SIZES = {
+    "smoke": ((300, 100),),
+    "quick": ((1_000, 100), (1_000, 1_000), (10_000, 100), (10_000, 1_000), (100_000, 1_000)),
+    "full": (
+        (1_000, 100),
+        (1_000, 1_000),
+        (10_000, 100),
+        (10_000, 1_000),
+        (100_000, 100),
+        (100_000, 1_000),
+    ),
+}
+
+
+def benchmark(mode: str = "quick") -> dict[str, Any]:
+    sizes = SIZES[mode]
+    rows = []
+    for name in ALGORITHMS:
+        rows.append(measure(name, *sizes[0], planner="rebuild"))
+        for n, workers in sizes:
+            rows.append(measure(name, n, workers))
+            print(rows[-1], flush=True)
+    return {"rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    from perf.table import table
+
+    rows = result["rows"]
+    columns = [
+        ("algorithm", "study"),
+        ("trials", "trials"),
+        ("workers", "workers"),
+        ("planner", "planner"),
+        ("coordinator_s", "coordinator CPU (s)"),
+        ("per_trial_ms", "per trial (ms)"),
+        ("events", "events"),
+        ("per_event_us", "per event (µs)"),
+        ("pump_p99_ms", "pump p99 (ms)"),
+        ("slowest_pump_ms", "slowest pump (ms)"),
+        ("full_gc_max_ms", "longest full GC (ms)"),
+        ("executor_s", "simulated workers CPU (s)"),
+        ("peak_rss_mib", "peak RSS growth (MiB)"),
+        ("checkpoints_mib", "of which simulated checkpoints (MiB)"),
+        ("executed", "executed steps"),
+        ("unique", "unique steps"),
+        ("makespan_s", "makespan (virtual s)"),
+    ]
+    lines = [table(rows, columns)]
+    flat = []
+    for name in ALGORITHMS:
+        mine = [r for r in rows if r["algorithm"] == name and r["planner"] == "incremental"]
+        for workers in sorted({r["workers"] for r in mine}):
+            sizes = sorted((r for r in mine if r["workers"] == workers), key=lambda r: r["trials"])
+            if len(sizes) > 1:
+                flat.append(
+                    f"{name} on {workers:,} workers, per-trial cost at {sizes[-1]['trials']:,} trials / at "
+                    f"{sizes[0]['trials']:,}: {sizes[-1]['per_trial_ms'] / sizes[0]['per_trial_ms']:.2f}"
+                )
+        rebuilt = next((r for r in rows if r["algorithm"] == name and r["planner"] == "rebuild"), None)
+        if rebuilt is not None:
+            same = next(r for r in mine if (r["trials"], r["workers"]) == (rebuilt["trials"], rebuilt["workers"]))
+            flat.append(
+                f"{name}, coordinator time rebuilding / incremental at {same['trials']:,} trials on "
+                f"{same['workers']:,} workers: {rebuilt['coordinator_s'] / same['coordinator_s']:.1f}"
+            )
+    lines.append("Ratios: " + "; ".join(flat) + ".")
+    lines.append(
+        "Goals (issue 15): per-trial cost flat within 2x from 1k to 100k trials, a 100,000-trial "
+        "grid under 60 s of coordinator time, an event under 1 ms at 100,000 trials."
+    )
+    return "\n\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="grid")
+    parser.add_argument("--trials", type=int, default=1_000)
+    parser.add_argument("--workers", type=int, default=100)
+    parser.add_argument("--planner", choices=("incremental", "rebuild"), default="incremental")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+    row = run(args.algorithm, args.trials, args.workers, args.planner)
+    print(json.dumps(row) if args.json else row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
