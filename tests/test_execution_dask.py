@@ -80,6 +80,22 @@ def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client
     assert loads == {"memory": parent, "storage": elsewhere}
 
 
+def test_trials_submitted_one_by_one_in_a_loop_train_their_shared_prefix_once(client, tmp_path):
+    """Twelve trials whose lr schedules branch at step 1, submitted in a plain loop: the burst
+    is planned as one (`SUBMIT_QUIET_SECONDS`), so no stage launched for the first trial alone
+    runs past step 1 before the others arrive and step 1 is trained once (it was trained
+    twice, every run, when each submission launched work at once)."""
+    lrs = [0.2, 0.15, 0.12, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.01, 0.005]
+    configs = [{"lr": dt.Steps([0.1, lr], [1])} for lr in lrs]
+    with Study(SyntheticTrainer, name="burst", storage=tmp_path, client=client, resources={"GPU": 1}) as study:
+        handles = [study.submit(config, 7) for config in configs]
+        for handle, config in zip(handles, configs):
+            assert handle.result(timeout=120) == run_alone(SyntheticTrainer, config, 7)[-1]
+        report = study.report
+    assert report["unique_steps"] == 1 + 12 * 6
+    assert report["executed_steps"] == report["unique_steps"]
+
+
 def test_asking_for_more_gpus_than_any_worker_has_fails_fast(client, tmp_path):
     with pytest.raises(ValueError, match=r"GPU.*no worker offers"):
         Study(SyntheticTrainer, name="greedy", storage=tmp_path, client=client, resources={"GPU": 2})

@@ -48,6 +48,12 @@ log = logging.getLogger("dagtune")
 
 __all__ = ["Study", "TrialHandle"]
 
+#: a burst of `Study.submit` calls (a plain loop) is planned as one: the driver launches work
+#: for submitted trials once this long passed without a submission. A stage launched for
+#: the first trial alone would run past the point where the next ones branch off, and that
+#: prefix would be trained again.
+SUBMIT_QUIET_SECONDS = 0.05
+
 
 class Study:
     """A hyper-parameter study of one trainer (see DESIGN.md for the whole API).
@@ -143,6 +149,7 @@ class Study:
         self._failure: BaseException | None = None
         self._closed = False
         self._gc_at = time.monotonic()
+        self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
         if executor is None:
             self.store = self._open_storage(storage_options)
             if client is None:  # the embedded cluster's workers are processes of their own
@@ -272,16 +279,22 @@ class Study:
 
     def _drive(self) -> None:
         while not self._closed:
-            events = self.executor.poll(timeout=0.2)
+            burst = self._in_burst()
+            events = self.executor.poll(timeout=SUBMIT_QUIET_SECONDS if burst else 0.2)
             with self._lock:
                 try:
                     for event in events:
                         self.coordinator.handle(event)
                     self._tick()
-                    self.coordinator.schedule()
+                    if not self._in_burst():  # else the next round plans the whole burst
+                        self.coordinator.schedule()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _in_burst(self) -> bool:
+        """Trials were submitted less than `SUBMIT_QUIET_SECONDS` ago (more may follow)."""
+        return time.monotonic() - self._submitted_at < SUBMIT_QUIET_SECONDS
 
     def _tick(self, force: bool = False) -> None:
         """Periodic durable work (journals, results) and automatic checkpoint collection."""
@@ -407,7 +420,12 @@ class Study:
         same script again continues it instead of adding trials."""
         check_steps(steps)
         config = self._check_config(config)
-        trial = self._take_restored(config, steps) or self._call(self.coordinator.submit, config, steps)
+        trial = self._take_restored(config, steps)
+        if trial is None:
+            with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
+                trial = self.coordinator.submit(config, steps)
+                self._submitted_at = time.monotonic()
+                self._changed.notify_all()
         return TrialHandle(self, trial)
 
     def evaluate(
