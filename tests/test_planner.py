@@ -61,6 +61,7 @@ class Session:
         self.running = PathTasks()
         self.requests: list[list] = []  # [node, steps, waiter, config, active]
         self.launched = 0
+        self.wanted: dict[str, set] = {}  # task -> its `wanted_of` at the last check
 
     def apply(self, op: str, a: int, b: int) -> None:
         plan, planner = self.plan, self.planner
@@ -124,10 +125,14 @@ class Session:
         assert [_fields(s) for s in tree.stages] == [_fields(s) for s in reference.stages]
         assert tree.wanted == reference.wanted
         assert priorities == pytest.approx(priority, rel=1e-12)
+        changed = planner.wanted_changed()  # a coordinator redirects only these
         for task in self.running.tasks:
             assert planner.wanted_of(task) == reference.wanted.get(task, set())
+            if planner.wanted_of(task) != self.wanted.get(task, set()):
+                assert task in changed
             sourced = [s for s in reference.stages if s.source == "running" and s.source_task == task]
             assert sorted(_place(s) for s in planner.sourced_from(task)) == sorted(_place(s) for s in sourced)
+        self.wanted = {task: planner.wanted_of(task) for task in self.running.tasks}
         ready = sorted(
             reference.ready(),
             key=lambda s: (*policy.ready_key(s, priority[s.index], plan.nodes[s.node].depth), s.index),
