@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
+from dagtune.coordinator._fusion import Fusion
 from dagtune.coordinator._report import report_figures
-from dagtune.coordinator._running import Running, RunningTasks
+from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.records import (
@@ -65,6 +66,7 @@ class Coordinator:
         cost: CostModel | None = None,
         topic: str = "",
         name: str = "dagtune",
+        fuse: bool | int = False,
     ):
         self.plan = plan
         self.executor = executor
@@ -79,6 +81,7 @@ class Coordinator:
         self.cost = cost or CostModel()
         self.topic = topic
         self.name = name
+        self.fusion = Fusion(fuse, trainer, executor.slots)  # which launches share a fused task
         self.listeners: list[TrialListener] = []
         self.recorders: list[Callable[[dict], None]] = []
         self.incidents: list[str] = []
@@ -340,12 +343,13 @@ class Coordinator:
         self.running.end(key)
         self._release_promise(key)
         if running.started is not None and event.get("time") is not None:
-            self.gpu_seconds += max(0.0, event["time"] - running.started) * self.gpus_per_task
+            self.gpu_seconds += running.slot.charge(running.started, event["time"]) * self.gpus_per_task
         self._dirty = True
         if event["kind"] == "end":
             if running.worker is not None:
                 left = (event["node"], event["step"]) if event["node"] else None
-                self._live[running.worker] = None if running.worker in self._promised else left
+                kept = not running.slot.fused and running.worker not in self._promised  # a fused task keeps none
+                self._live[running.worker] = left if kept else None
             return
         if running.worker is not None:
             self._live[running.worker] = None
@@ -396,13 +400,16 @@ class Coordinator:
             running.claimed = set()
             running.pause_at = None
         tree = build_stage_tree(self.plan, self.running)
-        free = self.executor.slots() - len(self.running)
+        free = self.executor.slots() - self.running.slots_used()
         paths: list[list[Stage]] = []
+        fused: list[list[tuple[PathTask, float]]] = []
         self.demand = 0
         if tree.stages:
             priority = critical_path_priorities(tree, self.cost, self.plan)
             if free > 0:
-                paths = self.policy.pick(tree, free, self.cost, self.plan)
+                paths = self.policy.pick(tree, self.fusion.paths_wanted(free), self.cost, self.plan)
+                if self.fusion.on:
+                    paths, fused = self._fuse(paths, priority, free)
             launched = {path[0].index for path in paths}
             waiting = [s for s in tree.ready() if s.index not in launched]
             self.demand = len(waiting)
@@ -412,9 +419,30 @@ class Coordinator:
                     self.running[key].pause_at = step
         for key, running in self.running.items():
             self._redirect(key, running)
-        for path in paths:
+        for group in fused:
+            self._launch_group(group)
+        for path in paths if not self.fusion.on else ():
             self._launch(path, priority[path[0].index])
-        return self.executor.slots() - len(self.running)
+        return self.executor.slots() - self.running.slots_used()
+
+    def _fuse(
+        self, paths: list[list[Stage]], priority: list[float], free: int
+    ) -> tuple[list[list[Stage]], list[list[tuple[PathTask, float]]]]:
+        """The paths that launch now (best first) and their tasks with their priorities, in at
+        most `free` fused groups (`dagtune.coordinator._fusion`)."""
+        tasks = [self._task(path) for path in paths]
+        groups = self.fusion.groups(tasks, free)
+        launched = [paths[i] for group in groups for i in group]
+        return launched, [[(tasks[i], priority[paths[i][0].index]) for i in group] for group in groups]
+
+    def _launch_group(self, group: list[tuple[PathTask, float]]) -> None:
+        """Run `group`'s tasks as one fused task on one slot; each is running on its own key
+        (a fused task leaves no live trainer, so none prefers a worker)."""
+        slot = Slot(fused=True)
+        for task, priority in group:
+            claimed = {s.end for s in task.segments}
+            self.running.start(task.key, Running(task, priority, progress=task.start, claimed=claimed, slot=slot))
+        self.executor.launch_group([task for task, _ in group], max(priority for _, priority in group))
 
     def _redirect(self, key: str, running: Running) -> None:
         task = running.task
@@ -428,7 +456,8 @@ class Coordinator:
             running.directive = directive
             self.executor.direct(key, directive)
 
-    def _launch(self, path: list[Stage], priority: float) -> None:
+    def _task(self, path: list[Stage]) -> PathTask:
+        """The task that trains `path` (a new key each time)."""
         first = path[0]
         segments = tuple(Segment(s.node, self.plan.nodes[s.node].config, s.start, s.end) for s in path)
         checkpoints = {s.end for s in path}
@@ -440,7 +469,7 @@ class Coordinator:
         source = first.source_point if first.source == "checkpoint" else None
         self._launched += 1
         key = f"dagtune-{self.name}-{first.node[:8]}-{first.start}-{path[-1].end}-{self._launched}"
-        task = PathTask(
+        return PathTask(
             key=key,
             trainer=self.trainer,
             segments=segments,
@@ -450,6 +479,10 @@ class Coordinator:
             topic=self.topic,
             check_evaluate=self.check_evaluate,
         )
+
+    def _launch(self, path: list[Stage], priority: float) -> None:
+        task = self._task(path)
+        key, source, first = task.key, task.source, path[0]
         prefer = next((w for w, point in self._live.items() if point is not None and point == source), None)
         if prefer is None and source is not None:  # a task about to end there holds it next
             prefer = next(
@@ -515,11 +548,7 @@ class Coordinator:
         trials = list(self.trials.values()) if trials is None else trials
         since = since or {}
         now = self.executor.now()
-        in_flight = sum(
-            max(0.0, now - r.started) * self.gpus_per_task
-            for r in self.running.values()
-            if r.started is not None
-        )
+        in_flight = self.running.busy_seconds(now) * self.gpus_per_task
         return report_figures(
             trials,
             executed_steps=self.executed_steps - since.get("executed_steps", 0),

@@ -1,0 +1,125 @@
+"""Fused studies (`Study(..., fuse=...)`): the coordinator groups the paths of a round into
+fused tasks, each trial's metrics are exactly ``run_alone(..., fused=True)``'s.
+
+In simulation (real training, virtual time) and on a real 2-worker Dask LocalCluster."""
+
+from __future__ import annotations
+
+import pytest
+from fusion_helpers import TinyCNN, TinyMLP
+
+import dagtune as dt
+from dagtune.algos import GridSearch
+from dagtune.fusion import can_fuse
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.study import Study, run_alone
+
+STEPS = 5
+# two lr schedules branch off one prefix at step 2, two momenta, and a batch-size branch at 3
+# (not fusible): 8 trials on one stage tree
+SPACE = dt.Grid(
+    {
+        "lr": [dt.Steps([0.1, 0.05], [2]), dt.Steps([0.1, 0.02], [2])],
+        "momentum": [0.9, 0.5],
+        "batch_size": [32, dt.Steps([32, 64], [3])],
+    }
+)
+
+
+class Recording(SimulatedExecutor):
+    """Keeps the tasks of every launch: singles and fused groups."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches: list[list] = []
+
+    def launch(self, task, priority=0.0, prefer=None):
+        self.launches.append([task])
+        super().launch(task, priority, prefer)
+
+    def launch_group(self, tasks, priority=0.0, prefer=None):
+        self.launches.append(list(tasks))
+        super().launch_group(tasks, priority, prefer)
+
+
+def fused_study(fuse, workers=2, trainer=TinyMLP, **kwargs) -> Study:
+    return Study(trainer, executor=Recording(workers), fuse=fuse, **kwargs)
+
+
+def curves(study: Study) -> dict[str, list[dict]]:
+    return {repr(t.config): [m for _, m in t.curve] for t in study.coordinator.trials.values()}
+
+
+def test_a_fused_grid_trains_each_trial_as_run_alone_fused_and_each_prefix_once():
+    study = fused_study(4)
+    report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS)).report
+    assert report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+    launches = study.executor.launches
+    assert all(len(group) <= 4 for group in launches) and max(map(len, launches)) > 1
+    for group in launches:
+        assert all(can_fuse(a, b) for a in group for b in group if a is not b)
+    for trial in study.coordinator.trials.values():
+        assert trial.status == "completed"
+        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True), trial.config
+
+
+def test_fused_results_do_not_depend_on_the_fusion_count_or_the_workers():
+    space = dt.Grid({"lr": [0.1, 0.05, dt.Steps([0.1, 0.02], [2])], "momentum": [0.9, 0.0], "batch_size": [32]})
+    seen = []
+    for fuse, workers in ((1, 1), (2, 2), (True, 1)):
+        study = fused_study(fuse, workers)
+        study.run(GridSearch(space, metric="val_acc", steps=3))
+        widest = max(map(len, study.executor.launches))
+        assert widest == fuse if fuse is not True else widest > 2  # True: F from memory, all 6 fit
+        seen.append(curves(study))
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_a_non_fusible_difference_is_never_fused():
+    study = fused_study(8)
+    study.run(GridSearch(dt.Grid({"lr": [0.1], "batch_size": [16, 32, 64]}), metric="val_acc", steps=2))
+    assert [len(group) for group in study.executor.launches] == [1, 1, 1]
+
+
+def test_fused_rounds_are_charged_by_the_simple_model():
+    """A round of K members costs the costliest step times 1 + 0.1 (K - 1); each member's
+    step carries its share, so the cost model learns a member's share."""
+    study = fused_study(4, workers=1)
+    study.run(GridSearch(dt.Grid({"lr": [0.1, 0.2, 0.3, 0.4], "batch_size": [32]}), metric="val_acc", steps=2))
+    assert study.executor.now() == pytest.approx(2 * 1.3)
+    assert study.report["gpu_seconds"] == pytest.approx(2 * 1.3)
+
+
+def test_the_simulated_group_takes_directives_per_member():
+    """Trials submitted while a fused group runs make the coordinator ask its members for
+    extra checkpoints (per member key); the results are still exact."""
+    study = fused_study(2, workers=1)
+    base = {"lr": 0.1, "momentum": 0.9, "batch_size": 32}
+    first = [study.submit(base, 4), study.submit({**base, "lr": 0.05}, 4)]
+    study.coordinator.pump()
+    later = study.submit({**base, "lr": dt.Steps([0.1, 0.3], [2])}, 4)
+    for handle in [*first, later]:
+        handle.result()
+    assert study.report["executed_steps"] == study.report["unique_steps"] == 4 + 4 + 2
+    for handle in [*first, later]:
+        trial = handle.trial
+        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, 4, fused=True)
+
+
+def test_a_cnn_study_fuses_exactly_as_run_alone_fused():
+    space = dt.Grid({"lr": [0.1, dt.Steps([0.1, 0.02], [1])], "momentum": [0.9], "batch_size": [32]})
+    study = fused_study(True, trainer=TinyCNN)
+    study.run(GridSearch(space, metric="val_acc", steps=2))
+    for trial in study.coordinator.trials.values():
+        assert [m for _, m in trial.curve] == run_alone(TinyCNN, trial.config, 2, fused=True)
+
+
+@pytest.mark.parametrize("fuse", [0, -1, 2.0, "2", None])
+def test_fuse_must_be_a_bool_or_a_positive_int(fuse):
+    with pytest.raises(ValueError, match=f"fuse must be False, True .* got {fuse!r}"):
+        Study(TinyMLP, executor=SimulatedExecutor(1), fuse=fuse)
+
+
+def test_fuse_needs_a_fusible_trainer():
+    with pytest.raises(ValueError, match=r"fuse=True needs a dagtune\.FusibleTrainer; SyntheticTrainer is not one"):
+        Study(SyntheticTrainer, executor=SimulatedExecutor(1), fuse=True)
