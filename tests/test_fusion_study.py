@@ -123,3 +123,59 @@ def test_fuse_must_be_a_bool_or_a_positive_int(fuse):
 def test_fuse_needs_a_fusible_trainer():
     with pytest.raises(ValueError, match=r"fuse=True needs a dagtune\.FusibleTrainer; SyntheticTrainer is not one"):
         Study(SyntheticTrainer, executor=SimulatedExecutor(1), fuse=True)
+
+
+# --------------------------------------------------------------------------- on Dask
+
+
+def recording_groups(study: Study) -> list[int]:
+    """The sizes of the fused tasks `study`'s Dask executor launches from now on."""
+    sizes: list[int] = []
+    launch_group = study.executor.launch_group
+
+    def record(tasks, priority=0.0, prefer=None):
+        sizes.append(len(tasks))
+        launch_group(tasks, priority, prefer)
+
+    study.executor.launch_group = record
+    return sizes
+
+
+def dask_study(client, tmp_path, name: str, fuse) -> Study:
+    return Study(TinyMLP, name=name, storage=tmp_path, client=client, resources={"GPU": 1}, fuse=fuse)
+
+
+@pytest.mark.slow
+def test_a_fused_grid_on_dask_is_run_alone_fused_and_trains_each_prefix_once(client, tmp_path):
+    with dask_study(client, tmp_path, "fused", 4) as study:
+        sizes = recording_groups(study)
+        report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS), timeout=120).report
+        assert report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+        assert max(sizes) > 1 and all(size <= 4 for size in sizes)
+        trials = list(study.coordinator.trials.values())
+        assert len(trials) == 8 and all(t.status == "completed" for t in trials)
+        for trial in trials:
+            assert [step for step, _ in trial.curve] == list(range(1, STEPS + 1))
+            assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, then", [(4, False), (False, 4)], ids=["fused-then-unfused", "unfused-then-fused"])
+def test_a_study_resumes_the_checkpoints_of_the_other_kind(client, tmp_path, first, then):
+    """Studies of one model share their plan: the second trains on from the first's step-3
+    checkpoints (fused ones unfused, or the reverse). The 30-64-2 MLP trains fused bit for bit
+    as unfused, so every curve is run_alone's."""
+    space = dt.Grid({"lr": [0.1, 0.05], "momentum": [0.9, 0.5], "batch_size": [32]})
+    with dask_study(client, tmp_path, "first", first) as study:
+        study.run(GridSearch(space, metric="val_acc", steps=3), timeout=120)
+    with dask_study(client, tmp_path, "then", then) as study:
+        sizes = recording_groups(study)
+        report = study.run(GridSearch(space, metric="val_acc", steps=STEPS), timeout=120).report
+        assert report["executed_steps"] == 4 * (STEPS - 3)  # only the steps after the checkpoints
+        loads = study.coordinator.loads  # a worker may still hold a trainer the first left live
+        assert loads["storage"] + loads["memory"] == 4 and loads["storage"] > 0
+        assert (max(sizes, default=0) > 1) == bool(then)  # unfused: no fused task at all
+        for trial in study.coordinator.trials.values():
+            alone = run_alone(TinyMLP, trial.config, STEPS)
+            assert alone == run_alone(TinyMLP, trial.config, STEPS, fused=True)
+            assert [m for _, m in trial.curve] == alone
