@@ -60,11 +60,15 @@ def test_a_fused_grid_trains_each_trial_as_run_alone_fused_and_each_prefix_once(
         assert all(can_fuse(a, b) for a in group for b in group if a is not b)
     for trial in study.coordinator.trials.values():
         assert trial.status == "completed"
-        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True), trial.config
+        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True), (
+            trial.config
+        )
 
 
 def test_fused_results_do_not_depend_on_the_fusion_count_or_the_workers():
-    space = dt.Grid({"lr": [0.1, 0.05, dt.Steps([0.1, 0.02], [2])], "momentum": [0.9, 0.0], "batch_size": [32]})
+    space = dt.Grid(
+        {"lr": [0.1, 0.05, dt.Steps([0.1, 0.02], [2])], "momentum": [0.9, 0.0], "batch_size": [32]}
+    )
     seen = []
     for fuse, workers in ((1, 1), (2, 2), (True, 1)):
         study = fused_study(fuse, workers)
@@ -85,7 +89,9 @@ def test_fused_rounds_are_charged_by_the_simple_model():
     """A round of K members costs the costliest step times 1 + 0.1 (K - 1); each member's
     step carries its share, so the cost model learns a member's share."""
     study = fused_study(4, workers=1)
-    study.run(GridSearch(dt.Grid({"lr": [0.1, 0.2, 0.3, 0.4], "batch_size": [32]}), metric="val_acc", steps=2))
+    study.run(
+        GridSearch(dt.Grid({"lr": [0.1, 0.2, 0.3, 0.4], "batch_size": [32]}), metric="val_acc", steps=2)
+    )
     assert study.executor.now() == pytest.approx(2 * 1.3)
     assert study.report["gpu_seconds"] == pytest.approx(2 * 1.3)
 
@@ -121,7 +127,9 @@ def test_fuse_must_be_a_bool_or_a_positive_int(fuse):
 
 
 def test_fuse_needs_a_fusible_trainer():
-    with pytest.raises(ValueError, match=r"fuse=True needs a dagtune\.FusibleTrainer; SyntheticTrainer is not one"):
+    with pytest.raises(
+        ValueError, match=r"fuse=True needs a dagtune\.FusibleTrainer; SyntheticTrainer is not one"
+    ):
         Study(SyntheticTrainer, executor=SimulatedExecutor(1), fuse=True)
 
 
@@ -150,7 +158,9 @@ def test_a_fused_grid_on_dask_is_run_alone_fused_and_trains_each_prefix_once(cli
     with dask_study(client, tmp_path, "fused", 4) as study:
         sizes = recording_groups(study)
         report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS), timeout=120).report
-        assert report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+        assert (
+            report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+        )
         assert max(sizes) > 1 and all(size <= 4 for size in sizes)
         trials = list(study.coordinator.trials.values())
         assert len(trials) == 8 and all(t.status == "completed" for t in trials)
@@ -160,7 +170,9 @@ def test_a_fused_grid_on_dask_is_run_alone_fused_and_trains_each_prefix_once(cli
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first, then", [(4, False), (False, 4)], ids=["fused-then-unfused", "unfused-then-fused"])
+@pytest.mark.parametrize(
+    "first, then", [(4, False), (False, 4)], ids=["fused-then-unfused", "unfused-then-fused"]
+)
 def test_a_study_resumes_the_checkpoints_of_the_other_kind(client, tmp_path, first, then):
     """Studies of one model share their plan: the second trains on from the first's step-3
     checkpoints (fused ones unfused, or the reverse). The 30-64-2 MLP trains fused bit for bit

@@ -348,7 +348,9 @@ class Coordinator:
         if event["kind"] == "end":
             if running.worker is not None:
                 left = (event["node"], event["step"]) if event["node"] else None
-                kept = not running.slot.fused and running.worker not in self._promised  # a fused task keeps none
+                kept = (
+                    not running.slot.fused and running.worker not in self._promised
+                )  # a fused task keeps none
                 self._live[running.worker] = left if kept else None
             return
         if running.worker is not None:
@@ -441,7 +443,9 @@ class Coordinator:
         slot = Slot(fused=True)
         for task, priority in group:
             claimed = {s.end for s in task.segments}
-            self.running.start(task.key, Running(task, priority, progress=task.start, claimed=claimed, slot=slot))
+            self.running.start(
+                task.key, Running(task, priority, progress=task.start, claimed=claimed, slot=slot)
+            )
         self.executor.launch_group([task for task, _ in group], max(priority for _, priority in group))
 
     def _redirect(self, key: str, running: Running) -> None:
