@@ -4,7 +4,9 @@ With fusion on, a round asks the scheduling policy for up to F paths per free sl
 ready ones with ``fuse=True``), builds their tasks, and `Fusion.groups` partitions them, in
 the policy's order (priority first), into groups of pairwise fusible tasks
 (`dagtune.fusion.fusion_groups`: same trainer, same start step, equal non-fusible values over
-their common steps) of at most F each. Only as many groups as there are free slots launch;
+their common steps) of at most F each, and of no more than an even share of the round's tasks
+per free slot (8 tasks on 2 free slots fuse 4 and 4, not 8 on one slot beside an idle one).
+Only as many groups as there are free slots launch;
 the other stages stay ready for a later round. Every task goes through the fused runner, a
 task nothing fuses with as a group of one, so each trial's results are exactly
 ``run_alone(..., fused=True)``'s whatever its partners.
@@ -20,6 +22,7 @@ machine, give the count as an int.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,9 +84,10 @@ class Fusion:
         if not self.on:
             return [[i] for i in range(min(len(tasks), free))]
         index = {id(task): i for i, task in enumerate(tasks)}
+        spread = max(1, math.ceil(len(tasks) / max(free, 1)))  # no slot left idle for a bigger group
         chunks = []
         for group in fusion_groups(tasks, max_size=max(len(tasks), 1)):
-            size = self.size(group[0])
+            size = min(self.size(group[0]), spread)
             chunks.extend(group[lo : lo + size] for lo in range(0, len(group), size))
         chunks.sort(key=lambda chunk: index[id(chunk[0])])
         return [[index[id(task)] for task in chunk] for chunk in chunks[:free]]
