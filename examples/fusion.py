@@ -7,6 +7,10 @@ batch read once), while the stage tree still trains every shared prefix once. Ea
 metrics are exactly ``dt.run_alone(..., fused=True)``'s; against unfused training they agree
 within rounding (``--compare`` prints the largest difference; docs/fusion.md has it per model).
 
+A study this small is mostly fixed costs (starting tasks, saving checkpoints, evaluating), so
+its two timings are close; `python -m perf --only fusion` measures what fusion gains
+(perf/RESULTS.md §7).
+
     python examples/fusion.py                 # the fused study
     python examples/fusion.py --compare       # and the same study unfused, side by side
     dagtune run examples/fusion.py --fuse 8   # the same from the command line
@@ -80,7 +84,7 @@ def search_space() -> dt.Grid:
             ],
             "momentum": [0.9, 0.5, dt.Steps([0.5, 0.9], [3])],
             "weight_decay": [0.0, 5e-4],
-            "batch_size": [64],
+            "batch_size": [32],
         }
     )
 
@@ -92,13 +96,14 @@ def study_setup(epochs: int = 10) -> StudySetup:
 
 
 def run(fuse: bool | int, epochs: int, storage: str, client, workers: int | None) -> tuple[dt.Result, float]:
-    """The grid as one study (`fuse`: as `dt.Study` takes it); its result and wall seconds."""
-    began = time.perf_counter()
+    """The grid as one study (`fuse`: as `dt.Study` takes it); its result and the seconds
+    `Study.run` took (the cluster's start not counted)."""
     with dt.Study(
         DigitsMLP, name="fusion", storage=storage, client=client, workers=workers, fuse=fuse
     ) as study:
+        began = time.perf_counter()
         result = study.run(GridSearch(search_space(), metric="val_acc", mode="max", steps=epochs))
-    return result, time.perf_counter() - began
+        return result, time.perf_counter() - began
 
 
 def describe(label: str, result: dt.Result, seconds: float) -> None:
