@@ -191,3 +191,21 @@ def test_a_study_resumes_the_checkpoints_of_the_other_kind(client, tmp_path, fir
             alone = run_alone(TinyMLP, trial.config, STEPS)
             assert alone == run_alone(TinyMLP, trial.config, STEPS, fused=True)
             assert [m for _, m in trial.curve] == alone
+
+
+def test_a_failing_member_fails_alone_on_its_retry():
+    """A trainer's error in a fused task ends every member (whose it was is unknown); the
+    retries run alone, so only the trial at fault fails."""
+    study = fused_study(4, workers=1, max_retries=1)
+    space = [{"lr": lr, "momentum": 0.9, "batch_size": 32} for lr in (0.1, "fast", 0.2)]  # "fast": no number
+    study.run(GridSearch(space, metric="val_acc", steps=2))
+    statuses = {t.config["lr"](0): t.status for t in study.coordinator.trials.values()}
+    assert statuses == {0.1: "completed", "fast": "failed", 0.2: "completed"}
+    assert [len(group) for group in study.executor.launches] == [3, 1, 1, 1]
+    (failed,) = [t for t in study.coordinator.trials.values() if t.status == "failed"]
+    assert (
+        "hyper-parameter 'lr' sets an optimizer field and needs a finite number, got 'fast'" in failed.error
+    )
+    for trial in study.coordinator.trials.values():
+        if trial.status == "completed":
+            assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, 2, fused=True)

@@ -368,6 +368,8 @@ class Coordinator:
             }
         point = (event["node"], event["step"])
         self._failures[point] = failures = self._failures.get(point, 0) + 1
+        if running.slot.fused:  # whose failure it was is unknown: the retry runs it alone
+            self.fusion.isolate(point)
         if failures > self.max_retries:
             for trial_id in sorted(self._watchers.get(event["node"], ())):
                 trial = self.trials[trial_id]

@@ -69,6 +69,7 @@ class Fusion:
         self.slots = slots
         self.probe = probe
         self.counts: dict[str, int] = {}  # non-fusible start values -> F
+        self.failed: set[tuple[str, int]] = set()  # points where a fused task failed
 
     def paths_wanted(self, free: int) -> int:
         """How many paths a round with `free` slots asks the policy for."""
@@ -85,12 +86,28 @@ class Fusion:
             return [[i] for i in range(min(len(tasks), free))]
         index = {id(task): i for i, task in enumerate(tasks)}
         spread = max(1, math.ceil(len(tasks) / max(free, 1)))  # no slot left idle for a bigger group
-        chunks = []
-        for group in fusion_groups(tasks, max_size=max(len(tasks), 1)):
+        chunks = [[task] for task in tasks if self._alone(task)]
+        partnered = [task for task in tasks if not self._alone(task)]
+        for group in fusion_groups(partnered, max_size=max(len(partnered), 1)):
             size = min(self.size(group[0]), spread)
             chunks.extend(group[lo : lo + size] for lo in range(0, len(group), size))
         chunks.sort(key=lambda chunk: index[id(chunk[0])])
         return [[index[id(task)] for task in chunk] for chunk in chunks[:free]]
+
+    def isolate(self, point: tuple[str, int]) -> None:
+        """A member of a fused task failed training point ``(node, step)``: a trainer's error
+        ends every member (nobody can tell whose it was), so a task that trains that point
+        again runs alone, as a group of one (still fused: its results stay
+        ``run_alone(..., fused=True)``'s), and only the trial at fault fails."""
+        self.failed.add(point)
+
+    def _alone(self, task: PathTask) -> bool:
+        """Whether `task` trains a point where a fused task failed."""
+        return any(
+            segment.node == node and segment.start < step <= segment.end
+            for node, step in self.failed
+            for segment in task.segments
+        )
 
     def size(self, task: PathTask) -> int:
         """F for a group starting where `task` starts (measured once per non-fusible values)."""
