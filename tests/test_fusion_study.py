@@ -6,10 +6,11 @@ In simulation (real training, virtual time) and on a real 2-worker Dask LocalClu
 from __future__ import annotations
 
 import pytest
-from fusion_helpers import TinyCNN, TinyMLP
+from fusion_helpers import TinyCNN, TinyMLP, task
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.coordinator._fusion import Fusion
 from dagtune.fusion import can_fuse
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, run_alone
@@ -209,3 +210,40 @@ def test_a_failing_member_fails_alone_on_its_retry():
     for trial in study.coordinator.trials.values():
         if trial.status == "completed":
             assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, 2, fused=True)
+
+
+# --------------------------------------------------------------------------- the grouping
+
+
+class ScriptedMemory:
+    """A memory probe with scripted peaks (it still runs what it measures)."""
+
+    def __init__(self, peaks: list[int], available: int):
+        self.peaks, self.free = list(peaks), available
+
+    def peak(self, run) -> int:
+        run()
+        return self.peaks.pop(0)
+
+    def available(self) -> int:
+        return self.free
+
+
+def test_fuse_true_measures_f_once_per_non_fusible_start_values():
+    probe = ScriptedMemory([1000, 1500, 1500, 2500], available=3000)  # F = 5, then F = 2
+    fusion = Fusion(True, task("t", {"lr": 0.1}, 2).trainer, slots=lambda: 1, probe=probe)
+    tasks = [task(f"t{i}", {"lr": 0.1 * (i + 1), "batch_size": 32}, 2, node=i) for i in range(7)]
+    assert fusion.groups(tasks, free=1) == [[0, 1, 2, 3, 4]]  # base 500 + 500 per member fits 5
+    assert fusion.groups(tasks, free=4) == [[0, 1], [2, 3], [4, 5], [6]]  # spread over the slots
+    wide = [task(f"w{i}", {"lr": 0.1 * (i + 1), "batch_size": 64}, 2, node=10 + i) for i in range(3)]
+    assert fusion.groups(wide, free=1) == [[0, 1]]  # batch 64: measured again, 500 + 1000 each
+    assert fusion.paths_wanted(2) == 2 * 5 and not probe.peaks  # measured twice, not more
+
+
+def test_fusion_off_or_capped_measures_nothing():
+    tasks = [task(f"t{i}", {"lr": 0.1 * (i + 1), "batch_size": 32}, 2, node=i) for i in range(5)]
+    spec = tasks[0].trainer
+    off = Fusion(False, spec, slots=lambda: 2)
+    assert not off.on and off.paths_wanted(3) == 3 and off.groups(tasks, free=3) == [[0], [1], [2]]
+    capped = Fusion(2, spec, slots=lambda: 2, probe=None)
+    assert capped.paths_wanted(3) == 6 and capped.groups(tasks, free=3) == [[0, 1], [2, 3], [4]]
