@@ -247,3 +247,23 @@ def test_fusion_off_or_capped_measures_nothing():
     assert not off.on and off.paths_wanted(3) == 3 and off.groups(tasks, free=3) == [[0], [1], [2]]
     capped = Fusion(2, spec, slots=lambda: 2, probe=None)
     assert capped.paths_wanted(3) == 6 and capped.groups(tasks, free=3) == [[0, 1], [2, 3], [4]]
+
+
+def test_asha_and_pbt_fused_give_each_trial_run_alone_fused():
+    """Rungs (trials completing, then extended from their checkpoints) and exploits
+    (branches from another trial's checkpoint) on fused tasks."""
+    space = dt.Random(
+        {"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.1, 0.9), "batch_size": 32}, n=8
+    )
+    for algorithm in (
+        dt.algos.ASHA(space, "val_loss", "min", max_steps=6, min_steps=2, eta=2),
+        dt.algos.PBT(space, "val_loss", "min", max_steps=6, interval=2, population=4, seed=3),
+    ):
+        study = fused_study(4)
+        study.run(algorithm)
+        assert max(map(len, study.executor.launches)) > 1
+        for trial in study.coordinator.trials.values():
+            steps = [step for step, _ in trial.curve]
+            assert steps == list(range(1, trial.reached + 1))
+            alone = run_alone(TinyMLP, trial.config, trial.reached, fused=True)
+            assert [m for _, m in trial.curve] == alone, type(algorithm).__name__
