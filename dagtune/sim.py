@@ -10,8 +10,8 @@ on a quadratic), so algorithms can be tested against it.
 A fused group (`launch_group`) is driven through `dagtune.fusion.FusedPathRunner` on one
 virtual worker, one round at a time. Its cost is a simple model: a round costs the costliest
 member's step times ``1 + fused_member_seconds * (K - 1)`` for the K members training in it
-(with the default 0.1, 32 fused members cost 4.1 steps: about the 7x measured for a tiny MLP
-on a CPU, `perf/RESULTS.md`; a large model gains nothing, give 1.0), and each member's
+(with the default 0.1, 32 fused members cost 4.1 steps, 7.8x less than 32 steps: about what
+`perf/RESULTS.md` §7 measures for a tiny MLP on a CPU; a model that gains nothing: 1.0), and each member's
 ``step`` event carries its share of the round.
 """
 

@@ -267,3 +267,9 @@ def test_asha_and_pbt_fused_give_each_trial_run_alone_fused():
             assert steps == list(range(1, trial.reached + 1))
             alone = run_alone(TinyMLP, trial.config, trial.reached, fused=True)
             assert [m for _, m in trial.curve] == alone, type(algorithm).__name__
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_the_simulated_fused_cost_is_a_share_of_a_step(share):
+    with pytest.raises(ValueError, match=f"fused_member_seconds must be in \\[0, 1\\], got {share}"):
+        SimulatedExecutor(1, fused_member_seconds=share)

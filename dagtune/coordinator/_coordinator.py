@@ -348,9 +348,8 @@ class Coordinator:
         if event["kind"] == "end":
             if running.worker is not None:
                 left = (event["node"], event["step"]) if event["node"] else None
-                kept = (
-                    not running.slot.fused and running.worker not in self._promised
-                )  # a fused task keeps none
+                # a fused task leaves no live trainer behind
+                kept = not running.slot.fused and running.worker not in self._promised
                 self._live[running.worker] = left if kept else None
             return
         if running.worker is not None:
