@@ -36,6 +36,7 @@ from dagtune.catalog import (
     open_storage,
 )
 from dagtune.checkpoints import CheckpointStore
+from dagtune.coordinator import check_fuse
 from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
@@ -214,6 +215,14 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     help="This process's certificate (PEM): the client's for --scheduler, else every local process's.",
 )
 @click.option("--tls-key", metavar="PATH", help="Its private key (PEM), unless --tls-cert holds it.")
+@click.option(
+    "--fuse",
+    is_flag=False,
+    flag_value="memory",
+    metavar="[N]",
+    help="Train trials of a FusibleTrainer that differ only in fusible hyper-parameters as fused "
+    "tasks of up to N (no N: as many as memory allows); after TARGET.",
+)
 @_user_errors
 def run(
     target: str,
@@ -227,6 +236,7 @@ def run(
     tls_ca_file: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    fuse: str | None,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
 
@@ -241,10 +251,14 @@ def run(
         )
     parsed = _parse_resources(resources)
     security = _security(scheduler, no_tls, tls_ca_file, tls_cert, tls_key)
+    fused = _parse_fuse(fuse)
     setup = load_setup(target)
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
+    if fused is not None:
+        _check_fuse(fused, setup.trainer)
+        options["fuse"] = fused
     if parsed:
         options["resources"] = parsed
     if client is None and security is not None:
@@ -286,6 +300,32 @@ def run(
         if client is not None:
             client.close()
     _print_result(result)
+
+
+def _parse_fuse(value: str | None) -> bool | int | None:
+    """``--fuse``'s value: None if not given, True without N (F measured from memory), else N."""
+    if value is None or value == "memory":
+        return None if value is None else True
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise UserError(
+            f"--fuse {value!r} is not a positive count of trials",
+            "e.g. --fuse 8, or --fuse alone after TARGET",
+        )
+    return count
+
+
+def _check_fuse(fuse: bool | int, trainer: type) -> None:
+    try:
+        check_fuse(fuse, trainer)
+    except ValueError as error:
+        raise UserError(
+            f"--fuse: {error}",
+            "drop --fuse, or write the trainer as a dagtune.FusibleTrainer (docs/fusion.md)",
+        ) from None
 
 
 def _completed(study: Any) -> str:

@@ -24,11 +24,17 @@ __all__ = ["Executor"]
 class Executor(ABC):
     @abstractmethod
     def slots(self) -> int:
-        """How many tasks can run at once right now."""
+        """How many tasks (a fused group counting as one) can run at once right now."""
 
     @abstractmethod
     def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
         """Start `task`; `prefer` names a worker holding its source point in memory."""
+
+    @abstractmethod
+    def launch_group(self, tasks: list[PathTask], priority: float = 0.0, prefer: str | None = None) -> None:
+        """Start `tasks` (pairwise `dagtune.fusion.can_fuse`) as ONE fused task on one slot,
+        lock-stepped by `dagtune.fusion.FusedPathRunner`: events come under each task's own
+        key, as its `launch` would give them, and `direct` takes each task's key."""
 
     @abstractmethod
     def direct(self, key: str, directive: Directive) -> None:

@@ -9,7 +9,9 @@ that the task reads between steps, and events travel back through ``log_event`` 
 travel as one message and are polled together, so the coordinator never sees a step's
 metrics without the step itself (a run could otherwise end on a trial's last metrics and
 report one executed step too few). The task's result repeats every event, so nothing is
-lost if the stream lags. The checkpoint store reaches the workers once, as a worker
+lost if the stream lags. A fused group of tasks (`launch_group`) is one Dask task running
+`dagtune.fusion.FusedPathRunner` (`run_group`): its events carry each member's own key and
+each member reads its own directive, so the coordinator sees K tasks on one slot. The checkpoint store reaches the workers once, as a worker
 plugin, and a task names it (`dagtune.worker_store`): storage credentials are not part of
 any task.
 """
@@ -28,6 +30,7 @@ from distributed.client import FutureCancelledError
 from dagtune.cluster import adapts, asking_for_a_worker
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
+from dagtune.fusion import FusedPathRunner
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.worker_store import StoreRef, register, store_on, unregister
@@ -62,6 +65,34 @@ def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[di
         declined = runner.update(Directive.from_dict(current.get(task.key)))
         if declined:
             worker.log_event(task.topic, declined)
+
+    return runner.run(relay)
+
+
+def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
+    """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
+    each member's events under its own key and applying each member's directive."""
+    worker = get_worker()
+    with _LIVE_LOCK:
+        live = _LIVE.setdefault(worker.address, LiveTrainers())
+        checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
+    runner = FusedPathRunner(
+        tasks, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+    )
+    variable = Variable(directives)
+    topic = tasks[0].topic
+
+    def relay(events: list[dict]) -> None:
+        worker.log_event(topic, events)  # one message: the round's events arrive together
+        try:
+            current = variable.get(timeout=5) or {}
+        except Exception:  # a slow scheduler only delays a directive
+            return
+        declined = []
+        for key in runner.members:
+            declined.extend(runner.update(key, Directive.from_dict(current.get(key))))
+        if declined:
+            worker.log_event(topic, declined)
 
     return runner.run(relay)
 
@@ -124,6 +155,7 @@ class DaskExecutor(Executor):
         self._store_ref = None if store is None else register(client, store, f"{topic}-store")
         self._events: queue.Queue[list[dict]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
+        self._members: dict[str, list[str]] = {}  # a fused group's Dask key -> its tasks' keys
         self._directives: dict[str, dict] = {}
         self._directives_lock = threading.Lock()
         self._variable = Variable(f"{topic}-directives", client=client)
@@ -164,20 +196,39 @@ class DaskExecutor(Executor):
         self._futures[task.key] = future
         future.add_done_callback(self._on_done)
 
+    def launch_group(self, tasks: list[PathTask], priority: float = 0.0, prefer: str | None = None) -> None:
+        key = f"{tasks[0].key}-fused{len(tasks)}"
+        self._members[key] = [task.key for task in tasks]
+        future = self.client.submit(
+            run_group,
+            list(tasks),
+            self._store_ref,
+            f"{self.topic}-directives",
+            key=key,
+            resources=self.resources,
+            priority=round(priority * 1000),
+            pure=False,
+            workers=[prefer] if prefer else None,
+            allow_other_workers=bool(prefer),
+        )
+        self._futures[key] = future
+        future.add_done_callback(self._on_done)
+
     def _on_done(self, future: Future) -> None:
         key = future.key
         self._futures.pop(key, None)
+        keys = self._members.pop(key, None) or [key]
         try:
             self._events.put(future.result())
         except FutureCancelledError:
-            self._events.put([_lost(key, "cancelled")])
+            self._events.put([_lost(k, "cancelled") for k in keys])
         except KilledWorker as error:  # it took down allowed-failures workers: the trainer's fault
-            self._events.put([_lost(key, f"KilledWorker: {error}", killed=True)])
+            self._events.put([_lost(k, f"KilledWorker: {error}", killed=True) for k in keys])
         except Exception as error:  # e.g. the scheduler restarted: the stage is planned again
-            self._events.put([_lost(key, repr(error))])
+            self._events.put([_lost(k, repr(error)) for k in keys])
         finally:
             with self._directives_lock:
-                if self._directives.pop(key, None) is not None:
+                if [self._directives.pop(k, None) for k in keys] != [None] * len(keys):
                     self._variable.set(dict(self._directives))
 
     def direct(self, key: str, directive: Directive) -> None:

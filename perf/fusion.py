@@ -19,6 +19,11 @@ predicts (Hydro's profile), and the fusion count F chosen from it: for the devic
 memory on CUDA, for a 1 GiB budget on a CPU. Fidelity: two members trained fused against the
 same trials fused alone (K = 1, bitwise) and unfused (largest absolute difference of any
 weight after the stated number of steps). On CUDA the same code runs unchanged on the GPU.
+
+Study level (`perf/fusion_study.py`): a grid of 32 schedules of the tiny MLP (4096 samples,
+128 batches a step) as a fused study (``Study(fuse=16)``) against the same study unfused, on
+one LocalCluster of 2 single-threaded workers, alternating, after an untimed warm-up of each;
+wall time of `Study.run`, trial-steps per second, executed and unique steps, the fused tasks.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ sys.path.insert(0, str(ROOT / "examples"))
 import dagtune as dt  # noqa: E402
 from dagtune.fusion import CpuMemory, CudaMemory, FusedGroup, profile_fusion, same_state  # noqa: E402
 from dagtune.trainer import build_trainer  # noqa: E402
+from perf import fusion_study  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_BUDGET = 2**30  # the memory budget F is chosen for on a CPU
 SIZES = {"smoke": (1, 2, 4), "quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32)}
 GOAL = 4.0  # fused / unfused throughput at K = 32 on the tiny MLP
+STUDY_MODEL = {"dims": (30, 64, 2), "samples": 4096}  # the study comparison's: 128 batches a step
 
 
 class SyntheticMlp(dt.FusibleTrainer):
@@ -305,6 +312,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         result["fidelity"].append(fidelity(spec))
     tiny = [r for r in result["throughput"] if r["model"].startswith("tiny") and r["members"] == max(sizes)]
     result["tiny_speedup_at_max"] = tiny[0]["speedup"]
+    result["study"] = fusion_study.compare(SyntheticMlp, STUDY_MODEL, mode)
     return result
 
 
@@ -363,6 +371,8 @@ def markdown(result: dict[str, Any]) -> str:
             ],
         ),
     ]
+    if "study" in result:  # runs recorded before the study comparison existed have none
+        parts.append(fusion_study.markdown(result["study"], "tiny MLP 30-64-2 (4096 samples)"))
     return "\n\n".join(parts)
 
 

@@ -145,6 +145,7 @@ def test_gc_dry_run_then_for_real(storage, tmp_path):
             "Hint: e.g.",
         ),
         (["run", "x.py", "--resources", "GPU"], "--resources 'GPU' is not NAME=AMOUNT", "Hint: e.g."),
+        (["run", "x.py", "--fuse", "0"], "--fuse '0' is not a positive count of trials", "Hint: e.g."),
     ],
 )
 def test_user_mistakes_are_one_line_and_a_hint(args, message, hint):
@@ -214,6 +215,12 @@ def test_bad_storage_and_conflicting_options_on_run(tmp_path):
         main, ["run", str(tmp_path / "good.py"), "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"]
     )
     one_error(out, "--workers sizes the local cluster; it can't be used with --scheduler", "Hint: drop one")
+    out = CliRunner().invoke(main, ["run", str(tmp_path / "good.py"), "--fuse"])
+    one_error(
+        out,
+        "--fuse: fuse=True needs a dagtune.FusibleTrainer; SyntheticTrainer is not one",
+        "Hint: drop --fuse",
+    )
 
 
 @pytest.fixture

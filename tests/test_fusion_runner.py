@@ -7,10 +7,12 @@ events (metrics, checkpoint sizes and SHA-256s included) are compared whole with
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
 import pytest
+import torch
 from fusion_helpers import IDENTITY, NODES, TinyCNN, TinyMLP, comparable, drive, metrics, of, task
 
 import dagtune as dt
@@ -259,3 +261,51 @@ def test_groups_of_every_order_give_the_same_events(tmp_path):
         events = fused_events(list(order), CheckpointStore(str(tmp_path / str(n + 1))))
         for one in tasks:
             assert comparable(of(events, one.key)) == comparable(of(reference, one.key))
+
+
+class MovesTheDataWhileEvaluating(TinyMLP):
+    """Draws a batch from the training data order while evaluating: every later step (of the
+    whole fused group, whose data order this is) would see other batches."""
+
+    def evaluate_model(self, model):
+        self.batches.next_batch()
+        return super().evaluate_model(model)
+
+
+class LeavesBatchNormStatsChanged(TinyMLP):
+    """Updates a buffer of the model while evaluating (a running statistic)."""
+
+    def make_model(self, features, hidden):
+        model = super().make_model(features, hidden)
+        model.register_buffer("seen", torch.zeros(()))
+        return model
+
+    def evaluate_model(self, model):
+        model.seen += 1
+        return super().evaluate_model(model)
+
+
+@pytest.mark.parametrize(
+    "cls, key",
+    [(MovesTheDataWhileEvaluating, "['batches']"), (LeavesBatchNormStatsChanged, "['model']['seen']")],
+)
+def test_fused_evaluations_are_checked_like_unfused_ones(cls, key):
+    config = {"lr": 0.1, **BS}
+    with pytest.raises(dt.TrialError, match="run_alone failed at step 1:") as fused:
+        dt.run_alone(cls, config, 3, fused=True)
+    with pytest.raises(dt.TrialError, match="run_alone failed at step 1:") as unfused:
+        dt.run_alone(cls, config, 3)
+    for failure in (fused, unfused):
+        assert "evaluate() changed the training state" in str(failure.value)
+        assert key in str(failure.value)
+
+
+def test_a_fused_check_names_the_member_being_evaluated_at_its_step():
+    tasks = [task("a", {"lr": 0.1, **BS}, 3, cls=MovesTheDataWhileEvaluating)]
+    tasks.append(task("b", {"lr": 0.2, **BS}, 3, cls=MovesTheDataWhileEvaluating, node=10))
+    tasks = [dataclasses.replace(t, check_evaluate=2) for t in tasks]
+    events = FusedPathRunner(tasks, None).run()
+    errors = [(e["task"], e["step"]) for e in events if e["kind"] == "error"]
+    assert errors == [("a", 1), ("b", 1)]
+    checked = [dataclasses.replace(t, check_evaluate=0) for t in tasks]
+    assert not [e for e in FusedPathRunner(checked, None).run() if e["kind"] == "error"]

@@ -21,11 +21,13 @@ running at the same time).
 The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
 
 Its parts: the loop itself (`_coordinator`), the running tasks and what they will deliver
-(`_running`), the points where later trials would branch off a path (`_branches`), and the
-figures of its report, each defined once (`_report`).
+(`_running`), the points where later trials would branch off a path (`_branches`), which
+launches share a fused task (`_fusion`, `Study(fuse=...)`), and the figures of its report,
+each defined once (`_report`).
 """
 
 from dagtune.coordinator._coordinator import Coordinator, TrialListener
+from dagtune.coordinator._fusion import check_fuse
 from dagtune.coordinator._report import report_figures, trial_figures
 
-__all__ = ["Coordinator", "TrialListener", "report_figures", "trial_figures"]
+__all__ = ["Coordinator", "TrialListener", "check_fuse", "report_figures", "trial_figures"]

@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
+from dagtune.coordinator._fusion import Fusion
 from dagtune.coordinator._report import report_figures
-from dagtune.coordinator._running import Running, RunningTasks
+from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner
@@ -79,6 +80,7 @@ class Coordinator:
         topic: str = "",
         name: str = "dagtune",
         planner: str | None = None,
+        fuse: bool | int = False,
     ):
         self.plan = plan
         self.executor = executor
@@ -125,6 +127,7 @@ class Coordinator:
         # progress of a task nothing claims (it stops where it is)
         self._redirect_due: set[str] = set()
         self._launched_since: set[str] = set()
+        self.fusion = Fusion(fuse, trainer, executor.slots)  # which launches share a fused task
 
     def _incremental_planner(self, planner: str | None) -> IncrementalPlanner | None:
         """The planner `planner` names (None: incremental unless the policy picks by itself,
@@ -404,12 +407,14 @@ class Coordinator:
             self.planner.task_ended(key)
         self._release_promise(key)
         if running.started is not None and event.get("time") is not None:
-            self.gpu_seconds += max(0.0, event["time"] - running.started) * self.gpus_per_task
+            self.gpu_seconds += running.slot.charge(running.started, event["time"]) * self.gpus_per_task
         self._dirty = True
         if event["kind"] == "end":
             if running.worker is not None:
                 left = (event["node"], event["step"]) if event["node"] else None
-                self._hold(running.worker, None if running.worker in self._promised else left)
+                # a fused task leaves no live trainer behind
+                kept = not running.slot.fused and running.worker not in self._promised
+                self._hold(running.worker, left if kept else None)
             return
         if running.worker is not None:
             self._hold(running.worker, None)
@@ -426,6 +431,8 @@ class Coordinator:
             }
         point = (event["node"], event["step"])
         self._failures[point] = failures = self._failures.get(point, 0) + 1
+        if running.slot.fused:  # whose failure it was is unknown: the retry runs it alone
+            self.fusion.isolate(point)
         if failures > self.max_retries:
             for trial_id in sorted(self._watchers.get(event["node"], ())):
                 trial = self.trials[trial_id]
@@ -457,12 +464,13 @@ class Coordinator:
     def _schedule_once(self) -> int:
         """One round of planning and launching; returns how many slots are still free."""
         self._dirty = False
-        free = self.executor.slots() - len(self.running)
+        free = self.executor.slots() - self.running.slots_used()
+        wanted = self.fusion.paths_wanted(free) if free > 0 else 0
         if self.planner is None:
-            launches, pauses = self._round_rebuilt(free)
+            launches, pauses = self._round_rebuilt(wanted)
             due = set(self.running)
         else:
-            launches, pauses = self._round_incremental(free)
+            launches, pauses = self._round_incremental(wanted)
             due, self._redirect_due = self._redirect_due, set()
         for key in self._paused - pauses.keys():
             running = self.running.get(key)
@@ -475,12 +483,18 @@ class Coordinator:
         self._paused = set(pauses)
         for key in sorted((k for k in due if k in self.running), key=lambda k: self.running[k].number):
             self._redirect(key, self.running[key])
-        for path, priority in launches:
-            self._launch(path, priority)
-        return self.executor.slots() - len(self.running)
+        if self.fusion.on:
+            groups = self._fuse(launches, free)
+            self.demand += len(launches) - sum(len(group) for group in groups)
+            for group in groups:
+                self._launch_group(group)
+        else:
+            for path, priority in launches:
+                self._launch(path, priority)
+        return self.executor.slots() - self.running.slots_used()
 
-    def _round_rebuilt(self, free: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
-        """Rebuild the stage tree and its priorities: the paths to launch with their
+    def _round_rebuilt(self, wanted: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
+        """Rebuild the stage tree and its priorities: up to `wanted` paths to launch with their
         priorities, and the running tasks to pause (task -> step). Sets what each running
         task is claimed for and the demand."""
         for running in self.running.values():
@@ -490,7 +504,7 @@ class Coordinator:
         if not tree.stages:
             return [], {}
         priority = critical_path_priorities(tree, self.cost, self.plan)
-        paths = self.policy.pick(tree, free, self.cost, self.plan) if free > 0 else []
+        paths = self.policy.pick(tree, wanted, self.cost, self.plan) if wanted > 0 else []
         launched = {path[0].index for path in paths}
         waiting = [s for s in tree.ready() if s.index not in launched]
         self.demand = len(waiting)
@@ -504,12 +518,12 @@ class Coordinator:
             pauses = self.policy.preempt(waiting, priority, pausable)
         return [(path, priority[path[0].index]) for path in paths], pauses
 
-    def _round_incremental(self, free: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
+    def _round_incremental(self, wanted: int) -> tuple[list[tuple[list[Stage], float]], dict[str, int]]:
         """`_round_rebuilt` from the incremental planner's state: the same decisions (with
         priorities from estimates within `REPRICE_TOLERANCE` of the cost model's). Only the
         tasks whose claims changed are looked at."""
         planner = self.planner
-        picked = planner.pick(free) if free > 0 else []
+        picked = planner.pick(wanted) if wanted > 0 else []
         launched = {path[0].index for path in picked}
         # snapshots: launching changes the live stages
         launches = [([s.snapshot() for s in path], path[0].priority) for path in picked]
@@ -532,6 +546,21 @@ class Coordinator:
                 self._redirect_due.add(key)
         return launches, pauses
 
+    def _fuse(self, launches: list[tuple[list[Stage], float]], free: int) -> list[list[tuple[PathTask, float]]]:
+        """The round's paths (best first) as tasks with their priorities, in at most `free`
+        fused groups (`dagtune.coordinator._fusion`); the paths left out stay ready."""
+        tasks = [self._task(path) for path, _ in launches]
+        groups = self.fusion.groups(tasks, free)
+        return [[(tasks[i], launches[i][1]) for i in group] for group in groups]
+
+    def _launch_group(self, group: list[tuple[PathTask, float]]) -> None:
+        """Run `group`'s tasks as one fused task on one slot; each is running on its own key
+        (a fused task leaves no live trainer, so none prefers a worker)."""
+        slot = Slot(fused=True)
+        for task, priority in group:
+            self._started(task, Running(task, priority, progress=task.start, slot=slot))
+        self.executor.launch_group([task for task, _ in group], max(priority for _, priority in group))
+
     def _redirect(self, key: str, running: Running) -> None:
         task = running.task
         stop_at = max(running.claimed) if running.claimed else running.progress
@@ -544,7 +573,8 @@ class Coordinator:
             running.directive = directive
             self.executor.direct(key, directive)
 
-    def _launch(self, path: list[Stage], priority: float) -> None:
+    def _task(self, path: list[Stage]) -> PathTask:
+        """The task that trains `path` (a new key each time)."""
         first = path[0]
         segments = tuple(Segment(s.node, self.plan.nodes[s.node].config, s.start, s.end) for s in path)
         checkpoints = {s.end for s in path}
@@ -556,7 +586,7 @@ class Coordinator:
         source = first.source_point if first.source == "checkpoint" else None
         self._launched += 1
         key = f"dagtune-{self.name}-{first.node[:8]}-{first.start}-{path[-1].end}-{self._launched}"
-        task = PathTask(
+        return PathTask(
             key=key,
             trainer=self.trainer,
             segments=segments,
@@ -566,6 +596,10 @@ class Coordinator:
             topic=self.topic,
             check_evaluate=self.check_evaluate,
         )
+
+    def _launch(self, path: list[Stage], priority: float) -> None:
+        task = self._task(path)
+        key, source = task.key, task.source
         prefer = next(iter(self._holders.get(source, ())), None) if source is not None else None
         if prefer is None and source is not None:  # a task about to end there holds it next
             prefer = next((r.worker for r in self.running.ending_at(source) if r.worker is not None), None)
@@ -576,13 +610,18 @@ class Coordinator:
                 del self._promise_of[earlier]
             self._promised[prefer] = key
             self._promise_of[key] = prefer
-        # its stages are in the tree: it is needed up to its end until the next rebuild says otherwise
-        running = Running(task, priority, progress=first.start, claimed={s.end for s in path}, number=self._launched)
-        self.running.start(key, running)
-        if self.planner is not None:
-            self.planner.task_launched(key, [(s.node, s.start, s.end) for s in path], first.start)
-            self._launched_since.add(key)
+        self._started(task, Running(task, priority, progress=task.start))
         self.executor.launch(task, priority, prefer)
+
+    def _started(self, task: PathTask, running: Running) -> None:
+        """Count `task` as running: its stages are in the tree, so it is needed up to its end
+        until the next planning round says otherwise."""
+        running.claimed = {s.end for s in task.segments}
+        running.number = int(task.key.rsplit("-", 1)[1])
+        self.running.start(task.key, running)
+        if self.planner is not None:
+            self.planner.task_launched(task.key, [(s.node, s.start, s.end) for s in task.segments], task.start)
+            self._launched_since.add(task.key)
 
     # ------------------------------------------------------------------ state
 
@@ -630,11 +669,7 @@ class Coordinator:
         trials = list(self.trials.values()) if trials is None else trials
         since = since or {}
         now = self.executor.now()
-        in_flight = sum(
-            max(0.0, now - r.started) * self.gpus_per_task
-            for r in self.running.values()
-            if r.started is not None
-        )
+        in_flight = self.running.busy_seconds(now) * self.gpus_per_task
         return report_figures(
             trials,
             executed_steps=self.executed_steps - since.get("executed_steps", 0),

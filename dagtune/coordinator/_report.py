@@ -47,7 +47,8 @@ def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: fl
         least any system must train for these results from scratch.
     ``executed_steps``
         the steps trained since `since` (calls of ``Trainer.train``, counted from the
-        ``step`` events), whatever they were for: the points the trials reached that
+        ``step`` events; a fused task's step counts once per trial it trains), whatever
+        they were for: the points the trials reached that
         were not trained before; steps trained again (a lost worker's stage rerun from
         its last checkpoint, a corrupt checkpoint's work, a retried failure, a point
         whose checkpoint was asked for after its stage had passed it); and steps a stage
@@ -69,8 +70,9 @@ def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: fl
     ``gpu_seconds``
         the seconds the stages held their workers since `since` (each from its
         ``start`` event, when a worker took it, to its ``end``: loading, training,
-        evaluating and saving, not queueing; a stage still running up to now), times the
-        GPUs each stage asks for (``resources["GPU"]``, else 1).
+        evaluating and saving, not queueing; a stage still running up to now; the slot of
+        a fused task once, from its first member's start to its last member's end), times
+        the GPUs each stage asks for (``resources["GPU"]``, else 1).
     ``makespan_seconds``
         from the first of the trials' submissions to the end of the last of them (to
         now while one is pending), on the executor's clock (virtual in simulation).

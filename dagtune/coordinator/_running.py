@@ -16,14 +16,30 @@ from dagtune.plan import InFlight, SearchPlan
 from dagtune.scheduling import CostModel, Pausable
 from dagtune.tasks import Directive, PathTask
 
-__all__ = ["Running", "RunningTasks"]
+__all__ = ["Running", "RunningTasks", "Slot"]
+
+
+@dataclass(eq=False)
+class Slot:
+    """The worker slot a task occupies: its own, or one its fused task's members share (a
+    fused task runs as one task on one slot), with the GPU time counted for it so far."""
+
+    fused: bool = False
+    charged: float | None = None  # the slot's time is counted up to here
+
+    def charge(self, started: float, until: float) -> float:
+        """Seconds of this slot up to `until` not counted yet (from `started`, a member's start,
+        the first time): counted once however many members share it."""
+        begin = started if self.charged is None else self.charged
+        self.charged = max(begin, until)
+        return max(0.0, until - begin)
 
 
 @dataclass
 class Running:
     """A launched path task: where it runs (`worker`, since `started`), how far it got
     (`progress`), the points the last stage tree claimed from it, the directive it was last
-    sent and the step it is asked to pause at."""
+    sent, the step it is asked to pause at, and the `slot` it occupies."""
 
     task: PathTask
     priority: float
@@ -34,6 +50,7 @@ class Running:
     directive: Directive = field(default_factory=Directive)
     pause_at: int | None = None
     number: int = 0  # launch order
+    slot: Slot = field(default_factory=Slot)
 
 
 class RunningTasks(Mapping[str, Running]):
@@ -80,6 +97,20 @@ class RunningTasks(Mapping[str, Running]):
     def ending_at(self, point: tuple[str, int]) -> Iterator[Running]:
         """The running tasks whose path ends at `point`, in launch order."""
         return (self._tasks[key] for key in self._ending.get(point, ()))
+
+    def slots_used(self) -> int:
+        """The worker slots the running tasks occupy (a fused task's members share one)."""
+        return len({id(running.slot) for running in self._tasks.values()})
+
+    def busy_seconds(self, now: float) -> float:
+        """Seconds the occupied slots have run up to `now` and not counted yet (a slot once)."""
+        begun: dict[int, float] = {}
+        for running in self._tasks.values():
+            if running.started is not None:
+                slot = running.slot
+                begin = running.started if slot.charged is None else slot.charged
+                begun[id(slot)] = min(begun.get(id(slot), begin), begin)
+        return sum(max(0.0, now - begin) for begin in begun.values())
 
     # ------------------------------------------------------------------ InFlight
 
@@ -142,10 +173,11 @@ class RunningTasks(Mapping[str, Running]):
     def pausable(
         self, below: Callable[[str], Iterable[tuple[int, float]]], cost: CostModel, plan: SearchPlan
     ) -> list[Pausable]:
-        """Running tasks with a stage boundary still ahead, and the longest chain each would
-        leave behind by pausing there: the rest of its path, then what hangs below the points
-        it delivers (`below(task)`: ``(step, priority)`` of each stage sourced from it). Only
-        tasks of several segments have a boundary: the others are not looked at."""
+        """Running tasks with a stage boundary still ahead that alone occupy their slot, and
+        the longest chain each would leave behind by pausing there: the rest of its path, then
+        what hangs below the points it delivers (`below(task)`: ``(step, priority)`` of each
+        stage sourced from it). Only tasks of several segments have a boundary: the others are
+        not looked at."""
 
         def seconds(task: PathTask, start: int, end: int) -> float:
             """Estimated seconds of training `task`'s steps ``[start, end)``."""
@@ -154,9 +186,14 @@ class RunningTasks(Mapping[str, Running]):
                 for s in task.segments
             )
 
+        sharing: dict[int, int] = {}
+        for running in self._tasks.values():
+            sharing[id(running.slot)] = sharing.get(id(running.slot), 0) + 1
         found = []
         for key in self._bounded:
             running = self._tasks[key]
+            if sharing[id(running.slot)] > 1:
+                continue  # pausing one member of a fused task frees no slot
             task = running.task
             step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
             if step is None:

@@ -179,12 +179,17 @@ class FusedGroup:
             count += len(indices)
         return [{"loss": total / count} for total in totals]
 
-    def evaluate(self, member: int) -> dict[str, float]:
-        """Member `member`'s validation metrics (its weights copied into the host's module)."""
+    def select(self, member: int) -> None:
+        """Copy member `member`'s weights and buffers into the host's module (the host then
+        is that member, for evaluation or a check of its training state)."""
         with torch.no_grad():
             for key, target in self._targets.items():
                 stacked = self.params[key] if key in self.params else self.buffers[key]
                 target.copy_(stacked[member])
+
+    def evaluate(self, member: int) -> dict[str, float]:
+        """Member `member`'s validation metrics (its weights copied into the host's module)."""
+        self.select(member)
         return self.host.evaluate()
 
     # ------------------------------------------------------------------ state

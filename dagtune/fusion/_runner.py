@@ -32,6 +32,7 @@ from typing import Any
 
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
+from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
@@ -66,6 +67,7 @@ class MemberPath:
         self.executed = 0
         self.halted = False
         self.done = False
+        self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.values: dict[str, Any] | None = None
 
     def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
@@ -142,7 +144,7 @@ class MemberPath:
         )
 
     def error_event(self, error: BaseException) -> dict:
-        step = min(self.position + 1, self.task.end)
+        step = self.position if self.evaluating else min(self.position + 1, self.task.end)
         return self.event(
             "error",
             self.task.node_at(step),
@@ -186,6 +188,7 @@ class FusedPathRunner:
         worker: str = "local",
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
+        checks: EvaluateChecks | None = None,
     ):
         tasks = list(tasks)
         if not tasks:
@@ -201,6 +204,7 @@ class FusedPathRunner:
         self.store = store
         self.live = live
         self.clock = clock
+        self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
 
@@ -351,8 +355,7 @@ class FusedPathRunner:
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
         if wanted or last or diverging or n % task.eval_every == 0:
-            with isolated_rng():
-                metrics = to_metrics(group.evaluate(k), "Trainer.evaluate()")
+            metrics = self._evaluate(member, group, k)
             events.append(member.event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
         if wanted and self.store is not None:
             state = {"trainer": group.state_dict(k), "rng": capture_rng()}
@@ -360,6 +363,21 @@ class FusedPathRunner:
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
+
+    def _evaluate(self, member: MemberPath, group: FusedGroup, k: int) -> dict[str, float]:
+        """Member `k`'s validation metrics, as `PathRunner` evaluates: random draws isolated
+        from training, and while the worker's checks are due, the training state of the host
+        (holding the member's weights, the group's data order) compared before and after."""
+        identity, limit = member.task.trainer.identity, member.task.check_evaluate
+        member.evaluating = True
+        group.select(k)
+        before = training_state(group.host) if self.checks.due(identity, limit) else None
+        with isolated_rng():
+            metrics = to_metrics(group.host.evaluate(), "Trainer.evaluate()")
+        if before is not None:
+            self.checks.verify(identity, limit, before, training_state(group.host))
+        member.evaluating = False
+        return metrics
 
     def error_events(self, error: BaseException) -> list[dict]:
         """An ``error`` event for every task still training when `error` stopped the run."""

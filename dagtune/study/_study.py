@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dagtune.algos import Algorithm, Context
 from dagtune.checkpoints import CheckpointStore, process_token
 from dagtune.config import Config, config_dumps, normalize_config
-from dagtune.coordinator import Coordinator
+from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
@@ -85,6 +85,13 @@ class Study:
     and module's training mode) before and after its first `check_evaluate` evaluations of
     the model, and fails the trial with ``evaluate() changed the training state: <keys>``
     if they differ (results would depend on where dagtune evaluates); 0 turns it off.
+
+    `fuse` (a `dagtune.FusibleTrainer` only; docs/fusion.md): True or an int trains the
+    ready stages that may share a model (same start, differing only in fusible
+    hyper-parameters) as fused tasks of up to F trials each, one worker slot per task; F is
+    the int, or with True measured from memory (`dagtune.fusion.fusion_count`). Every stage
+    then trains through the fused code path, so each trial's metrics are exactly
+    ``run_alone(..., fused=True)``'s.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class Study:
         gc: GcPolicy | None = None,
         refresh_seconds: float = 2.0,
         security: bool | Security | None = None,
+        fuse: bool | int = False,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -121,6 +129,7 @@ class Study:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
+        check_fuse(fuse, trainer)
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -191,6 +200,7 @@ class Study:
             gpus_per_task=gpus,
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
+            fuse=fuse,
         )
         self._restored: list[Trial] = []
         if self._persistence is not None:

@@ -1,0 +1,129 @@
+"""Which tasks of a scheduling round train together as one fused task (`Study(fuse=...)`).
+
+With fusion on, a round asks the scheduling policy for up to F paths per free slot (all the
+ready ones with ``fuse=True``), builds their tasks, and `Fusion.groups` partitions them, in
+the policy's order (priority first), into groups of pairwise fusible tasks
+(`dagtune.fusion.fusion_groups`: same trainer, same start step, equal non-fusible values over
+their common steps) of at most F each, and of no more than an even share of the round's tasks
+per free slot (8 tasks on 2 free slots fuse 4 and 4, not 8 on one slot beside an idle one).
+Only as many groups as there are free slots launch;
+the other stages stay ready for a later round. Every task goes through the fused runner, a
+task nothing fuses with as a group of one, so each trial's results are exactly
+``run_alone(..., fused=True)``'s whatever its partners.
+
+F is the study's cap (``fuse=int``; on CUDA also limited by the measured memory, as
+`dagtune.fusion.fusion_count` does), or with ``fuse=True`` the count extrapolated from the
+peak memory of groups of one and two (Hydro §4.3): the CUDA device's free memory, on a CPU an
+even share of the machine's available memory per worker slot. It is measured once per
+distinct non-fusible start values (the batch size changes the memory a member needs), in the
+coordinator's process: on a cluster whose workers have other devices than the coordinator's
+machine, give the count as an int.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
+import torch
+
+from dagtune.config import config_values
+from dagtune.fusion import CpuMemory, FusibleTrainer, MemoryProbe, fusion_count, fusion_groups
+from dagtune.tasks import PathTask, TrainerSpec
+
+__all__ = ["Fusion", "check_fuse"]
+
+
+def check_fuse(fuse: Any, trainer: type) -> None:
+    """Raise a ValueError naming `fuse` unless it is False, True or a positive int, and, when
+    it turns fusion on, unless `trainer` is a `dagtune.FusibleTrainer`."""
+    if not isinstance(fuse, bool) and (not isinstance(fuse, int) or fuse < 1):
+        raise ValueError(
+            f"fuse must be False, True (a count measured from memory) or a positive int (the most "
+            f"trials one fused task trains), got {fuse!r}"
+        )
+    if fuse is not False and not (isinstance(trainer, type) and issubclass(trainer, FusibleTrainer)):
+        name = getattr(trainer, "__qualname__", repr(trainer))
+        raise ValueError(f"fuse={fuse!r} needs a dagtune.FusibleTrainer; {name} is not one")
+
+
+class Fusion:
+    """The study's fusion setting for `trainer`: off (`fuse` False), a cap, or measured.
+
+    `slots` tells how many worker slots share the machine's memory (``fuse=True`` on a CPU);
+    `probe` replaces the memory measurement (tests)."""
+
+    def __init__(
+        self,
+        fuse: bool | int,
+        trainer: TrainerSpec,
+        slots: Callable[[], int],
+        probe: MemoryProbe | None = None,
+    ):
+        check_fuse(fuse, None if fuse is False else trainer.cls)
+        self.on = fuse is not False
+        self.cap = None if fuse is True else int(fuse)
+        self.trainer = trainer
+        self.slots = slots
+        self.probe = probe
+        self.counts: dict[str, int] = {}  # non-fusible start values -> F
+        self.failed: set[tuple[str, int]] = set()  # points where a fused task failed
+
+    def paths_wanted(self, free: int) -> int:
+        """How many paths a round with `free` slots asks the policy for."""
+        if not self.on:
+            return free
+        if self.cap is not None:
+            return free * self.cap
+        return free * max(self.counts.values(), default=1 << 20)  # unmeasured yet: every ready path
+
+    def groups(self, tasks: Sequence[PathTask], free: int) -> list[list[int]]:
+        """Indices into `tasks` (given best first), grouped into at most `free` fused tasks,
+        best first; off, each task is a group of its own."""
+        if not self.on:
+            return [[i] for i in range(min(len(tasks), free))]
+        index = {id(task): i for i, task in enumerate(tasks)}
+        spread = max(1, math.ceil(len(tasks) / max(free, 1)))  # no slot left idle for a bigger group
+        chunks = [[task] for task in tasks if self._alone(task)]
+        partnered = [task for task in tasks if not self._alone(task)]
+        for group in fusion_groups(partnered, max_size=max(len(partnered), 1)):
+            size = min(self.size(group[0]), spread)
+            chunks.extend(group[lo : lo + size] for lo in range(0, len(group), size))
+        chunks.sort(key=lambda chunk: index[id(chunk[0])])
+        return [[index[id(task)] for task in chunk] for chunk in chunks[:free]]
+
+    def isolate(self, point: tuple[str, int]) -> None:
+        """A member of a fused task failed training point ``(node, step)``: a trainer's error
+        ends every member (nobody can tell whose it was), so a task that trains that point
+        again runs alone, as a group of one (still fused: its results stay
+        ``run_alone(..., fused=True)``'s), and only the trial at fault fails."""
+        self.failed.add(point)
+
+    def _alone(self, task: PathTask) -> bool:
+        """Whether `task` trains a point where a fused task failed."""
+        return any(
+            segment.node == node and segment.start < step <= segment.end
+            for node, step in self.failed
+            for segment in task.segments
+        )
+
+    def size(self, task: PathTask) -> int:
+        """F for a group starting where `task` starts (measured once per non-fusible values)."""
+        values = config_values(task.segments[0].config, task.start)
+        fusible = self.trainer.cls.fusible_names()
+        key = repr(sorted((name, value) for name, value in values.items() if name not in fusible))
+        if key not in self.counts:
+            spec = self.trainer
+            self.counts[key] = fusion_count(
+                spec.cls, spec.kwargs, spec.seed, values, cap=self.cap, probe=self._probe()
+            )
+        return self.counts[key]
+
+    def _probe(self) -> MemoryProbe | None:
+        """Where F is measured: the given probe; CUDA's (None: `fusion_count` probes CUDA, or
+        with a cap and no CUDA takes the cap); else a CPU share of the available memory."""
+        if self.probe is not None or torch.cuda.is_available() or self.cap is not None:
+            return self.probe
+        return CpuMemory(max(1, psutil.virtual_memory().available // max(1, self.slots())))

@@ -1,0 +1,275 @@
+"""Fused studies (`Study(..., fuse=...)`): the coordinator groups the paths of a round into
+fused tasks, each trial's metrics are exactly ``run_alone(..., fused=True)``'s.
+
+In simulation (real training, virtual time) and on a real 2-worker Dask LocalCluster."""
+
+from __future__ import annotations
+
+import pytest
+from fusion_helpers import TinyCNN, TinyMLP, task
+
+import dagtune as dt
+from dagtune.algos import GridSearch
+from dagtune.coordinator._fusion import Fusion
+from dagtune.fusion import can_fuse
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.study import Study, run_alone
+
+STEPS = 5
+# two lr schedules branch off one prefix at step 2, two momenta, and a batch-size branch at 3
+# (not fusible): 8 trials on one stage tree
+SPACE = dt.Grid(
+    {
+        "lr": [dt.Steps([0.1, 0.05], [2]), dt.Steps([0.1, 0.02], [2])],
+        "momentum": [0.9, 0.5],
+        "batch_size": [32, dt.Steps([32, 64], [3])],
+    }
+)
+
+
+class Recording(SimulatedExecutor):
+    """Keeps the tasks of every launch: singles and fused groups."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches: list[list] = []
+
+    def launch(self, task, priority=0.0, prefer=None):
+        self.launches.append([task])
+        super().launch(task, priority, prefer)
+
+    def launch_group(self, tasks, priority=0.0, prefer=None):
+        self.launches.append(list(tasks))
+        super().launch_group(tasks, priority, prefer)
+
+
+def fused_study(fuse, workers=2, trainer=TinyMLP, **kwargs) -> Study:
+    return Study(trainer, executor=Recording(workers), fuse=fuse, **kwargs)
+
+
+def curves(study: Study) -> dict[str, list[dict]]:
+    return {repr(t.config): [m for _, m in t.curve] for t in study.coordinator.trials.values()}
+
+
+def test_a_fused_grid_trains_each_trial_as_run_alone_fused_and_each_prefix_once():
+    study = fused_study(4)
+    report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS)).report
+    assert report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+    launches = study.executor.launches
+    assert all(len(group) <= 4 for group in launches) and max(map(len, launches)) > 1
+    for group in launches:
+        assert all(can_fuse(a, b) for a in group for b in group if a is not b)
+    for trial in study.coordinator.trials.values():
+        assert trial.status == "completed"
+        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True), (
+            trial.config
+        )
+
+
+def test_fused_results_do_not_depend_on_the_fusion_count_or_the_workers():
+    space = dt.Grid(
+        {"lr": [0.1, 0.05, dt.Steps([0.1, 0.02], [2])], "momentum": [0.9, 0.0], "batch_size": [32]}
+    )
+    seen = []
+    for fuse, workers in ((1, 1), (2, 2), (True, 1)):
+        study = fused_study(fuse, workers)
+        study.run(GridSearch(space, metric="val_acc", steps=3))
+        widest = max(map(len, study.executor.launches))
+        assert widest == fuse if fuse is not True else widest > 2  # True: F from memory, all 6 fit
+        seen.append(curves(study))
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_a_non_fusible_difference_is_never_fused():
+    study = fused_study(8)
+    study.run(GridSearch(dt.Grid({"lr": [0.1], "batch_size": [16, 32, 64]}), metric="val_acc", steps=2))
+    assert [len(group) for group in study.executor.launches] == [1, 1, 1]
+
+
+def test_fused_rounds_are_charged_by_the_simple_model():
+    """A round of K members costs the costliest step times 1 + 0.1 (K - 1); each member's
+    step carries its share, so the cost model learns a member's share."""
+    study = fused_study(4, workers=1)
+    study.run(
+        GridSearch(dt.Grid({"lr": [0.1, 0.2, 0.3, 0.4], "batch_size": [32]}), metric="val_acc", steps=2)
+    )
+    assert study.executor.now() == pytest.approx(2 * 1.3)
+    assert study.report["gpu_seconds"] == pytest.approx(2 * 1.3)
+
+
+def test_the_simulated_group_takes_directives_per_member():
+    """Trials submitted while a fused group runs make the coordinator ask its members for
+    extra checkpoints (per member key); the results are still exact."""
+    study = fused_study(2, workers=1)
+    base = {"lr": 0.1, "momentum": 0.9, "batch_size": 32}
+    first = [study.submit(base, 4), study.submit({**base, "lr": 0.05}, 4)]
+    study.coordinator.pump()
+    later = study.submit({**base, "lr": dt.Steps([0.1, 0.3], [2])}, 4)
+    for handle in [*first, later]:
+        handle.result()
+    assert study.report["executed_steps"] == study.report["unique_steps"] == 4 + 4 + 2
+    for handle in [*first, later]:
+        trial = handle.trial
+        assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, 4, fused=True)
+
+
+def test_a_cnn_study_fuses_exactly_as_run_alone_fused():
+    space = dt.Grid({"lr": [0.1, dt.Steps([0.1, 0.02], [1])], "momentum": [0.9], "batch_size": [32]})
+    study = fused_study(True, trainer=TinyCNN)
+    study.run(GridSearch(space, metric="val_acc", steps=2))
+    for trial in study.coordinator.trials.values():
+        assert [m for _, m in trial.curve] == run_alone(TinyCNN, trial.config, 2, fused=True)
+
+
+@pytest.mark.parametrize("fuse", [0, -1, 2.0, "2", None])
+def test_fuse_must_be_a_bool_or_a_positive_int(fuse):
+    with pytest.raises(ValueError, match=f"fuse must be False, True .* got {fuse!r}"):
+        Study(TinyMLP, executor=SimulatedExecutor(1), fuse=fuse)
+
+
+def test_fuse_needs_a_fusible_trainer():
+    with pytest.raises(
+        ValueError, match=r"fuse=True needs a dagtune\.FusibleTrainer; SyntheticTrainer is not one"
+    ):
+        Study(SyntheticTrainer, executor=SimulatedExecutor(1), fuse=True)
+
+
+# --------------------------------------------------------------------------- on Dask
+
+
+def recording_groups(study: Study) -> list[int]:
+    """The sizes of the fused tasks `study`'s Dask executor launches from now on."""
+    sizes: list[int] = []
+    launch_group = study.executor.launch_group
+
+    def record(tasks, priority=0.0, prefer=None):
+        sizes.append(len(tasks))
+        launch_group(tasks, priority, prefer)
+
+    study.executor.launch_group = record
+    return sizes
+
+
+def dask_study(client, tmp_path, name: str, fuse) -> Study:
+    return Study(TinyMLP, name=name, storage=tmp_path, client=client, resources={"GPU": 1}, fuse=fuse)
+
+
+@pytest.mark.slow
+def test_a_fused_grid_on_dask_is_run_alone_fused_and_trains_each_prefix_once(client, tmp_path):
+    with dask_study(client, tmp_path, "fused", 4) as study:
+        sizes = recording_groups(study)
+        report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS), timeout=120).report
+        assert (
+            report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, STEPS) for c in SPACE)
+        )
+        assert max(sizes) > 1 and all(size <= 4 for size in sizes)
+        trials = list(study.coordinator.trials.values())
+        assert len(trials) == 8 and all(t.status == "completed" for t in trials)
+        for trial in trials:
+            assert [step for step, _ in trial.curve] == list(range(1, STEPS + 1))
+            assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, STEPS, fused=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "first, then", [(4, False), (False, 4)], ids=["fused-then-unfused", "unfused-then-fused"]
+)
+def test_a_study_resumes_the_checkpoints_of_the_other_kind(client, tmp_path, first, then):
+    """Studies of one model share their plan: the second trains on from the first's step-3
+    checkpoints (fused ones unfused, or the reverse). The 30-64-2 MLP trains fused bit for bit
+    as unfused, so every curve is run_alone's."""
+    space = dt.Grid({"lr": [0.1, 0.05], "momentum": [0.9, 0.5], "batch_size": [32]})
+    with dask_study(client, tmp_path, "first", first) as study:
+        study.run(GridSearch(space, metric="val_acc", steps=3), timeout=120)
+    with dask_study(client, tmp_path, "then", then) as study:
+        sizes = recording_groups(study)
+        report = study.run(GridSearch(space, metric="val_acc", steps=STEPS), timeout=120).report
+        assert report["executed_steps"] == 4 * (STEPS - 3)  # only the steps after the checkpoints
+        loads = study.coordinator.loads  # a worker may still hold a trainer the first left live
+        assert loads["storage"] + loads["memory"] == 4 and loads["storage"] > 0
+        assert (max(sizes, default=0) > 1) == bool(then)  # unfused: no fused task at all
+        for trial in study.coordinator.trials.values():
+            alone = run_alone(TinyMLP, trial.config, STEPS)
+            assert alone == run_alone(TinyMLP, trial.config, STEPS, fused=True)
+            assert [m for _, m in trial.curve] == alone
+
+
+def test_a_failing_member_fails_alone_on_its_retry():
+    """A trainer's error in a fused task ends every member (whose it was is unknown); the
+    retries run alone, so only the trial at fault fails."""
+    study = fused_study(4, workers=1, max_retries=1)
+    space = [{"lr": lr, "momentum": 0.9, "batch_size": 32} for lr in (0.1, "fast", 0.2)]  # "fast": no number
+    study.run(GridSearch(space, metric="val_acc", steps=2))
+    statuses = {t.config["lr"](0): t.status for t in study.coordinator.trials.values()}
+    assert statuses == {0.1: "completed", "fast": "failed", 0.2: "completed"}
+    assert [len(group) for group in study.executor.launches] == [3, 1, 1, 1]
+    (failed,) = [t for t in study.coordinator.trials.values() if t.status == "failed"]
+    assert (
+        "hyper-parameter 'lr' sets an optimizer field and needs a finite number, got 'fast'" in failed.error
+    )
+    for trial in study.coordinator.trials.values():
+        if trial.status == "completed":
+            assert [m for _, m in trial.curve] == run_alone(TinyMLP, trial.config, 2, fused=True)
+
+
+# --------------------------------------------------------------------------- the grouping
+
+
+class ScriptedMemory:
+    """A memory probe with scripted peaks (it still runs what it measures)."""
+
+    def __init__(self, peaks: list[int], available: int):
+        self.peaks, self.free = list(peaks), available
+
+    def peak(self, run) -> int:
+        run()
+        return self.peaks.pop(0)
+
+    def available(self) -> int:
+        return self.free
+
+
+def test_fuse_true_measures_f_once_per_non_fusible_start_values():
+    probe = ScriptedMemory([1000, 1500, 1500, 2500], available=3000)  # F = 5, then F = 2
+    fusion = Fusion(True, task("t", {"lr": 0.1}, 2).trainer, slots=lambda: 1, probe=probe)
+    tasks = [task(f"t{i}", {"lr": 0.1 * (i + 1), "batch_size": 32}, 2, node=i) for i in range(7)]
+    assert fusion.groups(tasks, free=1) == [[0, 1, 2, 3, 4]]  # base 500 + 500 per member fits 5
+    assert fusion.groups(tasks, free=4) == [[0, 1], [2, 3], [4, 5], [6]]  # spread over the slots
+    wide = [task(f"w{i}", {"lr": 0.1 * (i + 1), "batch_size": 64}, 2, node=10 + i) for i in range(3)]
+    assert fusion.groups(wide, free=1) == [[0, 1]]  # batch 64: measured again, 500 + 1000 each
+    assert fusion.paths_wanted(2) == 2 * 5 and not probe.peaks  # measured twice, not more
+
+
+def test_fusion_off_or_capped_measures_nothing():
+    tasks = [task(f"t{i}", {"lr": 0.1 * (i + 1), "batch_size": 32}, 2, node=i) for i in range(5)]
+    spec = tasks[0].trainer
+    off = Fusion(False, spec, slots=lambda: 2)
+    assert not off.on and off.paths_wanted(3) == 3 and off.groups(tasks, free=3) == [[0], [1], [2]]
+    capped = Fusion(2, spec, slots=lambda: 2, probe=None)
+    assert capped.paths_wanted(3) == 6 and capped.groups(tasks, free=3) == [[0, 1], [2, 3], [4]]
+
+
+def test_asha_and_pbt_fused_give_each_trial_run_alone_fused():
+    """Rungs (trials completing, then extended from their checkpoints) and exploits
+    (branches from another trial's checkpoint) on fused tasks."""
+    space = dt.Random(
+        {"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.1, 0.9), "batch_size": 32}, n=8
+    )
+    for algorithm in (
+        dt.algos.ASHA(space, "val_loss", "min", max_steps=6, min_steps=2, eta=2),
+        dt.algos.PBT(space, "val_loss", "min", max_steps=6, interval=2, population=4, seed=3),
+    ):
+        study = fused_study(4)
+        study.run(algorithm)
+        assert max(map(len, study.executor.launches)) > 1
+        for trial in study.coordinator.trials.values():
+            steps = [step for step, _ in trial.curve]
+            assert steps == list(range(1, trial.reached + 1))
+            alone = run_alone(TinyMLP, trial.config, trial.reached, fused=True)
+            assert [m for _, m in trial.curve] == alone, type(algorithm).__name__
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_the_simulated_fused_cost_is_a_share_of_a_step(share):
+    with pytest.raises(ValueError, match=f"fused_member_seconds must be in \\[0, 1\\], got {share}"):
+        SimulatedExecutor(1, fused_member_seconds=share)
