@@ -5,6 +5,7 @@ and a search varying what does not transfer is warned about."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 from scaled_digits import ScaledDigitsTrainer
@@ -12,6 +13,7 @@ from scaled_digits import ScaledDigitsTrainer
 import dagtune as dt
 from dagtune.algos import ASHA, GridSearch
 from dagtune.config import config_dumps
+from dagtune.launch import load_setup
 from dagtune.records import COMPLETED, STOPPED
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
@@ -167,3 +169,16 @@ def test_on_dask_the_surrogate_and_the_eager_target_share_the_cluster_and_resume
     again = run()
     assert again.surrogate.report["executed_steps"] == 0 and again.target_report["executed_steps"] == 0
     assert again.target.metrics == first.target.metrics
+
+
+def test_the_example_searches_the_surrogate_and_trains_the_target(client, tmp_path):
+    """examples/surrogate.py, small: a 2x1 grid of 2 epochs on a 16-channel CNN at scale 4."""
+    from surrogate import search_space, study_setup, tune
+
+    setup = load_setup(str(Path(__file__).resolve().parents[1] / "examples" / "surrogate.py"))
+    assert setup.surrogate == dt.Surrogate(scale=8, eager=0.5) and setup.name == study_setup().name
+    space = search_space(range(-3, -1), (0.9,))
+    result = tune(4, 2, str(tmp_path), space=space, base=16, client=client, resources={"GPU": 1})
+    assert len(result.surrogate.trials) == 2 and result.target.steps == 2
+    assert config_dumps(result.config) == config_dumps(result.surrogate.best.config)
+    assert result.target.metrics == dt.run_alone(ScaledDigitsTrainer, result.config, 2, {"base": 16})[-1]
