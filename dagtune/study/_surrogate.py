@@ -9,11 +9,11 @@ learning rate, its schedule, momentum and batch size that are best at width ``ba
 are best at ``base`` too; regularization (weight decay, dropout) is not, so a search that
 varies it is warned about.
 
-*Eager transfer*: with ``Surrogate(eager=share)`` the target starts training the current
-best once `share` of the surrogate trials submitted so far have ended, and starts again
-whenever the best configuration changes, so that the target's training overlaps the end of
-the search; if the search's final best is the one the target trains already, it is not
-trained again.
+*Eager transfer* (Hydro §4.3): with ``Surrogate(eager=share)`` the target starts training
+the current best once `share` of the surrogate trials submitted so far have ended, and
+starts again whenever the best configuration changes, so that the target's training
+overlaps the end of the search; if the search's final best is the one the target trains
+already, it is not trained again.
 """
 
 from __future__ import annotations
