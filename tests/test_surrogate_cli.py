@@ -141,3 +141,30 @@ def test_run_with_a_surrogate_shows_the_search_and_the_target(tmp_path):
         main, ["run", str(tmp_path / "tiny.py"), "--storage", str(runs), "--surrogate", "1"]
     )
     assert bad.exit_code == 2 and "--surrogate" in bad.output
+
+
+def test_a_target_stopped_in_an_earlier_session_is_trained_anew(tmp_path):
+    """An eager target stopped for a better config, when that config wins after all on resume."""
+    path = str(tmp_path / "runs")
+    store = CheckpointStore(path)
+    config = {"lr": 0.01}
+    link = StudyLink("target", "again", 2)
+    with dt.Study(
+        ScaledSynthetic,
+        name="again-target",
+        storage=path,
+        executor=SimulatedExecutor(1, store=store),
+        link=link,
+    ) as target:
+        target.submit(config, 4).stop()
+    with dt.SurrogateStudy(
+        ScaledSynthetic,
+        surrogate=dt.Surrogate(scale=2),
+        name="again",
+        storage=path,
+        executor=SimulatedExecutor(1, store=store),
+        target_executor=SimulatedExecutor(1, store=store),
+    ) as study:
+        result = study.run(GridSearch([config], "val_loss", "min", steps=4))
+    assert result.target.status == "completed" and result.target.steps == 4
+    assert result.target.metrics == dt.run_alone(ScaledSynthetic, config, 4)[-1]

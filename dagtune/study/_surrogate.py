@@ -29,7 +29,7 @@ from typing import Any
 from dagtune.algos import Algorithm, Context, Decision, Submit
 from dagtune.config import Config, config_dumps, normalize_config
 from dagtune.executor import Executor
-from dagtune.records import PENDING, StudyLink, Trial, is_study_name
+from dagtune.records import PENDING, STOPPED, StudyLink, Trial, is_study_name
 from dagtune.study._results import Result, TrialResult
 from dagtune.study._study import Study, TrialHandle
 from dagtune.trainer import Trainer
@@ -155,8 +155,9 @@ class _Watched(Algorithm):
             ]
             if varied:
                 self._warned.update(varied)
+                verb = "does" if len(varied) == 1 else "do"
                 warnings.warn(
-                    f"the surrogate search varies {', '.join(varied)}, which do(es) not transfer across "
+                    f"the surrogate search varies {', '.join(varied)}, which {verb} not transfer across "
                     "width (Hydro §4.1): the value best for the surrogate need not be best for the target; "
                     "fix it in the search and tune it on the target",
                     UserWarning,
@@ -325,8 +326,11 @@ class SurrogateStudy:
                 return current
             current.stop()  # nothing if it completed already
             self._restarts += 1
-        self._target = self.target_study.submit(best.config, steps)
-        return self._target
+        handle = self.target_study.submit(best.config, steps)
+        if handle.status == STOPPED:  # an eager target of an earlier session, restored stopped
+            handle = self.target_study.submit(best.config, steps)  # a new trial: it trains on
+        self._target = handle
+        return handle
 
     # ------------------------------------------------------------------ running
 
