@@ -24,7 +24,17 @@ from dagtune.sequences import (
     Warmup,
 )
 from dagtune.space import Grid, Random
-from dagtune.study import Result, Study, TrialError, TrialHandle, TrialResult, run_alone
+from dagtune.study import (
+    Result,
+    Study,
+    Surrogate,
+    SurrogateResult,
+    SurrogateStudy,
+    TrialError,
+    TrialHandle,
+    TrialResult,
+    run_alone,
+)
 from dagtune.trainer import (
     ResumableBatches,
     ResumableBatchSampler,
@@ -60,6 +70,9 @@ __all__ = [
     "Steps",
     "Study",
     "StudyResults",
+    "Surrogate",
+    "SurrogateResult",
+    "SurrogateStudy",
     "Trainer",
     "TrialError",
     "TrialHandle",

@@ -114,7 +114,12 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
         known = ", ".join(list_studies(store)) or "none"
         raise StorageError(f"no study {name!r} in {store.url} (studies there: {known})")
     opened = records.opened[-1]
-    describe = {"trainer": opened.trainer, "seed": opened.seed, "version": opened.version}
+    describe = {
+        "trainer": opened.trainer,
+        "seed": opened.seed,
+        "version": opened.version,
+        "link": opened.link,
+    }
     plans = {} if plans is None else plans
     if opened.identity not in plans:
         plans[opened.identity] = load_plan(store, opened.identity)

@@ -2,7 +2,7 @@
 
 ::
 
-    dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N]
+    dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
@@ -17,6 +17,7 @@ traceback instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
@@ -202,6 +203,13 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--resources", multiple=True, metavar="NAME=AMOUNT", help="Per stage, e.g. GPU=1 (repeatable).")
 @click.option("--timeout", type=float, help="Give up after this many seconds.")
 @click.option(
+    "--surrogate",
+    type=click.IntRange(min=2),
+    metavar="S",
+    help="Search on the trainer at width scale S (its `scale` argument), then train the best on the "
+    "full model (overrides the setup's dagtune.Surrogate scale).",
+)
+@click.option(
     "--no-tls",
     is_flag=True,
     help="Run the local cluster on plain TCP: any local process can then connect and run code on it.",
@@ -232,6 +240,7 @@ def run(
     name: str | None,
     resources: tuple[str, ...],
     timeout: float | None,
+    surrogate: int | None,
     no_tls: bool,
     tls_ca_file: str | None,
     tls_cert: str | None,
@@ -243,7 +252,11 @@ def run(
     The local cluster speaks TLS with credentials made for this run alone; with
     --tls-ca-file/--tls-cert/--tls-key it uses those instead (other processes holding
     them can connect). A --scheduler with TLS needs the same options (or Dask's
-    distributed.comm.tls config)."""
+    distributed.comm.tls config).
+
+    With --surrogate S (or a setup whose `surrogate` is a dagtune.Surrogate) the search runs
+    on the trainer scaled down by S as study NAME, and its best configuration then trains
+    the full model as study NAME-target; progress shows both."""
 
     if scheduler and workers:
         raise UserError(
@@ -276,30 +289,61 @@ def run(
                 + "`, or drop --scheduler for a local cluster",
             ),
         ):
-            study = dt.Study(
-                setup.trainer,
-                setup.trainer_kwargs,
-                name=name or setup.name,
-                storage=storage,
-                client=client,
-                workers=workers,
-                **options,
-            )
+            study = _open_study(setup, surrogate, name or setup.name, storage, client, workers, options)
         algorithm = setup.algorithm
+        shown = [study] if isinstance(study, dt.Study) else [study.surrogate_study, study.target_study]
         expired = _mistake(
             TimeoutError,
             lambda _: (
-                f"the study did not finish within --timeout {timeout:g} s ({_completed(study)} trials completed)"
+                f"the study did not finish within --timeout {timeout:g} s ({_completed(shown[0])} trials completed)"
             ),
             f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
             "every study of this model",
         )
-        with study, watch(study, algorithm.metric, algorithm.mode, show="terminal"), expired:
+        with study, contextlib.ExitStack() as watching, expired:
+            for each in shown:
+                watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             result = study.run(algorithm, timeout=timeout)
     finally:
         if client is not None:
             client.close()
-    _print_result(result)
+    if isinstance(result, dt.SurrogateResult):
+        _print_result(result.surrogate)
+        _print_target(result)
+    else:
+        _print_result(result)
+
+
+def _open_study(
+    setup: Any, scale: int | None, name: str, storage: str, client: Any, workers: int | None, options: dict
+) -> Any:
+    """The setup's `Study`, or its `SurrogateStudy` when it declares a surrogate or --surrogate
+    gives a scale (which replaces the setup's)."""
+    surrogate = setup.surrogate
+    if scale is not None:
+        surrogate = (
+            dt.Surrogate(scale=scale) if surrogate is None else dataclasses.replace(surrogate, scale=scale)
+        )
+    if surrogate is None:
+        return dt.Study(
+            setup.trainer,
+            setup.trainer_kwargs,
+            name=name,
+            storage=storage,
+            client=client,
+            workers=workers,
+            **options,
+        )
+    return dt.SurrogateStudy(
+        setup.trainer,
+        setup.trainer_kwargs,
+        surrogate,
+        name,
+        storage=storage,
+        client=client,
+        workers=workers,
+        **options,
+    )
 
 
 def _parse_fuse(value: str | None) -> bool | int | None:
@@ -357,6 +401,19 @@ def _print_result(result: Any) -> None:
     )
 
 
+def _print_target(result: Any) -> None:
+    """The target's training with the configuration the surrogate search found."""
+    metric = result.metric
+    value = result.target.metrics.get(metric)
+    shown = "no result" if value is None else f"{_escape(metric)} = {value:.4g}"
+    report = result.target_report
+    restarts = f", {result.restarts} eager restart(s)" if result.restarts else ""
+    _console().print(
+        f"target (S=1, transferred from S={result.scale}): {shown} after {result.target.steps} steps; "
+        f"trained {report['executed_steps']} steps in {report['makespan_seconds']:.1f} s{restarts}"
+    )
+
+
 # --------------------------------------------------------------------------- storage views
 
 
@@ -401,10 +458,14 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         "merge rate",
     ):
         table.add_column(column, justify="left" if column == "study" else "right")
+    links = {s.name: s.describe.get("link") for s in studies}
+    if any(links.values()):  # surrogate studies: which study searched and which is the target
+        table.add_column("surrogate study")
     snapshots = {}
     for stored in studies:
         snapshot = snapshots[stored.name] = stored_snapshot(stored, metric, mode)
         c, best = snapshot["counters"], snapshot["best"]
+        link = links[stored.name]
         table.add_row(
             stored.name,
             str(c["trials"]),
@@ -415,6 +476,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             str(c["trial_steps"]),
             str(c["unique_steps"]),
             f"{c['merge_rate']:.2f}",
+            *(["" if link is None else _escape(str(link))] if any(links.values()) else []),
         )
     console.print(table)
     if study:

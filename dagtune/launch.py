@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dagtune.algos import Algorithm
+from dagtune.study import Surrogate
 from dagtune.trainer import Trainer
 
 __all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]
@@ -36,19 +37,23 @@ class SetupError(ValueError):
 
 @dataclass
 class StudySetup:
-    """A study to run: `Study(trainer, trainer_kwargs, name, **options)` then `run(algorithm)`."""
+    """A study to run: `Study(trainer, trainer_kwargs, name, **options)` then `run(algorithm)`;
+    with a `surrogate`, `SurrogateStudy(trainer, trainer_kwargs, surrogate, name, **options)`."""
 
     trainer: type[Trainer]
     algorithm: Algorithm
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)
     name: str = "study"
     options: dict[str, Any] = field(default_factory=dict)  # seed, reuse, resources, gc, ...
+    surrogate: Surrogate | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trainer, type) or not issubclass(self.trainer, Trainer):
             raise SetupError(f"trainer must be a dagtune.Trainer subclass, got {self.trainer!r}")
         if not isinstance(self.algorithm, Algorithm):
             raise SetupError(f"algorithm must be a dagtune.algos algorithm, got {self.algorithm!r}")
+        if self.surrogate is not None and not isinstance(self.surrogate, Surrogate):
+            raise SetupError(f"surrogate must be a dagtune.Surrogate or None, got {self.surrogate!r}")
 
 
 def _split(target: str) -> tuple[str, str | None]:

@@ -69,8 +69,9 @@ def read_state(study: Any, metric: str | None, mode: str, started: float) -> Pro
     if metric is None:
         metric, mode = metric_of(trials)
     best = best_of(trials, metric, mode)
+    link = getattr(study, "link", None)  # half of a surrogate study: say which half
     return ProgressState(
-        study=study.name,
+        study=study.name if link is None else f"{study.name} ({link.role})",
         trials=len(trials),
         finished=sum(1 for t in trials if t.status != PENDING),
         trained=report["executed_steps"],

@@ -21,6 +21,10 @@ largest distance, in grid steps, between a width's best learning rate and the fu
 best at base/8 instead of its own best. *Noise* is the standard deviation of the metric over
 seeds (each seed draws other initial weights and another data order) at the best
 configurations, so regrets and differences below it are not significant.
+
+Then the surrogate study end to end (`perf/surrogate_study.py`): the digits grid tuned on
+the full-width CNN against a `dt.SurrogateStudy` at S = 4 and 8 plus its target's training,
+wall time, epochs and the final model's metric, on one 2-worker Dask cluster.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = str(ROOT / "examples")
 if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
+
+from scaled_digits import ScaledDigitsTrainer  # noqa: E402 (from examples/, put on the path above)
+
+from perf import surrogate_study  # noqa: E402
+
 PARAMETRIZATIONS = ("mup", "sp")
 SCALES = (8, 4, 2, 1)
 
@@ -265,6 +274,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
                 ],
                 pool,
             )
+    end_to_end = surrogate_study.run(mode, ScaledDigitsTrainer)  # the pool is closed: both cores are free
     cells = grid(runs, chosen)
     tables = {}
     for e in chosen:
@@ -307,6 +317,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
             "python": sys.version.split()[0],
             "sha256_12": corpus_digest(lm.trainer_kwargs["train_bytes"]),
         },
+        "end_to_end": end_to_end,
         "cpu_seconds": sum(run["cpu_seconds"] for run in runs),
         "wall_seconds": time.perf_counter() - began,
     }
@@ -349,8 +360,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"**{e['name']}**: {e['metric']} after {e['steps']} {e['step_name']}, mean over seeds (best lr per row in bold)"
         )
         parts.append(table(result["tables"][e["name"]], columns))
+    parts += surrogate_study.markdown(result["end_to_end"])
     parts.append(
-        f"From `{result['command']}`: {len(result['runs'])} runs, {result['cpu_seconds']:.0f} CPU-seconds "
+        f"From `{result['command']}`: {len(result['runs'])} transfer runs, {result['cpu_seconds']:.0f} CPU-seconds "
         f"in {result['wall_seconds']:.0f} s of wall time on 2 processes (the wall time grows with whatever "
         "else the machine runs; the CPU-seconds do not)."
     )

@@ -29,12 +29,16 @@ _EMPTY = (
 
 def labels(snapshots: dict[str, dict]) -> list[tuple[str, str]]:
     """``(key, label)`` per study for the picker: its name, with its token if another study
-    shown has the same name; sorted by label."""
+    shown has the same name, and its part in a surrogate study if it has one ("digits —
+    surrogate (S=8) of digits-target"); sorted by label."""
     names = [s["study"] for s in snapshots.values()]
     options = []
     for key, snapshot in snapshots.items():
         name, token = snapshot["study"], snapshot.get("token")
-        options.append((key, f"{name} ({token})" if token and names.count(name) > 1 else name))
+        label = f"{name} ({token})" if token and names.count(name) > 1 else name
+        if snapshot.get("link"):
+            label += f" — {snapshot['link']}"
+        options.append((key, label))
     return sorted(options, key=lambda option: (option[1], option[0]))
 
 

@@ -73,8 +73,12 @@ def compose(
     running: Iterable[tuple[str, int, int]] = (),
     queued: Iterable[tuple[str, int, int]] = (),
     critical: Iterable[tuple[str, int, int]] = (),
+    link: Any = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
+
+    `link` is the study's `dagtune.records.StudyLink` if it is half of a surrogate study
+    (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)").
 
     `configs` maps plan nodes to their configs (for labels), `trained` to the last step
     trained on them; `running` and `queued` are spans of running tasks and queued stages.
@@ -119,6 +123,7 @@ def compose(
         "format": FORMAT,
         "study": study,
         "identity": identity,
+        "link": "" if link is None else str(link),
         "source": source,
         "time": time.time(),
         "metric": metric,
@@ -202,6 +207,7 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
         counters={**status_counts(study.trials), **report},
         configs={n: study.plan.nodes[n].config for n in nodes},
         trained=trained_from_plan(study.plan, nodes),
+        link=study.describe.get("link"),
     )
 
 
@@ -246,6 +252,7 @@ def live_snapshot(study: Any) -> dict:
             running=running,
             queued=queued,
             critical=critical,
+            link=getattr(study, "link", None),
         )
 
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.config import Config, check_config_finite
-from dagtune.records._checks import Fields, RecordError, is_int, is_number, shown
+from dagtune.records._checks import Fields, RecordError, is_int, is_number, is_study_name, shown
 from dagtune.records._trial import COMPLETED, DIVERGED, PENDING, STATUSES
 
 __all__ = [
     "Ended",
     "Extended",
     "Opened",
+    "StudyLink",
     "StudyRecords",
     "Submitted",
     "TrialRecord",
@@ -34,13 +35,46 @@ _SESSION = re.compile(r"^[0-9a-f]{32}$")  # a journal writer (uuid4 hex)
 
 
 @dataclass(frozen=True)
+class StudyLink:
+    """The two studies of a surrogate study (`dagtune.SurrogateStudy`) name each other:
+    `role` is this study's (``surrogate``: the search at width scale `scale`; ``target``: the
+    full model trained with what the search found), `partner` the other study's name."""
+
+    role: str
+    partner: str
+    scale: int
+
+    def __post_init__(self) -> None:
+        if self.role not in LINK_ROLES:
+            raise ValueError(f"StudyLink.role must be one of {', '.join(LINK_ROLES)}, got {self.role!r}")
+        if not is_study_name(self.partner):
+            raise ValueError(f"StudyLink.partner must be a study name, got {self.partner!r}")
+        if not is_int(self.scale) or self.scale < 2:
+            raise ValueError(f"StudyLink.scale must be an int >= 2, got {self.scale!r}")
+
+    def fields(self) -> dict[str, Any]:
+        """The ``open`` record's fields that hold it."""
+        return {"role": self.role, "partner": self.partner, "scale": self.scale}
+
+    def __str__(self) -> str:
+        if self.role == "surrogate":
+            return f"surrogate (S={self.scale}) of {self.partner}"
+        return f"target of {self.partner} (S={self.scale})"
+
+
+LINK_ROLES = ("surrogate", "target")
+
+
+@dataclass(frozen=True)
 class Opened:
-    """A session of the study began (``open``): the model identity it belongs to."""
+    """A session of the study began (``open``): the model identity it belongs to, and its
+    partner if it is half of a surrogate study."""
 
     identity: str
     trainer: str | None
     seed: int | None
     version: str | None
+    link: StudyLink | None = None
 
 
 @dataclass(frozen=True)
@@ -95,11 +129,19 @@ def parse_trial_record(record: Mapping[str, Any]) -> TrialRecord:
 
 
 def _opened(fields: Fields) -> Opened:
+    link = None
+    if fields.get("role", lambda v: v in LINK_ROLES, f"one of {', '.join(LINK_ROLES)}", optional=True):
+        link = StudyLink(
+            fields.record["role"],
+            fields.get("partner", is_study_name, "a study name"),
+            fields.get("scale", lambda v: is_int(v) and v >= 2, "an int >= 2"),
+        )
     return Opened(
         identity=fields.text("identity", pattern=_IDENTITY),
         trainer=fields.text("trainer", optional=True),
         seed=fields.get("seed", is_int, "an int", optional=True),
         version=fields.text("version", optional=True),
+        link=link,
     )
 
 

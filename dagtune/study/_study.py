@@ -32,7 +32,7 @@ from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._identity import model_identity
@@ -81,6 +81,9 @@ class Study:
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
 
+    `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
+    ``dagtune status`` and the page show it).
+
     `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
     and module's training mode) before and after its first `check_evaluate` evaluations of
     the model, and fails the trial with ``evaluate() changed the training state: <keys>``
@@ -118,6 +121,7 @@ class Study:
         refresh_seconds: float = 2.0,
         security: bool | Security | None = None,
         fuse: bool | int = False,
+        link: StudyLink | None = None,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -137,6 +141,8 @@ class Study:
                 else "a given executor starts no cluster"
             )
             raise ValueError(f"security={security!r} secures the embedded cluster; {why}")
+        if link is not None and not isinstance(link, StudyLink):
+            raise TypeError(f"link must be a dagtune.records.StudyLink or None, got {link!r}")
         if resources is not None:
             for key, amount in dict(resources).items():
                 if not isinstance(amount, (int, float)) or amount <= 0:
@@ -147,6 +153,7 @@ class Study:
         self.seed = seed
         self.reuse = reuse
         self.resources = dict(resources) if resources else None
+        self.link = link
         self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
         self.storage = os.fspath(storage)
         self.gc_policy = gc
@@ -176,6 +183,7 @@ class Study:
                 "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
                 "seed": seed,
                 "version": version,
+                **(link.fields() if link is not None else {}),
             }
             try:
                 self._persistence = Persistence(
