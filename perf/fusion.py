@@ -21,7 +21,8 @@ same trials fused alone (K = 1, bitwise) and unfused (largest absolute differenc
 weight after the stated number of steps). On CUDA the same code runs unchanged on the GPU.
 
 Study level (`perf/fusion_study.py`): a grid of 32 schedules of the tiny MLP (4096 samples,
-128 batches a step) as a fused study (``Study(fuse=16)``) against the same study unfused, on
+128 batches a step) and the digits grid of `examples/digits.py` (36 trials, 30 epochs),
+each as a fused study (``Study(fuse=16)``) against the same study unfused, on
 one LocalCluster of 2 single-threaded workers, alternating, after an untimed warm-up of each;
 wall time of `Study.run`, trial-steps per second, executed and unique steps, the fused tasks.
 """
@@ -312,7 +313,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         result["fidelity"].append(fidelity(spec))
     tiny = [r for r in result["throughput"] if r["model"].startswith("tiny") and r["members"] == max(sizes)]
     result["tiny_speedup_at_max"] = tiny[0]["speedup"]
-    result["study"] = fusion_study.compare(SyntheticMlp, STUDY_MODEL, mode)
+    result["studies"] = fusion_study.compare(SyntheticMlp, STUDY_MODEL, mode)
     return result
 
 
@@ -371,8 +372,8 @@ def markdown(result: dict[str, Any]) -> str:
             ],
         ),
     ]
-    if "study" in result:  # runs recorded before the study comparison existed have none
-        parts.append(fusion_study.markdown(result["study"], "tiny MLP 30-64-2 (4096 samples)"))
+    if "studies" in result:  # runs recorded before the study comparison existed have none
+        parts.append(fusion_study.markdown(result["studies"]))
     return "\n\n".join(parts)
 
 
