@@ -11,7 +11,7 @@ import pytest
 from scaled_digits import ScaledDigitsTrainer
 
 import dagtune as dt
-from dagtune.algos import ASHA, GridSearch
+from dagtune.algos import ASHA, PBT, GridSearch, Hyperband, MedianStopping
 from dagtune.config import config_dumps
 from dagtune.launch import load_setup
 from dagtune.records import COMPLETED, STOPPED
@@ -86,6 +86,23 @@ def test_asha_on_the_surrogate_transfers_a_config_trained_to_max_steps():
     assert config_dumps(result.config) == config_dumps(result.surrogate.best.config)
     alone = dt.run_alone(ScaledSynthetic, result.config, 9)
     assert result.target.metrics == alone[-1]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda space: Hyperband(space, "val_loss", "min", max_steps=9, eta=3),
+        lambda space: MedianStopping(space, "val_loss", "min", max_steps=6, grace=2, min_samples=2),
+        lambda space: PBT(space, "val_loss", "min", max_steps=8, interval=2, population=4, seed=0),
+    ],
+    ids=["Hyperband", "MedianStopping", "PBT"],
+)
+def test_other_algorithms_transfer_what_they_answer(make):
+    study = _surrogate_study(dt.Surrogate(scale=4, eager=0.5))
+    result = study.run(make(dt.Grid({"lr": LRS, "momentum": [0.0, 0.5]})))
+    best = result.surrogate.best
+    assert config_dumps(result.config) == config_dumps(best.config) and result.target.steps == best.steps
+    assert result.target.metrics == dt.run_alone(ScaledSynthetic, result.config, best.steps)[-1]
 
 
 def test_a_search_varying_what_does_not_transfer_is_warned_about():
