@@ -18,13 +18,15 @@ any task.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from distributed import Client, Future, KilledWorker, Variable, get_worker
+from distributed import Client, Future, KilledWorker, Variable, Worker, get_worker
 from distributed.client import FutureCancelledError
 
 from dagtune.cluster import adapts, asking_for_a_worker
@@ -47,54 +49,56 @@ _LIVE_LOCK = threading.Lock()
 def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
     streaming events and obeying directives."""
-    worker = get_worker()
-    with _LIVE_LOCK:
-        live = _LIVE.setdefault(worker.address, LiveTrainers())
-        checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
+    worker, live, checks = _this_worker()
     runner = PathRunner(
         task, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
     )
-    variable = Variable(directives)
-
-    def relay(events: list[dict]) -> None:
-        worker.log_event(task.topic, events)  # one message: the step's events arrive together
-        try:
-            current = variable.get(timeout=5) or {}
-        except Exception:  # a slow scheduler only delays a directive
-            return
-        declined = runner.update(Directive.from_dict(current.get(task.key)))
-        if declined:
-            worker.log_event(task.topic, declined)
-
-    return runner.run(relay)
+    return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}))
 
 
 def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
     each member's events under its own key and applying each member's directive."""
+    worker, live, checks = _this_worker()
+    runner = FusedPathRunner(
+        tasks, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+    )
+    updates = {key: functools.partial(runner.update, key) for key in runner.members}
+    return runner.run(_relay(worker, tasks[0].topic, directives, updates))
+
+
+def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks]:
+    """The worker running this task, with the trainer it ran last and its evaluate checks."""
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
         checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
-    runner = FusedPathRunner(
-        tasks, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
-    )
+    return worker, live, checks
+
+
+def _relay(
+    worker: Worker, topic: str, directives: str, updates: dict[str, Callable[[Directive], list[dict]]]
+) -> Callable[[list[dict]], None]:
+    """What a runner calls after each step: send the step's events as one message (so they
+    arrive together), then read the current directives and hand each task's to its `updates`
+    entry, sending back the checkpoints it declines."""
     variable = Variable(directives)
-    topic = tasks[0].topic
 
     def relay(events: list[dict]) -> None:
-        worker.log_event(topic, events)  # one message: the round's events arrive together
+        worker.log_event(topic, events)
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
             return
-        declined = []
-        for key in runner.members:
-            declined.extend(runner.update(key, Directive.from_dict(current.get(key))))
+        declined = [
+            event
+            for key, update in updates.items()
+            for event in update(Directive.from_dict(current.get(key)))
+        ]
         if declined:
             worker.log_event(topic, declined)
 
-    return runner.run(relay)
+    return relay
 
 
 def check_resources(client: Client, resources: dict[str, float] | None, wait: float | None = None) -> None:

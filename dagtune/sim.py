@@ -137,31 +137,19 @@ class SimulatedExecutor(Executor):
         return worker
 
     def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
-        worker = self._worker(task.key, prefer)
-        live = self._live[worker]
-        runner = PathRunner(
-            task,
-            self.store,
-            live,
-            worker=f"sim-{worker}",
-            clock=lambda: 0.0,
-            wallclock=self.now,
-            checks=self._checks[worker],
-        )
-        slot = _Slot(runner, runner.steps(), worker, launched=self._clock, keys={task.key})
-        self._slots[task.key] = slot
-        self._slot_of[task.key] = task.key
-        overhead = self.launch_seconds
-        if task.source is not None and not live.holds(task.trainer.identity, *task.source):
-            overhead += self.load_seconds
-        self._queue(task.key, slot, overhead)
+        self._start([task], PathRunner, prefer)
 
     def launch_group(self, tasks: list[PathTask], priority: float = 0.0, prefer: str | None = None) -> None:
+        self._start(tasks, FusedPathRunner, prefer)
+
+    def _start(self, tasks: list[PathTask], runner_type: type, prefer: str | None) -> None:
+        """Occupy a worker with `tasks` under the first one's key: one task by a `PathRunner`,
+        a fused group by a `FusedPathRunner`; charged the launch and each load from storage."""
         key = tasks[0].key
         worker = self._worker(key, prefer)
         live = self._live[worker]
-        runner = FusedPathRunner(
-            tasks,
+        runner = runner_type(
+            tasks[0] if runner_type is PathRunner else tasks,
             self.store,
             live,
             worker=f"sim-{worker}",
