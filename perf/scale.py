@@ -48,7 +48,9 @@ ALGORITHMS = ("grid", "asha")
 
 def grid(n: int) -> list[dict]:
     side = round(n**0.5)
-    configs = [{"lr": 1e-4 * (i + 1), "momentum": j / side} for i in range(side) for j in range(-(-n // side))]
+    configs = [
+        {"lr": 1e-4 * (i + 1), "momentum": j / side} for i in range(side) for j in range(-(-n // side))
+    ]
     return configs[:n]
 
 
@@ -269,7 +271,9 @@ def markdown(result: dict[str, Any]) -> str:
                 )
         rebuilt = next((r for r in rows if r["algorithm"] == name and r["planner"] == "rebuild"), None)
         if rebuilt is not None:
-            same = next(r for r in mine if (r["trials"], r["workers"]) == (rebuilt["trials"], rebuilt["workers"]))
+            same = next(
+                r for r in mine if (r["trials"], r["workers"]) == (rebuilt["trials"], rebuilt["workers"])
+            )
             flat.append(
                 f"{name}, coordinator time rebuilding / incremental at {same['trials']:,} trials on "
                 f"{same['workers']:,} workers: {rebuilt['coordinator_s'] / same['coordinator_s']:.1f}"

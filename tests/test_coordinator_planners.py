@@ -51,7 +51,9 @@ def random_schedules(seed: int, n: int, steps: int) -> list[dict]:
     for _ in range(n):
         milestones = sorted(rng.sample(range(1, steps), rng.randint(0, 3)))
         lr = dt.Steps([rng.choice([0.1, 0.05, 0.01]) for _ in range(len(milestones) + 1)], milestones)
-        configs.append({"lr": lr, "batch_size": dt.Steps([128, rng.choice([128, 256])], [rng.choice([10, 20])])})
+        configs.append(
+            {"lr": lr, "batch_size": dt.Steps([128, rng.choice([128, 256])], [rng.choice([10, 20])])}
+        )
     return configs
 
 
@@ -105,7 +107,9 @@ def test_incremental_planner_runs_the_studies_the_rebuild_runs(name, monkeypatch
     assert report["executed_steps"] == report["unique_steps"] == rebuilt_report["executed_steps"]
     assert report["trial_steps"] == rebuilt_report["trial_steps"]
     assert report["makespan_seconds"] <= rebuilt_report["makespan_seconds"] * 1.001
-    print(f"{name}: makespan {report['makespan_seconds']:.1f} (rebuild {rebuilt_report['makespan_seconds']:.1f})")
+    print(
+        f"{name}: makespan {report['makespan_seconds']:.1f} (rebuild {rebuilt_report['makespan_seconds']:.1f})"
+    )
 
 
 def test_planner_choice_is_checked():

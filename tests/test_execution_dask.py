@@ -87,7 +87,9 @@ def test_trials_submitted_one_by_one_in_a_loop_train_their_shared_prefix_once(cl
     twice, every run, when each submission launched work at once)."""
     lrs = [0.2, 0.15, 0.12, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.01, 0.005]
     configs = [{"lr": dt.Steps([0.1, lr], [1])} for lr in lrs]
-    with Study(SyntheticTrainer, name="burst", storage=tmp_path, client=client, resources={"GPU": 1}) as study:
+    with Study(
+        SyntheticTrainer, name="burst", storage=tmp_path, client=client, resources={"GPU": 1}
+    ) as study:
         handles = [study.submit(config, 7) for config in configs]
         for handle, config in zip(handles, configs):
             assert handle.result(timeout=120) == run_alone(SyntheticTrainer, config, 7)[-1]

@@ -142,7 +142,7 @@ class Coordinator:
         if own_pick:
             raise ValueError(
                 f'planner="incremental" follows a policy\'s ready_key and path_key, but '
-                f"{type(self.policy).__name__} overrides pick: use planner=\"rebuild\""
+                f'{type(self.policy).__name__} overrides pick: use planner="rebuild"'
             )
         return IncrementalPlanner(self.plan, self.cost, self.policy, tolerance=REPRICE_TOLERANCE)
 
@@ -513,7 +513,9 @@ class Coordinator:
             below: dict[str, list[tuple[int, float]]] = {}
             for stage in tree.stages:
                 if stage.source == "running" and stage.source_task is not None and stage.source_point:
-                    below.setdefault(stage.source_task, []).append((stage.source_point[1], priority[stage.index]))
+                    below.setdefault(stage.source_task, []).append(
+                        (stage.source_point[1], priority[stage.index])
+                    )
             pausable = self.running.pausable(lambda key: below.get(key, ()), self.cost, self.plan)
             pauses = self.policy.preempt(waiting, priority, pausable)
         return [(path, priority[path[0].index]) for path in paths], pauses
@@ -546,7 +548,9 @@ class Coordinator:
                 self._redirect_due.add(key)
         return launches, pauses
 
-    def _fuse(self, launches: list[tuple[list[Stage], float]], free: int) -> list[list[tuple[PathTask, float]]]:
+    def _fuse(
+        self, launches: list[tuple[list[Stage], float]], free: int
+    ) -> list[list[tuple[PathTask, float]]]:
         """The round's paths (best first) as tasks with their priorities, in at most `free`
         fused groups (`dagtune.coordinator._fusion`); the paths left out stay ready."""
         tasks = [self._task(path) for path, _ in launches]
@@ -620,7 +624,9 @@ class Coordinator:
         running.number = int(task.key.rsplit("-", 1)[1])
         self.running.start(task.key, running)
         if self.planner is not None:
-            self.planner.task_launched(task.key, [(s.node, s.start, s.end) for s in task.segments], task.start)
+            self.planner.task_launched(
+                task.key, [(s.node, s.start, s.end) for s in task.segments], task.start
+            )
             self._launched_since.add(task.key)
 
     # ------------------------------------------------------------------ state
