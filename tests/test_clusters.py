@@ -245,10 +245,12 @@ def test_a_local_cluster_scales_for_dagtunes_demand(tmp_path):
             SlowTrainer, {"delay": 0.1}, name="grow", storage=tmp_path, client=client, resources={"GPU": 1}
         ) as study:  # no worker yet: the study waits for one, asking for it
             assert len(client.scheduler_info()["workers"]) >= 1
-            result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=20), timeout=120)
+            # 4 s a trial: the third worker joins (within a second or two on a loaded machine)
+            # while the last two trials still wait for a slot
+            result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=40), timeout=120)
             events = client.get_events(study.coordinator.topic)
         assert client.get_metadata(list(DEMAND)) == {}  # withdrawn on close
-    assert result.report["executed_steps"] == result.report["unique_steps"] == 80
+    assert result.report["executed_steps"] == result.report["unique_steps"] == 160
     assert len(started_on(events)) == 3
     _, base, demand, workers, _ = next(h for h in adaptive.history if h[-1] >= 3)
     assert demand > 0 and base <= workers  # it grew for dagtune's demand: Dask alone would not have
