@@ -1,17 +1,24 @@
-"""Trial fusion at the study level: a grid as a fused study and as an unfused one, side by
-side on one LocalCluster of 2 single-threaded worker processes.
+"""Trial fusion at the study level: a grid as a fused study, as an unfused one and under Ray
+Tune, side by side on 2 single-threaded workers of this machine, in one run.
 
 Two grids: 32 schedules of a 30-64-2 MLP (learning-rate schedules x momentum ramps x weight
 decays, one epoch of 128 batches per step), and `examples/digits.py`'s digits grid (36
-trials of its CNN, 30 epochs), whose batch-size ramps are not fusible. Both share prefixes, so both studies of each train each unique step once; the
-fused one (``Study(fuse=16)``) trains the stages that start together with equal non-fusible
-values as fused tasks of up to 16 trials on one worker slot each. The studies alternate
-(unfused, fused, unfused, fused in quick mode), each with its own storage so neither reuses
-the other's results; the cluster start-up and a warm-up study of each kind (imports, first
-calls on the workers) are not timed. Reported per study: wall time of `Study.run`,
-trial-steps per second (the trials' steps over the wall time), executed and unique steps,
-the number of fused tasks and their mean size, and the largest difference of a trial's final
-metrics between the two.
+trials of its CNN, 30 epochs), whose batch-size ramps are not fusible. Both share prefixes,
+so both dagtune studies of each train each unique step once; the fused one
+(``Study(fuse=16)``) trains the stages that start together with equal non-fusible values as
+fused tasks of up to 16 trials on one worker slot each. Ray Tune runs the same trials with
+the same trainer as independent trials, exactly as in the Ray Tune section (`perf/raytune.py`:
+function trainables, ``reuse_actors=True``, one CPU each, a checkpoint at each trial's end,
+``ray.init(num_cpus=2)`` after the Dask workers of the same process have gone idle). The
+three alternate (unfused, fused, Ray Tune, unfused, ... in quick mode), each with its own
+storage so none reuses another's results; the Dask cluster's start-up and a warm-up study of
+each dagtune kind (imports, first calls on the workers) are not timed, nor is ``ray.init``,
+but Ray Tune's trial actors start (and import torch) inside its timed run, as they do for
+every Ray Tune study. Reported per study: wall time (`Study.run`, `Tuner.fit`), trial-steps
+per second (the trials' steps over the wall time), executed and unique steps, the number of
+fused tasks and their mean size, the largest difference of a trial's final metrics between
+the fused and unfused studies (and of the searched metric, Ray Tune against unfused), and
+where the worker-seconds went (`perf/timeline.py`; Ray Tune's from timers in its trainable).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from typing import Any
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from perf import raytune
+from perf.timeline import TimedStudy, account, account_table
 
 WORKERS = 2
 FUSE = 16
@@ -90,10 +99,10 @@ def cases(tiny_trainer: type, tiny_kwargs: dict) -> list[Case]:
 
 
 def run_study(client: Any, case: Case, fuse: bool | int, configs: list, steps: int) -> dict:
-    """One study of `configs` on `client`'s cluster; its figures."""
+    """One dagtune study of `configs` on `client`'s cluster; its figures and time account."""
     with (
         tempfile.TemporaryDirectory() as storage,
-        dt.Study(
+        TimedStudy(
             case.trainer, case.kwargs, name="perf-fusion", storage=storage, client=client, fuse=fuse
         ) as study,
     ):
@@ -105,11 +114,13 @@ def run_study(client: Any, case: Case, fuse: bool | int, configs: list, steps: i
             launch_group(tasks, priority, prefer)
 
         study.executor.launch_group = record
+        wall_began = time.time()
         began = time.perf_counter()
         result = study.run(GridSearch(configs, metric=case.metric, mode=case.mode, steps=steps))
         wall = time.perf_counter() - began
+        report = result.report  # counted once every stage of the run has ended
+        spent = account(study, wall, wall_began, WORKERS)
         finals = {repr(t.config): t.metrics for t in study.coordinator.trials.values()}
-    report = result.report
     return {
         "study": f"fused (fuse={fuse})" if fuse else "unfused",
         "wall_seconds": wall,
@@ -119,24 +130,50 @@ def run_study(client: Any, case: Case, fuse: bool | int, configs: list, steps: i
         "executed_steps": report["executed_steps"],
         "trial_steps_per_second": report["trial_steps"] / wall,
         "fused_tasks": len(sizes),
-        "mean_members": statistics.fmean(sizes) if sizes else 0.0,
+        "mean_members": f"{statistics.fmean(sizes):.1f}" if sizes else "0.0",
+        "train_ms_per_step": 1000 * spent["train_seconds_per_step"],
+        "account": spent["rows"],
         "finals": finals,
     }
 
 
-def compare_case(client: Any, case: Case, mode: str) -> dict[str, Any]:
-    """The unfused and the fused study of `case`, alternating."""
-    configs, steps = case.space(mode), case.steps[mode]
+def run_ray(case: Case, configs: list, steps: int) -> dict:
+    """The same trials under Ray Tune (`perf/raytune.py`'s trainable, end-of-trial checkpoints)."""
+    ran = raytune.run_ray(
+        configs, steps, trainer=case.trainer, kwargs=case.kwargs, metric=case.metric, mode=case.mode
+    )
+    return {
+        "study": ran["system"],
+        "wall_seconds": ran["wall_seconds"],
+        "trials": ran["trials"],
+        "trial_steps": ran["trial_steps"],
+        "unique_steps": ran["unique_steps"],
+        "executed_steps": ran["executed_steps"],
+        "trial_steps_per_second": ran["trial_steps"] / ran["wall_seconds"],
+        "fused_tasks": "–",
+        "mean_members": "–",
+        "train_ms_per_step": ran["train_ms_per_epoch"],
+        "account": ran["account"],
+        "finals": ran["finals"],
+    }
+
+
+def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str, Any]:
+    """The unfused and the fused study of `case` and (`with_ray`) Ray Tune, alternating."""
+    steps = case.steps[mode]
+    configs = raytune.distinct(case.space(mode), steps)  # all of them but in smoke mode's 2 steps
     for fuse in (False, FUSE):  # warm-up, not timed: imports and first calls on the workers
         run_study(client, case, fuse, configs[:2], 1)
     rounds = {"smoke": 1, "quick": 2, "full": 3}[mode]
-    runs: dict[str, list[dict]] = {"unfused": [], "fused": []}
+    runs: dict[str, list[dict]] = {"unfused": [], "fused": []} | ({"ray": []} if with_ray else {})
     for _ in range(rounds):
         runs["unfused"].append(run_study(client, case, False, configs, steps))
         runs["fused"].append(run_study(client, case, FUSE, configs, steps))
+        if with_ray:
+            runs["ray"].append(run_ray(case, configs, steps))
         print(
-            f"[perf] fusion study, {case.name}: unfused {runs['unfused'][-1]['wall_seconds']:.1f} s, "
-            f"fused {runs['fused'][-1]['wall_seconds']:.1f} s",
+            f"[perf] fusion study, {case.name}: "
+            + ", ".join(f"{kind} {found[-1]['wall_seconds']:.1f} s" for kind, found in runs.items()),
             flush=True,
         )
     best = {kind: min(found, key=lambda r: r["wall_seconds"]) for kind, found in runs.items()}
@@ -146,42 +183,62 @@ def compare_case(client: Any, case: Case, mode: str) -> dict[str, Any]:
         for config, metrics in unfused["finals"].items()
         for name, value in metrics.items()
     )
-    return {
+    result = {
         "case": case.name,
         "steps": steps,
         "rounds": rounds,
-        "rows": [{k: v for k, v in run.items() if k != "finals"} for run in (unfused, fused)],
+        "metric": case.metric,
+        "rows": [{k: v for k, v in run.items() if k != "finals"} for run in best.values()],
         "speedup": unfused["wall_seconds"] / fused["wall_seconds"],
         "all_walls": {kind: [r["wall_seconds"] for r in found] for kind, found in runs.items()},
         "max_final_metric_difference": difference,
+        "ray": raytune.ray_label(with_ray),
     }
+    if with_ray:
+        ray = best["ray"]
+        result["ray_over_fused"] = ray["wall_seconds"] / fused["wall_seconds"]
+        result["ray_over_unfused"] = ray["wall_seconds"] / unfused["wall_seconds"]
+        result["ray_metric_difference"] = max(
+            abs(ray["finals"][config] - metrics[case.metric]) for config, metrics in unfused["finals"].items()
+        )
+    return result
 
 
 def compare(tiny_trainer: type, tiny_kwargs: dict, mode: str) -> list[dict[str, Any]]:
-    """Every case's comparison (`mode`: smoke, quick or full) on one cluster."""
+    """Every case's comparison (`mode`: smoke, quick or full) on one Dask cluster, with Ray
+    Tune's runs when Ray is installed."""
     from distributed import Client
 
     from dagtune.cluster import embedded_cluster  # loads distributed
 
+    with_ray = raytune.ray_installed()
     with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
-        return [compare_case(client, case, mode) for case in cases(tiny_trainer, tiny_kwargs)]
+        return [compare_case(client, case, mode, with_ray) for case in cases(tiny_trainer, tiny_kwargs)]
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
     from perf.table import table
 
+    with_ray = all("ray_over_fused" in result for result in results)
     parts = [
-        f"A study with fusion against the same study without it, on {WORKERS} single-threaded Dask "
-        "workers (best of the alternating runs of each; every run in parentheses):"
+        "A study with fusion against the same study without it"
+        + (" and against Ray Tune" if with_ray else "")
+        + f", on {WORKERS} single-threaded workers (best of the alternating runs of each; every run "
+        "in parentheses):"
     ]
+    if not with_ray:
+        parts.append(f"**Ray Tune {results[0].get('ray', raytune.SKIPPED)}.** Only dagtune's rows ran.")
     for result in results:
         walls = result["all_walls"]
+        names = {"unfused": "unfused", "fused": "fused", "ray": "Ray Tune"}
         parts += [
-            f"**{result['case']}**, {result['rows'][0]['trials']} trials of {result['steps']} steps "
-            f"(unfused {', '.join(f'{w:.1f}' for w in walls['unfused'])} s; fused "
-            f"{', '.join(f'{w:.1f}' for w in walls['fused'])} s):",
+            f"**{result['case']}**, {result['rows'][0]['trials']} trials of {result['steps']} steps ("
+            + "; ".join(
+                f"{names[kind]} {', '.join(f'{w:.1f}' for w in found)} s" for kind, found in walls.items()
+            )
+            + "):",
             table(
-                [{**row, "mean_members": f"{row['mean_members']:.1f}"} for row in result["rows"]],
+                result["rows"],
                 [
                     ("study", "study"),
                     ("wall_seconds", "wall s"),
@@ -191,10 +248,44 @@ def markdown(results: list[dict[str, Any]]) -> str:
                     ("executed_steps", "executed"),
                     ("fused_tasks", "fused tasks"),
                     ("mean_members", "mean K"),
+                    ("train_ms_per_step", "training ms per step"),
                 ],
             ),
-            f"Fused / unfused wall time: **{1 / result['speedup']:.2f}** ({result['speedup']:.2f}x the "
-            f"throughput); largest difference of a trial's final metrics between the two: "
-            f"{result['max_final_metric_difference']:.1e}.",
+            _verdict(result),
         ]
+        accounts = [
+            (row["study"], row["account"], row["wall_seconds"]) for row in result["rows"] if "account" in row
+        ]
+        if accounts:
+            parts += [
+                f"Where the time goes ({WORKERS} workers x wall time, by activity; a fused step's training "
+                "time is split among its members):",
+                account_table(accounts, WORKERS),
+            ]
     return "\n\n".join(parts)
+
+
+def _verdict(result: dict[str, Any]) -> str:
+    """The ratios of one case and whether dagtune's executed steps equal its unique steps."""
+    text = (
+        f"Fused / unfused wall time: **{1 / result['speedup']:.2f}** ({result['speedup']:.2f}x the "
+        f"throughput); largest difference of a trial's final metrics between the two: "
+        f"{result['max_final_metric_difference']:.1e}."
+    )
+    if "ray_over_fused" in result:
+        text += (
+            f" **Ray Tune / fused wall time: {result['ray_over_fused']:.2f}x**, Ray Tune / unfused: "
+            f"{result['ray_over_unfused']:.2f}x; largest difference of a trial's final {result['metric']} "
+            f"between Ray Tune and unfused: {result['ray_metric_difference']:.1e}."
+        )
+    extra = [
+        r["study"]
+        for r in result["rows"]
+        if r["study"] != "Ray Tune" and r["executed_steps"] != r["unique_steps"]
+    ]
+    text += (
+        " dagtune's executed steps differ from its unique steps in: " + ", ".join(extra) + "."
+        if extra
+        else " Both dagtune studies executed exactly their unique steps."
+    )
+    return text

@@ -48,19 +48,19 @@ EPOCHS = 30  # the grid is designed for 30 epochs (examples/digits.py)
 SKIPPED = "skipped: ray not installed (pip install -e '.[perf]')"
 
 
-def _ray_trainable(params: dict[str, Any]) -> None:
-    """One Ray Tune trial: the same step protocol as dagtune's runner (setup with the values
-    that changed, one train() per epoch, evaluate() in an isolated RNG), checkpointing at the
-    trial's end or after every epoch. Reports cumulative timers of its own work."""
+def _ray_trainable(params: dict[str, Any], trainer_cls: type, kwargs: dict[str, Any]) -> None:
+    """One Ray Tune trial of `trainer_cls` built with `kwargs`: the same step protocol as dagtune's
+    runner (setup with the values that changed, one train() per epoch, evaluate() in an
+    isolated RNG), checkpointing at the trial's end or after every epoch. Reports cumulative
+    timers of its own work."""
     import torch
-    from digits import DigitsTrainer
     from ray import tune
 
     clock = time.perf_counter
     timers = {"t_build": 0.0, "t_train": 0.0, "t_eval": 0.0, "t_checkpoint": 0.0, "t_report": 0.0}
     began = clock()
     config = config_from_json(json.loads(params["config"]))
-    trainer = build_trainer(DigitsTrainer, {}, params["seed"])
+    trainer = build_trainer(trainer_cls, kwargs, params["seed"])
     start = 0
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -113,12 +113,24 @@ def run_ray(
     asha: dict | None = None,
     checkpoint: str = "end",
     seed: int = 0,
+    trainer: type | None = None,
+    kwargs: dict[str, Any] | None = None,
+    metric: str = "val_acc",
+    mode: str = "max",
 ) -> dict[str, Any]:
-    """Ray Tune on `WORKERS` CPUs: wall time, steps, best accuracy and where the time went."""
+    """Ray Tune on `WORKERS` CPUs: wall time, steps, the best `metric` (``best_<metric>``), each
+    trial's last `metric` (``finals``, by the config's repr) and where the time went. `trainer` (built with `kwargs`) defaults to
+    `examples/digits.py`'s `DigitsTrainer`."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    if trainer is None:
+        from digits import DigitsTrainer
+
+        trainer = DigitsTrainer
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     began = time.perf_counter()
     ray.init(
         num_cpus=WORKERS,
@@ -137,16 +149,16 @@ def run_ray(
         )
         with tempfile.TemporaryDirectory() as storage:
             tuner = tune.Tuner(
-                tune.with_resources(_ray_trainable, {"cpu": 1}),
+                tune.with_resources(
+                    tune.with_parameters(_ray_trainable, trainer_cls=trainer, kwargs=kwargs or {}), {"cpu": 1}
+                ),
                 param_space={
                     "config": tune.grid_search([config_dumps(c) for c in configs]),
                     "epochs": epochs,
                     "seed": seed,
                     "checkpoint": checkpoint,
                 },
-                tune_config=tune.TuneConfig(
-                    metric="val_acc", mode="max", scheduler=scheduler, reuse_actors=True
-                ),
+                tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, reuse_actors=True),
                 run_config=tune.RunConfig(
                     storage_path=storage,
                     verbose=0,
@@ -162,7 +174,7 @@ def run_ray(
             if iterations:
                 trained.append((config_from_json(json.loads(r.config["config"])), iterations, r.metrics))
         finished = [m for _, s, m in trained if s == epochs]
-        best = max((m["val_acc"] for m in finished), default=float("nan"))
+        best = (max if mode == "max" else min)((m[metric] for m in finished), default=float("nan"))
         threads = sorted({int(m["torch_threads"]) for _, _, m in trained})
         timers = {
             k: sum(m.get(k, 0.0) for _, _, m in trained)
@@ -192,10 +204,11 @@ def run_ray(
         "unique_steps": unique,
         "executed_steps": trial_steps,  # every trial trains on its own
         "redundant_steps": trial_steps - unique,
-        "best_val_acc": best,
+        f"best_{metric}": best,
         "torch_threads": threads,
         "train_ms_per_epoch": 1000 * timers["t_train"] / trial_steps if trial_steps else float("nan"),
         "account": _rows(account, WORKERS * wall),
+        "finals": {repr(c): m[metric] for c, _, m in trained},  # each trial's last `metric`
     }
 
 
@@ -296,8 +309,6 @@ def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
     `ray=False` leaves it out)."""
     from digits import search_space
 
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     epochs = 3 if mode == "smoke" else EPOCHS
     configs = list(search_space())
     if mode == "smoke":
@@ -330,7 +341,7 @@ def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
         "trial_steps": len(configs) * epochs,
         "unique_steps": dt.unique_steps((c, epochs) for c in configs),
         "merge_rate": merge,
-        "ray": SKIPPED if not with_ray else "ray " + _version("ray"),
+        "ray": ray_label(with_ray),
         "grid": grid,
         "asha": asha,
         "asha_settings": asha_settings,
@@ -344,13 +355,11 @@ def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
     return result
 
 
-def _version(package: str) -> str:
+def ray_label(with_ray: bool) -> str:
+    """The Ray version the Ray Tune rows ran with, or why they did not run."""
     from importlib import metadata
 
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    return "ray " + metadata.version("ray") if with_ray else SKIPPED
 
 
 if __name__ == "__main__":
@@ -427,29 +436,12 @@ def markdown(result: dict[str, Any]) -> str:
 def _accounts(result: dict[str, Any]) -> str:
     """Where the worker-seconds of each grid run went."""
     from perf.table import table
+    from perf.timeline import account_table
 
     rows = [r for r in result["grid"] if r.get("account")]
-    activities: list[str] = []
-    for row in rows:
-        for entry in row["account"]:
-            if entry["activity"] not in activities:
-                activities.append(entry["activity"])
-    lines = []
-    for activity in activities:
-        line = {"activity": activity}
-        for row in rows:
-            found = next((e for e in row["account"] if e["activity"] == activity), None)
-            line[row["system"]] = (
-                "" if found is None else f"{found['seconds']:.1f} ({100 * found['share']:.0f}%)"
-            )
-        lines.append(line)
-    totals = {"activity": "**workers x wall time**"}
-    for row in rows:
-        totals[row["system"]] = f"{WORKERS * row['wall_seconds']:.1f}"
-    lines.append(totals)
     text = [
         "Where the time goes (grid search; worker-seconds = 2 workers x study wall time, by activity):",
-        table(lines, [("activity", "activity")] + [(r["system"], r["system"] + " (s)") for r in rows]),
+        account_table([(r["system"], r["account"], r["wall_seconds"]) for r in rows], WORKERS),
     ]
     for row in rows:
         details = row.get("details")

@@ -10,9 +10,10 @@ the directive read after every step and the events sent back. The timers cost a
 
 `account` turns both into one account of the worker-seconds of a run (workers x wall time):
 training, evaluation, checkpoint saves and loads, trainer construction, per-step messaging,
-the rest of a running stage, and the idle time between stages (dispatch latency: the end
-event's trip to the coordinator, re-planning, submission, Dask's scheduling and the next
-stage's start), plus the idle time at the end when fewer stages than workers remain.
+the rest of a running stage (the members of a fused task share one span of their worker), and
+the idle time between stages (dispatch latency: the end event's trip to the coordinator,
+re-planning, submission, Dask's scheduling and the next stage's start), plus the idle time at
+the end when fewer stages than workers remain.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import cProfile
 import functools
 import itertools
 import pstats
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -63,12 +65,20 @@ def install_worker_timers(trainer_cls: type) -> bool:
     import distributed
     from distributed import Worker
 
-    import dagtune.runner
+    import dagtune.runner  # loaded, so that its build_trainer is found below
+    import dagtune.trainer
     from dagtune.checkpoints import CheckpointStore
 
     _patch(CheckpointStore, "save", "checkpoint save")
     _patch(CheckpointStore, "load", "checkpoint load")
-    _patch(dagtune.runner, "build_trainer", "build trainer")
+    build_trainer = dagtune.trainer.build_trainer  # timed where the runners imported it
+    for name, module in list(sys.modules.items()):  # the runners, fused and unfused
+        if (
+            name.startswith("dagtune.")
+            and name != "dagtune.trainer"
+            and module.__dict__.get("build_trainer") is build_trainer
+        ):
+            _patch(module, "build_trainer", "build trainer")
     _patch(trainer_cls, "evaluate", "evaluate")
     _patch(trainer_cls, "load_state_dict", "load_state_dict")
     _patch(distributed.Variable, "get", "directive read")
@@ -163,6 +173,18 @@ class TimedStudy(dt.Study):
         return rows[:n]
 
 
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`spans` merged where they overlap, in order: the members of a fused task run at once in
+    one worker slot, so the worker is busy for the union of their spans, not their sum."""
+    merged: list[tuple[float, float]] = []
+    for begin, stop in sorted(spans):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((begin, stop))
+    return merged
+
+
 def account(study: TimedStudy, wall: float, began: float, workers: int) -> dict[str, Any]:
     """Worker-seconds of a run (workers x `wall` from time.time() `began`), by activity."""
     starts: dict[str, dict] = {}
@@ -193,11 +215,11 @@ def account(study: TimedStudy, wall: float, began: float, workers: int) -> dict[
         end = ends.get(key)
         if end is not None and end.get("time") is not None:
             per_worker[start["worker"]].append((start["time"], end["time"]))
-    in_stage = sum(stop - begin for spans in per_worker.values() for begin, stop in spans)
+    busy = {worker: _union(spans) for worker, spans in per_worker.items()}
+    in_stage = sum(stop - begin for spans in busy.values() for begin, stop in spans)
     gaps, tail = [], 0.0
     finish = began + wall
-    for spans in per_worker.values():
-        spans.sort()
+    for spans in busy.values():
         gaps += [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(spans)]
         tail += max(0.0, finish - spans[-1][1])
     tail += (workers - len(per_worker)) * wall
@@ -248,3 +270,26 @@ def account(study: TimedStudy, wall: float, began: float, workers: int) -> dict[
         "coordinator_seconds": dict(study.coordinator_seconds),
         "calls": {name: int(entry[0]) for name, entry in times.items()},
     }
+
+
+def account_table(runs: list[tuple[str, list[dict[str, Any]], float]], workers: int) -> str:
+    """A markdown table of the accounts of several runs, one column each: `runs` are (label,
+    the rows of `account` or any rows of activity, seconds and share, the run's wall time)."""
+    from perf.table import table
+
+    activities: list[str] = []
+    for _, rows, _ in runs:
+        for entry in rows:
+            if entry["activity"] not in activities:
+                activities.append(entry["activity"])
+    lines = []
+    for activity in activities:
+        line = {"activity": activity}
+        for label, rows, _ in runs:
+            found = next((e for e in rows if e["activity"] == activity), None)
+            line[label] = "" if found is None else f"{found['seconds']:.1f} ({100 * found['share']:.0f}%)"
+        lines.append(line)
+    lines.append(
+        {"activity": "**workers x wall time**", **{label: f"{workers * wall:.1f}" for label, _, wall in runs}}
+    )
+    return table(lines, [("activity", "activity")] + [(label, label + " (s)") for label, _, _ in runs])
