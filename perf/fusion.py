@@ -23,8 +23,10 @@ weight after the stated number of steps). On CUDA the same code runs unchanged o
 Study level (`perf/fusion_study.py`): a grid of 32 schedules of the tiny MLP (4096 samples,
 128 batches a step) and the digits grid of `examples/digits.py` (36 trials, 30 epochs),
 each as a fused study (``Study(fuse=16)``) against the same study unfused, on
-one LocalCluster of 2 single-threaded workers, alternating, after an untimed warm-up of each;
-wall time of `Study.run`, trial-steps per second, executed and unique steps, the fused tasks.
+one LocalCluster of 2 single-threaded workers, and against the same trials under Ray Tune
+on 2 CPUs (as in the Ray Tune section), alternating, after an untimed warm-up of each dagtune
+kind; wall time, trial-steps per second, executed and unique steps, the fused tasks, and where
+the worker-seconds went.
 """
 
 from __future__ import annotations
