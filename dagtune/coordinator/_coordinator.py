@@ -113,6 +113,7 @@ class Coordinator:
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
+        self._started_count = 0  # tasks started (a fused group's members each count)
         self._dirty = True
         self.executed_steps = 0
         self.gpu_seconds = 0.0
@@ -621,7 +622,8 @@ class Coordinator:
         """Count `task` as running: its stages are in the tree, so it is needed up to its end
         until the next planning round says otherwise."""
         running.claimed = {s.end for s in task.segments}
-        running.number = int(task.key.rsplit("-", 1)[1])
+        self._started_count += 1
+        running.number = self._started_count  # redirects go in this order
         self.running.start(task.key, running)
         if self.planner is not None:
             self.planner.task_launched(

@@ -27,10 +27,15 @@ class Slot:
     fused: bool = False
     charged: float | None = None  # the slot's time is counted up to here
 
+    def uncounted_since(self, started: float) -> float:
+        """Where the slot's time not counted yet begins (`started`, a member's start, until
+        some of it is counted)."""
+        return started if self.charged is None else self.charged
+
     def charge(self, started: float, until: float) -> float:
-        """Seconds of this slot up to `until` not counted yet (from `started`, a member's start,
-        the first time): counted once however many members share it."""
-        begin = started if self.charged is None else self.charged
+        """Seconds of this slot up to `until` not counted yet: counted once however many
+        members share it."""
+        begin = self.uncounted_since(started)
         self.charged = max(begin, until)
         return max(0.0, until - begin)
 
@@ -49,7 +54,7 @@ class Running:
     claimed: set[int] = field(default_factory=set)
     directive: Directive = field(default_factory=Directive)
     pause_at: int | None = None
-    number: int = 0  # launch order
+    number: int = 0  # start order among the coordinator's tasks
     slot: Slot = field(default_factory=Slot)
 
 
@@ -107,9 +112,8 @@ class RunningTasks(Mapping[str, Running]):
         begun: dict[int, float] = {}
         for running in self._tasks.values():
             if running.started is not None:
-                slot = running.slot
-                begin = running.started if slot.charged is None else slot.charged
-                begun[id(slot)] = min(begun.get(id(slot), begin), begin)
+                begin = running.slot.uncounted_since(running.started)
+                begun[id(running.slot)] = min(begun.get(id(running.slot), begin), begin)
         return sum(max(0.0, now - begin) for begin in begun.values())
 
     # ------------------------------------------------------------------ InFlight
