@@ -348,8 +348,10 @@ def _open_study(
 
 def _parse_fuse(value: str | None) -> bool | int | None:
     """``--fuse``'s value: None if not given, True without N (F measured from memory), else N."""
-    if value is None or value == "memory":
-        return None if value is None else True
+    if value is None:
+        return None
+    if value == "memory":
+        return True
     try:
         count = int(value)
     except ValueError:
