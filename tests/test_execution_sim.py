@@ -394,7 +394,7 @@ def test_training_metrics_are_reported_and_a_non_finite_one_means_diverged():
     study = Study(BlindTrainer, executor=SimulatedExecutor(2), eval_every=100)  # only at trial ends
     calm, wild = study.submit({"lr": 0.1}, 10), study.submit({"lr": 50.0}, 40)
     calm.result()
-    assert [(step, sorted(m)) for step, m in calm.curve()] == [(10, ["loss", "score"])]
+    assert [(step, sorted(m)) for step, m in calm.curve()] == [(9, ["loss", "score"])]  # after step 9
     wild.result()
     assert wild.status == "diverged"
     (step, metrics), *_ = wild.curve()

@@ -30,13 +30,14 @@ from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
+from dagtune.identity import model_identity, stored_kwargs, trainer_name
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
+from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
-from dagtune.study._identity import model_identity
-from dagtune.study._results import Result, TrialError
+from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer
@@ -179,10 +180,12 @@ class Study:
         self._persistence: Persistence | None = None
         if isinstance(self.store, CheckpointStore):
             self.storage = self.store.url
-            describe = {
-                "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+            describe = {  # what rebuilding a trial's model needs (`dagtune.restore`); no credential
+                "trainer": trainer_name(trainer),
                 "seed": seed,
                 "version": version,
+                "trainer_kwargs": stored_kwargs(self.trainer_kwargs),
+                "fused": bool(fuse),
                 **(link.fields() if link is not None else {}),
             }
             try:
@@ -210,6 +213,8 @@ class Study:
             name=f"{name}-{self._token}",
             fuse=fuse,
         )
+        # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
+        self._restorer = Restorer(self.store, self.identity, lambda: spec, fused=bool(fuse))
         self._restored: list[Trial] = []
         if self._persistence is not None:
             self._restored = self._persistence.attach(self.coordinator)
@@ -493,7 +498,30 @@ class Study:
             report = self.coordinator.report(trials, since)
         if session.error is not None:
             raise session.error
-        return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
+        return Result(
+            trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial(), models=self._model_of
+        )
+
+    def _model_of(self, trial_id: int) -> tuple[Restorer, TrialPath]:
+        """Where trial `trial_id`'s model comes from: the study's checkpoints along its path
+        to its last step (`TrialResult.load_trainer`; works after `close` too)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            path = trial_path(self.plan, trial.node, trial.reached) if trial.node else TrialPath(0, (), ())
+        return self._restorer, path
+
+    def trial_result(self, trial_id: int) -> TrialResult:
+        """Trial `trial_id` as a `TrialResult` (its config, steps reached, latest metrics and
+        its model: `TrialResult.load_trainer`)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            return TrialResult(
+                trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, self._model_of
+            )
 
     @property
     def report(self) -> dict:
@@ -578,7 +606,10 @@ class TrialHandle:
         return dict(self.trial.metrics or {})
 
     def curve(self) -> list[tuple[int, dict[str, float]]]:
-        return list(self.trial.curve)
+        """The ``(step, metrics)`` pairs reported so far, ``step`` counting from 0: the
+        metrics evaluated right after that step (the last pair of a trial of ``n`` steps
+        has step ``n - 1``)."""
+        return [(k - 1, dict(m)) for k, m in self.trial.curve]
 
     def stop(self) -> None:
         self._study._call(self._study.coordinator.stop, self.trial.id)

@@ -1,5 +1,10 @@
 """A study's model identity: trials of equal identities (trainer, its arguments, seed,
-version) share one search plan, in every process and every session."""
+version) share one search plan, in every process and every session.
+
+A study records its identity when it opens (`dagtune.durable`): the trainer by its
+``module.qualname`` (`trainer_name`), the seed, the version and the trainer arguments when
+they survive JSON exactly (`stored_kwargs`), so that a trial's model can be rebuilt from
+storage alone (`dagtune.restore`)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["model_identity"]
+__all__ = ["model_identity", "stored_kwargs", "trainer_name"]
 
 
 def _canonical(value: Any, where: str) -> Any:
@@ -45,10 +50,38 @@ def _canonical(value: Any, where: str) -> Any:
 def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
     """The id of a model identity: trials of equal identities share one search plan."""
     payload = {
-        "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+        "trainer": trainer_name(trainer),
         "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
         "seed": seed,
         "version": version,
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def trainer_name(trainer: type) -> str:
+    """``module.qualname`` of a trainer class, as its identity records it."""
+    return f"{trainer.__module__}.{trainer.__qualname__}"
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """`a` and `b` are equal with equal types all the way down (``1`` is not ``1.0``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def stored_kwargs(trainer_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The trainer arguments as a study records them: a plain JSON copy when JSON gives them
+    back exactly (numbers, strings, bools, None, lists and dicts with string keys), else None
+    (tuples, paths, arrays: whoever rebuilds the trainer passes them again, checked against
+    the identity)."""
+    try:
+        copy = json.loads(json.dumps(dict(trainer_kwargs), allow_nan=False))
+    except (TypeError, ValueError):
+        return None
+    return copy if _same_json(copy, dict(trainer_kwargs)) else None
