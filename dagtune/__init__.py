@@ -4,7 +4,7 @@ Trials whose hyper-parameter sequences agree on a prefix share its training thro
 of stages and checkpoints (the Hippo design), scheduled by critical path on Dask.
 """
 
-from dagtune import algos, fusion, mup
+from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
 from dagtune.fusion import SGD, AdamW, FusibleTrainer
@@ -83,6 +83,7 @@ __all__ = [
     "choice",
     "fusion",
     "isolated_rng",
+    "loggers",
     "loguniform",
     "merge_rate",
     "mup",

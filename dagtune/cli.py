@@ -3,6 +3,7 @@
 ::
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
+                                   [--tensorboard DIR]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
@@ -226,6 +227,11 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
 )
 @click.option("--tls-key", metavar="PATH", help="Its private key (PEM), unless --tls-cert holds it.")
 @click.option(
+    "--tensorboard",
+    metavar="DIR",
+    help="Log every trial to TensorBoard in DIR (a run per trial: `tensorboard --logdir DIR`).",
+)
+@click.option(
     "--fuse",
     is_flag=False,
     flag_value="memory",
@@ -247,6 +253,7 @@ def run(
     tls_ca_file: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    tensorboard: str | None,
     fuse: str | None,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
@@ -271,6 +278,11 @@ def run(
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
+    if tensorboard:
+        with _mistake(
+            ImportError, str, "pip install tensorboard (or 'dagtune[tensorboard]'), or drop --tensorboard"
+        ):
+            options["loggers"] = [*options.get("loggers", ()), dt.loggers.TensorBoard(tensorboard)]
     if fused is not None:
         _check_fuse(fused, setup.trainer)
         options["fuse"] = fused
@@ -514,7 +526,8 @@ def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> N
         return
     frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
-    columns = ["trial_id", "status", "steps", metric, *(hp for hp in snapshot["hp"] if hp in frame)]
+    shown = (c for hp in snapshot["hp"] for c in (hp, f"{hp}/schedule") if c in frame)
+    columns = ["trial_id", "status", "steps", metric, *shown]
     for column in columns:
         table.add_column(_escape(column))
     for _, row in frame.iterrows():

@@ -7,12 +7,13 @@ storage) build their frames here, from the same rows, so they have the same colu
 - ``status``, ``steps`` (the steps the trial reached: its steps if completed, else the
   steps it received metrics for), then one float column per metric with the trial's final
   value (NaN where it reported none);
-- one column per hyper-parameter: a **constant** one (its value never changes, however it
-  was written: ``0.1``, ``Exponential(0.1, 1.0)``) holds its value as a plain number,
-  string or bool; a **schedule** (a value that changes in any trial) holds its short text
-  (``"MultiStep(0.1, [30, 45], 0.1)"``, ``"128→256@40"``) and gets two numeric columns
-  ``NAME/first`` (its value at step 0) and ``NAME/last`` (at the last step the trial trained,
-  ``steps - 1``; missing for a trial that trained none);
+- a **constant** hyper-parameter (its value never changes in any trial, however it was
+  written: ``0.1``, ``Exponential(0.1, 1.0)``) is one column ``NAME`` of its plain values
+  (numbers, strings or bools); a **schedule** (its value changes in some trial) is three:
+  ``NAME/schedule``, its short text (``"MultiStep(0.1, [30, 45], 0.1)"``, ``"128→256@40"``,
+  ``"0.1"`` in a trial where it is constant), ``NAME/first``, its value at step 0, and
+  ``NAME/last``, its value at the last step the trial trained (``steps - 1``; missing for a
+  trial that trained none). Loggers use the same names (`dagtune.loggers.hparams_of`);
 - ``error`` (the traceback of a failed trial, else ``""``) and ``config`` (the exact config
   as canonical JSON: ``dagtune.config.config_from_json(json.loads(text))`` gives it back).
 
@@ -110,11 +111,13 @@ def trials_table(rows: Iterable[TrialRow]):
         columns[claim(metric, "metric")] = [float(r.metrics.get(metric, math.nan)) for r in rows]
     for name in sorted({n for r in rows for n in r.config}):
         sequences = [r.config.get(name) for r in rows]
-        column = claim(name, "config")
+        column = name if name not in taken else f"config/{name}"
         if all(s is None or is_constant(s) for s in sequences):
-            columns[column] = [None if s is None else s(0) for s in sequences]
+            columns[claim(column, "config")] = [None if s is None else s(0) for s in sequences]
             continue
-        columns[column] = [None if s is None else readable(s) for s in sequences]
+        columns[claim(f"{column}/schedule", "config")] = [
+            None if s is None else readable(s) for s in sequences
+        ]
         columns[claim(f"{column}/first", "config")] = [None if s is None else _value(s, 0) for s in sequences]
         columns[claim(f"{column}/last", "config")] = [
             None if s is None or r.steps <= 0 else _value(s, r.steps - 1) for s, r in zip(sequences, rows)

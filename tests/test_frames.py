@@ -53,7 +53,7 @@ def test_result_and_stored_results_have_one_schema(ran):
         "val_acc",
         "val_loss",
         "batch_size",
-        "lr",
+        "lr/schedule",
         "lr/first",
         "lr/last",
         "optimizer",
@@ -64,7 +64,7 @@ def test_result_and_stored_results_have_one_schema(ran):
     assert read["batch_size"].dtype.kind == "i" and sorted(set(read["batch_size"])) == [64, 128]
     assert set(read["optimizer"]) == {"sgd"}
     # a schedule: its text, and its values at the first and the last step trained
-    assert set(read["lr"]) == {"0.1", "MultiStep(0.1, [3], 0.5)"}
+    assert set(read["lr/schedule"]) == {"0.1", "MultiStep(0.1, [3], 0.5)"}
     assert list(read["lr/first"]) == [0.1] * 4
     assert sorted(read["lr/last"]) == [0.05, 0.05, 0.1, 0.1]
     assert read.groupby("batch_size")["val_loss"].count().to_dict() == {64: 2, 128: 2}
@@ -97,7 +97,7 @@ def test_a_hyper_parameter_named_like_a_metric_or_a_column_is_prefixed(tmp_path)
     with study_in(str(tmp_path), name="clash") as study:
         result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=3))
     frame = result.trials
-    assert {"config/loss", "config/steps", "val", "val/first", "val/last"} <= set(frame.columns)
+    assert {"config/loss", "config/steps", "val/schedule", "val/first", "val/last"} <= set(frame.columns)
     assert frame.loc[0, "config/loss"] == 0.1 and frame.loc[0, "loss"] != 0.1
     assert (frame.loc[0, "val/first"], frame.loc[0, "val/last"]) == (1, 2)
     assert list(dt.open_results(str(tmp_path), "clash").trials.columns) == list(frame.columns)

@@ -65,8 +65,8 @@ def test_trials_frame_has_one_column_per_hyper_parameter(finished):
     _, result = finished
     frame = trials_frame(result._trials)
     assert frame.index.name == "trial_id" and list(frame.columns[:2]) == ["status", "steps"]
-    assert {"lr", "momentum", "val_loss"} <= set(frame.columns)
-    assert sorted(frame["momentum"]) == ["0.9", "0.9", "0.9→0.5@3", "0.9→0.5@3"]
+    assert {"lr/schedule", "momentum/schedule", "val_loss"} <= set(frame.columns)
+    assert sorted(frame["momentum/schedule"]) == ["0.9", "0.9", "0.9→0.5@3", "0.9→0.5@3"]
     assert sorted(frame["momentum/first"]) == [0.9] * 4
     assert sorted(frame["momentum/last"]) == [0.5, 0.5, 0.9, 0.9]
 

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -31,6 +31,7 @@ from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.identity import model_identity, stored_kwargs, trainer_name
+from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
@@ -90,6 +91,11 @@ class Study:
     the model, and fails the trial with ``evaluate() changed the training state: <keys>``
     if they differ (results would depend on where dagtune evaluates); 0 turns it off.
 
+    `loggers` (`dt.loggers.TensorBoard`, `CSV`, `MLflow`, or your own `dt.loggers.Logger`)
+    get every trial's hyper-parameters and every step's metrics as they are delivered to it,
+    in this process (`dagtune.loggers`); a run returns once they have its results, and a
+    resumed study sends them only the steps they lack.
+
     `fuse` (a `dagtune.FusibleTrainer` only; docs/fusion.md): True or an int trains the
     ready stages that may share a model (same start, differing only in fusible
     hyper-parameters) as fused tasks of up to F trials each, one worker slot per task; F is
@@ -123,6 +129,7 @@ class Study:
         security: bool | Security | None = None,
         fuse: bool | int = False,
         link: StudyLink | None = None,
+        loggers: Sequence[Logger] | None = None,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -135,6 +142,7 @@ class Study:
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
         check_fuse(fuse, trainer)
+        loggers = check_loggers(loggers)
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -220,6 +228,11 @@ class Study:
             self._restored = self._persistence.attach(self.coordinator)
             if self._restored:
                 self._names = tuple(self._restored[0].config)
+        self._logging: Logging | None = None
+        if loggers:  # fed from here on; the restored trials' known results first
+            self._logging = Logging(loggers, name, self.identity)
+            self.coordinator.listeners.append(self._logging)
+            self._logging.replay(self.coordinator.trials.values())
         self._metric: tuple[str | None, str] = (None, "max")
         self._virtual = getattr(executor, "virtual", False)
         if not self._virtual:
@@ -496,6 +509,8 @@ class Study:
             self._tick(force=True)
             trials = list(session.trials.values())
             report = self.coordinator.report(trials, since)
+        if self._logging is not None:
+            self._logging.flush()  # the run's results are in the loggers' output when it returns
         if session.error is not None:
             raise session.error
         return Result(
@@ -552,6 +567,8 @@ class Study:
             self._stop_execution()
 
     def _stop_execution(self) -> None:
+        if getattr(self, "_logging", None) is not None:
+            self._logging.close()  # writes what is left
         if getattr(self, "_dashboard", None) is not None:
             self._dashboard.close()  # sends the final snapshot
         if getattr(self, "_demand", None) is not None:
