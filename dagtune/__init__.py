@@ -9,6 +9,7 @@ from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
 from dagtune.fusion import SGD, AdamW, FusibleTrainer
 from dagtune.gc import GcPolicy
+from dagtune.lightning import LightningTrainer
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
@@ -59,6 +60,7 @@ __all__ = [
     "FusibleTrainer",
     "GcPolicy",
     "Grid",
+    "LightningTrainer",
     "Linear",
     "MultiStep",
     "Piecewise",
