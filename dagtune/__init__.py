@@ -6,7 +6,7 @@ of stages and checkpoints (the Hippo design), scheduled by critical path on Dask
 
 from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
-from dagtune.distributions import choice, loguniform, randint, uniform
+from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
 from dagtune.fusion import SGD, AdamW, FusibleTrainer
 from dagtune.gc import GcPolicy
 from dagtune.lightning import LightningTrainer
@@ -89,7 +89,10 @@ __all__ = [
     "loguniform",
     "merge_rate",
     "mup",
+    "normal",
     "open_results",
+    "qloguniform",
+    "quniform",
     "randint",
     "restore_rng",
     "run_alone",
