@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -470,15 +471,22 @@ class Study:
         """The metrics of `config` after `step` steps, trained only if not known yet."""
         return self.submit(config, step).result(timeout)
 
-    def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
+    def run(self, algorithm: Algorithm, timeout: float | None = None, *, progress: bool = True) -> Result:
         """Run a tuning algorithm to its end and return its `Result`.
 
         If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
-        stopped (what they trained stays in the plan) and the error is raised."""
+        stopped (what they trained stays in the plan) and the error is raised.
+
+        With `progress`, the run shows itself while it waits: a live view in Jupyter, a
+        progress line on stderr when it is a terminal (trials finished, steps trained and
+        saved by reuse, best metric), nothing when stderr goes to a file or a pipe."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         session = Session(self.coordinator, algorithm, self._check_config, self._take_restored)
-        with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
+        shown = (
+            watch(self, algorithm.metric, algorithm.mode, show="interactive") if progress else nullcontext()
+        )
+        with shown, self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
