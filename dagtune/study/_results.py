@@ -10,6 +10,7 @@ from typing import Any
 
 from dagtune.config import Config
 from dagtune.frames import curves_table
+from dagtune.importance import hyperparameter_importance
 from dagtune.records import COMPLETED, Trial
 from dagtune.restore import Restorer, TrialPath
 from dagtune.summary import trials_frame
@@ -143,6 +144,20 @@ class Result:
         (canonical JSON). ``dt.open_results(storage, name).trials`` has the same columns;
         `dagtune.frames` defines them."""
         return trials_frame(self._trials)
+
+    def importance(
+        self, metric: str | None = None, mode: str | None = None, *, evaluator: Any = None, seed: int = 0
+    ) -> dict[str, float]:
+        """How much each hyper-parameter mattered to `metric` (default: the run's) over the
+        run's completed trials, as shares summing to 1, largest first: Optuna's fANOVA when
+        optuna is installed (or the Optuna `evaluator` given, e.g.
+        ``optuna.importance.PedAnovaImportanceEvaluator()``), else scikit-learn's random
+        forest with a warning. `dagtune.importance` says how trials and schedules count."""
+        metric = metric or self.metric
+        if metric is None:
+            raise ValueError("no metric: give importance(metric=...)")
+        mode = mode or (self.mode if metric == self.metric else "max")
+        return hyperparameter_importance(self._trials, metric, mode, evaluator=evaluator, seed=seed)
 
     def curve(self, metric: str):
         """A DataFrame of `metric`: one row per trial, one column per step from 0 (column
