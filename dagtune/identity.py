@@ -47,10 +47,14 @@ def _canonical(value: Any, where: str) -> Any:
     )
 
 
-def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
-    """The id of a model identity: trials of equal identities share one search plan."""
+def model_identity(
+    trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "", *, name: str | None = None
+) -> str:
+    """The id of a model identity: trials of equal identities share one search plan.
+    `name` stands for the trainer's ``module.qualname`` (a class a study recorded under
+    another module: ``__main__`` in the script that ran it)."""
     payload = {
-        "trainer": trainer_name(trainer),
+        "trainer": name or trainer_name(trainer),
         "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
         "seed": seed,
         "version": version,

@@ -240,11 +240,16 @@ def _spec_of(
     opened: Opened, identity: str, trainer: type[Trainer] | None, trainer_kwargs: Mapping[str, Any] | None
 ) -> TrainerSpec:
     """The study's trainer spec: the recorded trainer and arguments unless given, checked to
-    make the study's model identity."""
+    make the study's model identity (a given class must bear the recorded class name; it may
+    come from another module, as a class of the script that ran the study does)."""
     if trainer is None:
         if not opened.trainer:
             raise ValueError("the study's records do not name its trainer: pass trainer=")
         trainer = import_trainer(opened.trainer)
+    elif opened.trainer and not opened.trainer.endswith(f".{trainer.__qualname__}"):
+        raise ValueError(
+            f"trainer={trainer_name(trainer)} is not the study's trainer {opened.trainer}: give that class"
+        )
     if trainer_kwargs is None:
         if opened.trainer_kwargs is None:
             raise ValueError(
@@ -253,7 +258,9 @@ def _spec_of(
             )
         trainer_kwargs = opened.trainer_kwargs
     seed = opened.seed or 0
-    made = model_identity(trainer, dict(trainer_kwargs), seed, opened.version or "")
+    # under the recorded name: a class may be imported from another module than the one the
+    # study ran it from (its script's __main__)
+    made = model_identity(trainer, dict(trainer_kwargs), seed, opened.version or "", name=opened.trainer)
     if made != identity:
         raise ValueError(
             f"trainer {trainer_name(trainer)} with trainer_kwargs={dict(trainer_kwargs)!r} and seed {seed} "

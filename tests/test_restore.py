@@ -144,7 +144,7 @@ def test_arguments_json_cannot_hold_must_be_given_and_must_make_the_studys_model
         stored.load_trainer(0)
     with pytest.raises(ValueError, match=r"is model [0-9a-f]+, but the study trained model"):
         stored.load_trainer(0, trainer_kwargs={"shape": (4,)})
-    with pytest.raises(ValueError, match="but the study trained model"):
+    with pytest.raises(ValueError, match=r"trainer=test_restore.NoisyEvaluation is not the study's trainer"):
         stored.load_trainer(0, trainer=NoisyEvaluation, trainer_kwargs={})
     trainer = stored.load_trainer(0, trainer_kwargs={"shape": (6,)})
     assert trainer.state_dict() == result.state_dict(0) and len(trainer.w) == 6
