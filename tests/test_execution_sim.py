@@ -54,7 +54,7 @@ def test_grid_study_trains_every_prefix_once_and_matches_run_alone():
     best = result.best
     assert best.metrics["val_loss"] == min(t.metrics["val_loss"] for t in study.coordinator.trials.values())
     frame = result.trials
-    assert len(frame) == 12 and {"lr", "momentum", "val_loss"} <= set(frame.columns)
+    assert len(frame) == 12 and {"lr/schedule", "momentum/schedule", "val_loss"} <= set(frame.columns)
 
 
 def test_trial_based_baseline_trains_every_trial_alone():
