@@ -5,6 +5,7 @@ bit for bit."""
 from __future__ import annotations
 
 import logging
+import pickle
 
 import numpy as np
 import pytest
@@ -67,6 +68,10 @@ def test_the_best_trials_trainer_comes_back_at_its_last_step(tmp_path):
         checkpoint = study.store.load(study.identity, study.coordinator.trials[best.id].node, STEPS)
         assert best.state_dict() == checkpoint["trainer"] == trainer.state_dict()
         assert result.load_trainer().state_dict() == trainer.state_dict()  # default: the best
+        again = pickle.loads(pickle.dumps(result))  # without its tie to the study
+        assert again.best == best and again.trials.equals(result.trials)
+        with pytest.raises(ValueError, match="unpickled.*open_results"):
+            again.best.load_trainer()
         other = result.trial(0).load_trainer(rng=False)
         before = np.random.get_state()[1].copy()
         assert other.state_dict() == result.state_dict(0)

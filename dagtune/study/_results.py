@@ -42,10 +42,18 @@ class TrialResult:
     def _model(self) -> tuple[Restorer, TrialPath]:
         if self._models is None:
             raise ValueError(
-                "this TrialResult was not made by a study, so it has no model to load: use the "
-                "Result a study's run returned, or dt.open_results(storage, name).load_trainer(trial_id)"
+                "this TrialResult does not come from a study's run in this process (made by hand, or "
+                "unpickled), so it has no model to load: use dt.open_results(storage, name).load_trainer(trial_id)"
             )
         return self._models(self.id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its tie to the study (which holds threads and locks)."""
+        return {**self.__dict__, "_models": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     def load_trainer(self, *, rng: bool = True) -> Trainer:
         """The trial's trainer, built in this process and restored at its last step
@@ -93,6 +101,10 @@ class Result:
         self.mode = mode
         self._chosen = chosen
         self._models = models
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its tie to the study (which holds threads and locks)."""
+        return {**self.__dict__, "_models": None}
 
     @property
     def best(self) -> TrialResult | None:
