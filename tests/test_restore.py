@@ -70,7 +70,7 @@ def test_the_best_trials_trainer_comes_back_at_its_last_step(tmp_path):
         assert result.load_trainer().state_dict() == trainer.state_dict()  # default: the best
         again = pickle.loads(pickle.dumps(result))  # without its tie to the study
         assert again.best == best and again.trials.equals(result.trials)
-        with pytest.raises(ValueError, match="unpickled.*open_results"):
+        with pytest.raises(ValueError, match=r"unpickled.*open_results"):
             again.best.load_trainer()
         other = result.trial(0).load_trainer(rng=False)
         before = np.random.get_state()[1].copy()
