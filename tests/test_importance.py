@@ -10,8 +10,9 @@ import pytest
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
+from dagtune.dashboard import snapshot as snapshots
 from dagtune.dashboard.figures import StudyView, importance_html
-from dagtune.dashboard.snapshot import result_snapshot, stored_snapshot
+from dagtune.dashboard.snapshot import live_snapshot, result_snapshot, stored_snapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 optuna = pytest.importorskip("optuna")
@@ -32,11 +33,11 @@ def result(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("importance"))
     executor = SimulatedExecutor(4, store=CheckpointStore(path))
     with dt.Study(SyntheticTrainer, name="imp", storage=path, executor=executor) as study:
-        yield study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8)), path
+        yield study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=8)), path, study
 
 
 def test_the_hyper_parameters_that_move_the_metric_come_first(result):
-    result, _ = result
+    result, *_ = result
     scores = result.importance()
     assert list(scores) == ["lr", "momentum", "tag", "weight_decay"]
     assert sum(scores.values()) == pytest.approx(1.0)
@@ -47,7 +48,7 @@ def test_the_hyper_parameters_that_move_the_metric_come_first(result):
 
 
 def test_without_optuna_a_random_forest_stands_in_and_says_so(result, monkeypatch, caplog):
-    result, _ = result
+    result, *_ = result
     monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna now fails
     with caplog.at_level(logging.WARNING, logger="dagtune"):
         scores = result.importance()
@@ -66,8 +67,8 @@ def test_too_few_trials_is_a_clear_error():
         one.importance("nope")
 
 
-def test_the_page_shows_the_importance_of_a_finished_study(result):
-    result, path = result
+def test_the_page_shows_the_importance_of_a_finished_study(result, monkeypatch):
+    result, path, study = result
     snapshot = result_snapshot(result, "imp", importance=True)
     assert result_snapshot(result, "imp")["importance"] is None  # the notebook views go without
     found = snapshot["importance"]
@@ -81,3 +82,8 @@ def test_the_page_shows_the_importance_of_a_finished_study(result):
 
     stored = stored_snapshot(load_study(open_storage(path), "imp"), "val_loss", "min")
     assert stored["importance"]["names"][0] == "lr"  # `dagtune dashboard STORAGE` shows it too
+    live = live_snapshot(study)  # the page of a study still open, its run finished
+    assert live["importance"] == found
+    monkeypatch.setattr(snapshots, "IMPORTANCE_TRIALS", 8)  # a huge study: scored on a sample
+    sampled = live_snapshot(study)["importance"]
+    assert sampled["method"] == "fANOVA (optuna), 8 of 20 trials" and sampled["names"][0] == "lr"

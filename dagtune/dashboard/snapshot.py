@@ -25,7 +25,7 @@ from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
 from dagtune.importance import hyperparameter_importance, importance_key, method_of
 from dagtune.plan import build_stage_tree
-from dagtune.records import PENDING, Trial
+from dagtune.records import COMPLETED, PENDING, Trial
 from dagtune.scheduling import critical_path_priorities
 from dagtune.summary import (
     best_of,
@@ -168,6 +168,9 @@ def compose(
 
 _IMPORTANCE: dict[str, dict | None] = {}  # importance_key -> what the snapshot shows
 _IMPORTANCE_KEPT = 16
+#: the page scores importance on at most this many completed trials (evenly spaced by id):
+#: fANOVA's forest on a 100,000-trial study would take minutes
+IMPORTANCE_TRIALS = 2000
 
 
 def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | None:
@@ -176,14 +179,19 @@ def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | No
     completed trials, no metric). Computed once per set of results: fANOVA takes a second."""
     if metric is None:
         return None
-    key = importance_key(trials, metric, mode)
+    used = sorted((t for t in trials if t.status == COMPLETED), key=lambda t: t.id)
+    total = len(used)
+    if total > IMPORTANCE_TRIALS:
+        used = [used[i * total // IMPORTANCE_TRIALS] for i in range(IMPORTANCE_TRIALS)]
+    key = importance_key(used, metric, mode)
     if key not in _IMPORTANCE:
         try:
-            scores = hyperparameter_importance(trials, metric, mode)
+            scores = hyperparameter_importance(used, metric, mode)
         except (ValueError, ImportError, RuntimeError):
             found = None
         else:
-            found = {"method": method_of(), "names": list(scores), "values": list(scores.values())}
+            method = method_of() + (f", {len(used)} of {total} trials" if len(used) < total else "")
+            found = {"method": method, "names": list(scores), "values": list(scores.values())}
         while len(_IMPORTANCE) >= _IMPORTANCE_KEPT:
             _IMPORTANCE.pop(next(iter(_IMPORTANCE)))
         _IMPORTANCE[key] = found
@@ -272,7 +280,7 @@ def live_snapshot(study: Any) -> dict:
             "running_tasks": len(running_tasks),
             "queued_stages": len(tree.stages),
         }
-        return compose(
+        snapshot = compose(
             study=study.name,
             identity=study.identity,
             source="live",
@@ -286,7 +294,11 @@ def live_snapshot(study: Any) -> dict:
             queued=queued,
             critical=critical,
             link=getattr(study, "link", None),
+            importance=False,  # computed below, outside the lock: it may take seconds
         )
+    if not any(t.status == PENDING for t in trials):
+        snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
+    return snapshot
 
 
 def _critical_spans(tree: Any, priority: list[float], running: Mapping[str, Any], cost: Any, plan: Any):
