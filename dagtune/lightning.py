@@ -144,8 +144,9 @@ class LightningTrainer(Trainer):
 
     and give the arguments as trainer arguments:
     ``trainer_kwargs={"module_kwargs": {"hidden": 64}, "datamodule_kwargs": {...}}``.
-    Override `make_module` / `make_datamodule` to build them some other way, and
-    `apply_hyperparameters` to apply a hyper-parameter the default does not know.
+    List in `module_hparams` the hyper-parameters the module reads from ``self.hparams``
+    while it trains; override `make_module` / `make_datamodule` to build them some other
+    way, and `apply_hyperparameters` to apply a hyper-parameter the default does not know.
 
     `batches_per_step`: None, a step is an epoch; k, a step is k batches. `device`: where
     the module trains (default: CUDA when available, else the CPU).
