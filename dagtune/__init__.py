@@ -4,11 +4,12 @@ Trials whose hyper-parameter sequences agree on a prefix share its training thro
 of stages and checkpoints (the Hippo design), scheduled by critical path on Dask.
 """
 
-from dagtune import algos, fusion, mup
+from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
-from dagtune.distributions import choice, loguniform, randint, uniform
+from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
 from dagtune.fusion import SGD, AdamW, FusibleTrainer
 from dagtune.gc import GcPolicy
+from dagtune.lightning import LightningTrainer
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
@@ -59,6 +60,7 @@ __all__ = [
     "FusibleTrainer",
     "GcPolicy",
     "Grid",
+    "LightningTrainer",
     "Linear",
     "MultiStep",
     "Piecewise",
@@ -83,10 +85,14 @@ __all__ = [
     "choice",
     "fusion",
     "isolated_rng",
+    "loggers",
     "loguniform",
     "merge_rate",
     "mup",
+    "normal",
     "open_results",
+    "qloguniform",
+    "quniform",
     "randint",
     "restore_rng",
     "run_alone",

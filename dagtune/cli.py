@@ -3,10 +3,12 @@
 ::
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
+                                   [--tensorboard DIR]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
+    dagtune export STORAGE --study NAME [--trial N] -o FILE
     dagtune dashboard STORAGE [--port PORT]
 
 A user's mistake (a bad storage URL, an unreachable scheduler, a script that can't give a
@@ -42,8 +44,9 @@ from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
 from dagtune.records import COMPLETED
+from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
-from dagtune.summary import UNKNOWN_FROM_STORAGE, trials_frame
+from dagtune.summary import UNKNOWN_FROM_STORAGE, best_of, metric_of, trials_frame
 
 __all__ = ["main"]
 
@@ -224,6 +227,11 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
 )
 @click.option("--tls-key", metavar="PATH", help="Its private key (PEM), unless --tls-cert holds it.")
 @click.option(
+    "--tensorboard",
+    metavar="DIR",
+    help="Log every trial to TensorBoard in DIR (a run per trial: `tensorboard --logdir DIR`).",
+)
+@click.option(
     "--fuse",
     is_flag=False,
     flag_value="memory",
@@ -245,6 +253,7 @@ def run(
     tls_ca_file: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    tensorboard: str | None,
     fuse: str | None,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
@@ -269,6 +278,11 @@ def run(
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
+    if tensorboard:
+        with _mistake(
+            ImportError, str, "pip install tensorboard (or 'dagtune[tensorboard]'), or drop --tensorboard"
+        ):
+            options["loggers"] = [*options.get("loggers", ()), dt.loggers.TensorBoard(tensorboard)]
     if fused is not None:
         _check_fuse(fused, setup.trainer)
         options["fuse"] = fused
@@ -507,12 +521,13 @@ def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> N
     from rich.table import Table
 
     metric = snapshot["metric"]
-    frame = trials_frame(stored.trials)
+    frame = trials_frame(stored.trials).reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
     frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
-    columns = ["trial_id", "status", "steps", metric, *(hp for hp in snapshot["hp"] if hp in frame)]
+    shown = (c for hp in snapshot["hp"] for c in (hp, f"{hp}/schedule") if c in frame)
+    columns = ["trial_id", "status", "steps", metric, *shown]
     for column in columns:
         table.add_column(_escape(column))
     for _, row in frame.iterrows():
@@ -592,6 +607,59 @@ def gc(storage: str, keep_best: int, budget_bytes: int | None, dry_run: bool) ->
             f"{s['bytes_after'] / 1e6:.1f}",
         )
     _console().print(table)
+
+
+@main.command()
+@click.argument("storage")
+@click.option("--study", required=True, help="The study whose trial to export.")
+@click.option("--trial", "trial_id", type=click.IntRange(min=0), help="Trial id (default: the best trial).")
+@click.option("--metric", help="Metric that ranks the best trial (default: the first val_* metric).")
+@click.option("--mode", type=click.Choice(["max", "min"]), help="Whether higher or lower is better.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write (torch.save)."
+)
+@_user_errors
+def export(
+    storage: str, study: str, trial_id: int | None, metric: str | None, mode: str | None, output: str
+) -> None:
+    """Write a trial's trainer state_dict() at its last step to OUTPUT with torch.save (read it
+    with torch.load(OUTPUT, weights_only=True)). It comes from the trial's checkpoint; if
+    garbage collection removed it, it is rebuilt by training here from the nearest one."""
+    import os
+
+    import torch
+
+    check_study_name(study)
+    store = open_storage(storage)
+    stored = load_study(store, study)
+    if trial_id is None:
+        if metric is None:
+            metric, guessed = metric_of(stored.trials)
+            mode = mode or guessed
+        best = best_of(stored.trials, metric, mode or "max")
+        if best is None:
+            raise UserError(
+                f"no trial of study {study!r} reported {metric!r}", "give --trial N, or --metric NAME"
+            )
+        trial_id = best.id
+    with _mistake(KeyError, lambda e: e.args[0], "`dagtune status STORAGE --study NAME` lists its trials"):
+        restorer, path, state = stored_model(store, study, trial_id)
+    with _mistake(
+        (ImportError, ValueError),
+        str,
+        "rebuilding the state needs the trainer: export from Python with "
+        "dt.open_results(STORAGE, NAME).state_dict(TRIAL, trainer=..., trainer_kwargs=...)",
+    ):
+        trainer_state = restorer.state(path, what=f"trial {trial_id} of study {study!r}")["trainer"]
+    partial = f"{output}.partial"
+    torch.save(trainer_state, partial)
+    os.replace(partial, output)
+    shown = (
+        "" if not state.metrics or metric not in state.metrics else f", {metric} {state.metrics[metric]:.4g}"
+    )
+    click.echo(
+        f"trial {trial_id} of study {study!r} ({state.status}, after {path.step} steps{shown}) -> {output}"
+    )
 
 
 @main.command()

@@ -27,7 +27,7 @@ from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
-from dagtune.plan import Journal, PlanJournal, SearchPlan
+from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, is_study_name, read_study_records
 from dagtune.results import ResultsWriter, results_url
 
@@ -100,16 +100,6 @@ class Leases:
             except (ValueError, KeyError, TypeError) as error:
                 log.warning("dagtune: unreadable lease %s (%r); ignored", path, error)
         return points
-
-
-def plan_header(identity: str) -> dict:
-    """The header of the search plan journal of model `identity`."""
-    return {"journal": "plan", "identity": identity}
-
-
-def records_header(name: str) -> dict:
-    """The header of study `name`'s trial records."""
-    return {"journal": "study", "name": name}
 
 
 def read_records(journal: Journal) -> StudyRecords:

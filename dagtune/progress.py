@@ -10,7 +10,10 @@ saved, and the best metric so far. Where it shows them:
   heartbeat at most every `heartbeat_seconds` while steps are trained but no trial finishes;
 - ``"notebook"``: a live HTML view in Jupyter (`dagtune.notebook.LiveView`), nothing
   outside Jupyter;
-- ``"auto"``: the notebook view in Jupyter, else the terminal forms.
+- ``"auto"``: the notebook view in Jupyter, else the terminal forms;
+- ``"interactive"``: the notebook view in Jupyter, the bar when the stream is a terminal,
+  nothing otherwise (what `Study.run` shows by itself: a plain script run in a terminal gets
+  a progress line, its output redirected to a file or a CI log gets none).
 
 Watches don't nest: inside a block already watching a study (``dagtune run`` around
 ``Study.run``, which watches for notebooks itself), another watch of it shows nothing.
@@ -29,7 +32,10 @@ from typing import IO, Any
 from dagtune.records import PENDING
 from dagtune.summary import best_of, metric_of
 
-__all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
+__all__ = ["SHOWS", "ProgressState", "in_notebook", "read_state", "watch"]
+
+#: where `watch` shows progress (the module docstring says what each means)
+SHOWS = ("auto", "terminal", "notebook", "interactive")
 
 _watched: set[int] = set()  # ids of the studies being watched
 _watched_lock = threading.Lock()
@@ -151,17 +157,25 @@ class _Bar:
 
 
 def _display(study: Any, show: str, stream: IO[str], log_seconds: float, heartbeat_seconds: float):
-    if show not in ("auto", "terminal", "notebook"):
-        raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
-    if show in ("auto", "notebook") and in_notebook():
+    if show not in SHOWS:
+        raise ValueError(f"show must be one of {', '.join(map(repr, SHOWS))}, got {show!r}")
+    if show in ("auto", "notebook", "interactive") and in_notebook():
         from dagtune.notebook import LiveView  # loads bokeh and distributed: in Jupyter only
 
         return LiveView(study)
     if show == "notebook":
         return None
-    if stream.isatty():
+    if _is_terminal(stream):
         return _Bar(stream)
-    return _Lines(stream, log_seconds, heartbeat_seconds)
+    return None if show == "interactive" else _Lines(stream, log_seconds, heartbeat_seconds)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except ValueError:  # a closed stream
+        return False
 
 
 @contextlib.contextmanager

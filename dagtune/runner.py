@@ -37,7 +37,7 @@ from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import Trainer, build_trainer, capture_rng, check_rng_state, isolated_rng, restore_rng
 
-__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "to_metrics"]
+__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "checkpoint_parts", "to_metrics"]
 
 
 class CheckpointBackend(Protocol):
@@ -112,7 +112,7 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     return metrics
 
 
-def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
+def checkpoint_parts(state: Any) -> tuple[Any, Any]:
     """The trainer's state and the RNG states of a loaded checkpoint; a `CheckpointError` if
     it holds anything else (committed and intact, but not a state this module saved)."""
     if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
@@ -216,7 +216,7 @@ class PathRunner:
         if self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
         try:
-            trainer_state, rng_state = _checkpoint_parts(self.store.load(spec.identity, node, step))
+            trainer_state, rng_state = checkpoint_parts(self.store.load(spec.identity, node, step))
         except CheckpointError as error:
             raise _CorruptError(node, step, error) from error
         trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)

@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dagtune.frames import readable, row_of, trials_table
 from dagtune.records import COMPLETED, STATUSES, Trial
-from dagtune.sequences import Constant, Steps
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
@@ -36,16 +36,6 @@ UNKNOWN_FROM_STORAGE = (
     "dagtune before those records; its search plan only tells what was trained, by every study "
     "of the model together)"
 )
-
-
-def readable(sequence: Any) -> str:
-    """A short form of a sequence for tables and labels: ``0.9``, ``64→128@18``, else repr."""
-    if isinstance(sequence, Constant):
-        return f"{sequence.value:g}" if isinstance(sequence.value, float) else repr(sequence.value)
-    if isinstance(sequence, Steps):
-        values = "→".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sequence.values)
-        return f"{values}@{','.join(str(m) for m in sequence.milestones)}"
-    return repr(sequence)
 
 
 def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
@@ -118,17 +108,6 @@ def saved_seconds(report: Mapping[str, Any]) -> float:
 
 
 def trials_frame(trials: Iterable[Trial]):
-    """One row per trial: id, status, steps reached, final metrics, then one column per
-    hyper-parameter with its sequence in readable form (``0.9``, ``64→128@18``, ...)."""
-    import pandas as pd  # loaded only for a table: most callers never ask for one
-
-    rows = []
-    for t in trials:
-        row: dict[str, Any] = {"trial_id": t.id, "status": t.status, "steps": t.reached}
-        row.update(t.metrics or {})
-        for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix
-            row[name if name not in row else f"config/{name}"] = readable(seq)
-        if t.error:
-            row["error"] = t.error
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """The trials frame of `trials` (`dagtune.frames` gives its columns: the same as
+    ``open_results(...).trials``)."""
+    return trials_table(row_of(t) for t in trials)

@@ -50,7 +50,7 @@ def main(storage: str, options: dict, out: str, log: str) -> None:
         trials = result.trials
         summary = {
             "metrics": {config_dumps(t.config): t.metrics for t in study.coordinator.trials.values()},
-            "ids": list(trials["trial_id"]),
+            "ids": [int(i) for i in trials.index],
             "status": list(trials["status"]),
             "report": result.report,
         }

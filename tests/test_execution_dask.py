@@ -121,7 +121,7 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
             time.sleep(0.05)
         seen = handle.curve()
         assert handle.status == "pending" and 3 <= len(seen) < 10  # before the stage ended
-        assert [step for step, _ in seen] == list(range(1, len(seen) + 1))
+        assert [step for step, _ in seen] == list(range(len(seen)))  # steps count from 0
         assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
         assert study.coordinator._launched == 1  # one task: the points came as events, not results
         # each message is one step's events, the step last: the step is counted together with

@@ -1,4 +1,5 @@
-"""Bokeh figures of a snapshot: the stage tree, the learning curves, the counters.
+"""Bokeh figures of a snapshot: the stage tree, the learning curves, the counters and the
+hyper-parameters' importance.
 
 `StudyView` owns the data sources and figures and `update`s them in place from a new
 snapshot, so a live page only swaps data; `tree_figure` and `curves_figure` build a view
@@ -23,7 +24,7 @@ from bokeh.plotting import figure
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED
 from dagtune.summary import UNKNOWN_FROM_STORAGE
 
-__all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "tree_figure"]
+__all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "importance_html", "tree_figure"]
 
 COLORS = {DONE: "#4c78a8", RUNNING: "#54a24b", QUEUED: "#f58518", UNTRAINED: "#bab0ac"}
 CRITICAL = "#e45756"
@@ -114,6 +115,27 @@ def counters_html(snapshot: dict) -> str:
     return '<div class="dagtune-counters">' + " &nbsp;|&nbsp; ".join(parts) + "</div>"
 
 
+def importance_html(snapshot: dict) -> str:
+    """The hyper-parameters' importance for the metric, as bars ("" until the study is
+    finished: `dagtune.importance`)."""
+    found = snapshot.get("importance")
+    if not found:
+        return ""
+    rows = []
+    for name, value in zip(found["names"], found["values"]):
+        width = max(0.0, min(1.0, value)) * 100
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td>"
+            f'<td style="width:60%"><div style="background:#4c78a8;height:0.9em;width:{width:.1f}%"></div></td>'
+            f"<td>{value:.3f}</td></tr>"
+        )
+    title = (
+        f"Importance of each hyper-parameter for {html.escape(str(snapshot.get('metric')))} "
+        f"({html.escape(found['method'])}, completed trials)"
+    )
+    return f'<div class="dagtune-importance"><b>{title}</b><table style="width:100%">{"".join(rows)}</table></div>'
+
+
 class StudyView:
     """The figures of one study, updated in place from snapshots."""
 
@@ -131,6 +153,7 @@ class StudyView:
         sizing = {"sizing_mode": "stretch_width"} if stretch else {}
         self.min_tree_height = tree_height
         self.counters = Div(text="", name="dagtune-counters", sizing_mode="stretch_width")
+        self.importance = Div(text="", name="dagtune-importance", sizing_mode="stretch_width")
 
         tree = figure(
             title="Stage tree",
@@ -213,7 +236,9 @@ class StudyView:
 
     @property
     def layout(self):
-        return column(self.counters, self.tree, self.curves_figure, sizing_mode="stretch_width")
+        return column(
+            self.counters, self.tree, self.curves_figure, self.importance, sizing_mode="stretch_width"
+        )
 
     def update(self, snapshot: dict) -> None:
         """Show `snapshot` (replaces every source's data)."""
@@ -237,6 +262,7 @@ class StudyView:
         self.curves_figure.yaxis.axis_label = metric
         self.tree.title.text = "Stage tree (width: trials sharing a stage; red glow: critical path)"
         self.counters.text = counters_html(snapshot)
+        self.importance.text = importance_html(snapshot)
         rows = max(snapshot["tree"]["row"], default=0) + 1
         self.tree.height = max(self.min_tree_height, 90 + 18 * rows)  # room for every branch
 

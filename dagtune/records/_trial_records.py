@@ -67,14 +67,18 @@ LINK_ROLES = ("surrogate", "target")
 
 @dataclass(frozen=True)
 class Opened:
-    """A session of the study began (``open``): the model identity it belongs to, and its
-    partner if it is half of a surrogate study."""
+    """A session of the study began (``open``): the model identity it belongs to (trainer
+    as ``module.qualname``, seed, version, and the trainer arguments when they survive JSON;
+    None in records of a dagtune before they were kept), whether its stages trained fused,
+    and its partner if it is half of a surrogate study."""
 
     identity: str
     trainer: str | None
     seed: int | None
     version: str | None
     link: StudyLink | None = None
+    trainer_kwargs: dict[str, Any] | None = None
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,13 @@ def _opened(fields: Fields) -> Opened:
         seed=fields.get("seed", is_int, "an int", optional=True),
         version=fields.text("version", optional=True),
         link=link,
+        trainer_kwargs=fields.get(
+            "trainer_kwargs",
+            lambda v: v is None or isinstance(v, dict),
+            "a JSON object or null",
+            optional=True,
+        ),
+        fused=bool(fields.get("fused", lambda v: isinstance(v, bool), "a bool", optional=True)),
     )
 
 

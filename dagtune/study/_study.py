@@ -20,7 +20,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -30,13 +31,15 @@ from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
+from dagtune.identity import model_identity, stored_kwargs, trainer_name
+from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
+from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
-from dagtune.study._identity import model_identity
-from dagtune.study._results import Result, TrialError
+from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer
@@ -89,6 +92,11 @@ class Study:
     the model, and fails the trial with ``evaluate() changed the training state: <keys>``
     if they differ (results would depend on where dagtune evaluates); 0 turns it off.
 
+    `loggers` (`dt.loggers.TensorBoard`, `CSV`, `MLflow`, or your own `dt.loggers.Logger`)
+    get every trial's hyper-parameters and every step's metrics as they are delivered to it,
+    in this process (`dagtune.loggers`); a run returns once they have its results, and a
+    resumed study sends them only the steps they lack.
+
     `fuse` (a `dagtune.FusibleTrainer` only; docs/fusion.md): True or an int trains the
     ready stages that may share a model (same start, differing only in fusible
     hyper-parameters) as fused tasks of up to F trials each, one worker slot per task; F is
@@ -122,6 +130,7 @@ class Study:
         security: bool | Security | None = None,
         fuse: bool | int = False,
         link: StudyLink | None = None,
+        loggers: Sequence[Logger] | None = None,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -134,6 +143,7 @@ class Study:
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
         check_fuse(fuse, trainer)
+        loggers = check_loggers(loggers)
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -179,10 +189,12 @@ class Study:
         self._persistence: Persistence | None = None
         if isinstance(self.store, CheckpointStore):
             self.storage = self.store.url
-            describe = {
-                "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+            describe = {  # what rebuilding a trial's model needs (`dagtune.restore`); no credential
+                "trainer": trainer_name(trainer),
                 "seed": seed,
                 "version": version,
+                "trainer_kwargs": stored_kwargs(self.trainer_kwargs),
+                "fused": bool(fuse),
                 **(link.fields() if link is not None else {}),
             }
             try:
@@ -210,11 +222,18 @@ class Study:
             name=f"{name}-{self._token}",
             fuse=fuse,
         )
+        # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
+        self._restorer = Restorer(self.store, self.identity, lambda: spec, fused=bool(fuse))
         self._restored: list[Trial] = []
         if self._persistence is not None:
             self._restored = self._persistence.attach(self.coordinator)
             if self._restored:
                 self._names = tuple(self._restored[0].config)
+        self._logging: Logging | None = None
+        if loggers:  # fed from here on; the restored trials' known results first
+            self._logging = Logging(loggers, name, self.identity)
+            self.coordinator.listeners.append(self._logging)
+            self._logging.replay(self.coordinator.trials.values())
         self._metric: tuple[str | None, str] = (None, "max")
         self._virtual = getattr(executor, "virtual", False)
         if not self._virtual:
@@ -452,15 +471,22 @@ class Study:
         """The metrics of `config` after `step` steps, trained only if not known yet."""
         return self.submit(config, step).result(timeout)
 
-    def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
+    def run(self, algorithm: Algorithm, timeout: float | None = None, *, progress: bool = True) -> Result:
         """Run a tuning algorithm to its end and return its `Result`.
 
         If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
-        stopped (what they trained stays in the plan) and the error is raised."""
+        stopped (what they trained stays in the plan) and the error is raised.
+
+        With `progress`, the run shows itself while it waits: a live view in Jupyter, a
+        progress line on stderr when it is a terminal (trials finished, steps trained and
+        saved by reuse, best metric), nothing when stderr goes to a file or a pipe."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         session = Session(self.coordinator, algorithm, self._check_config, self._take_restored)
-        with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
+        shown = (
+            watch(self, algorithm.metric, algorithm.mode, show="interactive") if progress else nullcontext()
+        )
+        with shown, self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
@@ -491,9 +517,34 @@ class Study:
             self._tick(force=True)
             trials = list(session.trials.values())
             report = self.coordinator.report(trials, since)
+        if self._logging is not None:
+            self._logging.flush()  # the run's results are in the loggers' output when it returns
         if session.error is not None:
             raise session.error
-        return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
+        return Result(
+            trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial(), models=self._model_of
+        )
+
+    def _model_of(self, trial_id: int) -> tuple[Restorer, TrialPath]:
+        """Where trial `trial_id`'s model comes from: the study's checkpoints along its path
+        to its last step (`TrialResult.load_trainer`; works after `close` too)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            path = trial_path(self.plan, trial.node, trial.reached) if trial.node else TrialPath(0, (), ())
+        return self._restorer, path
+
+    def trial_result(self, trial_id: int) -> TrialResult:
+        """Trial `trial_id` as a `TrialResult` (its config, steps reached, latest metrics and
+        its model: `TrialResult.load_trainer`)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            return TrialResult(
+                trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, self._model_of
+            )
 
     @property
     def report(self) -> dict:
@@ -524,6 +575,8 @@ class Study:
             self._stop_execution()
 
     def _stop_execution(self) -> None:
+        if getattr(self, "_logging", None) is not None:
+            self._logging.close()  # writes what is left
         if getattr(self, "_dashboard", None) is not None:
             self._dashboard.close()  # sends the final snapshot
         if getattr(self, "_demand", None) is not None:
@@ -578,7 +631,10 @@ class TrialHandle:
         return dict(self.trial.metrics or {})
 
     def curve(self) -> list[tuple[int, dict[str, float]]]:
-        return list(self.trial.curve)
+        """The ``(step, metrics)`` pairs reported so far, ``step`` counting from 0: the
+        metrics evaluated right after that step (the last pair of a trial of ``n`` steps
+        has step ``n - 1``)."""
+        return [(k - 1, dict(m)) for k, m in self.trial.curve]
 
     def stop(self) -> None:
         self._study._call(self._study.coordinator.stop, self.trial.id)

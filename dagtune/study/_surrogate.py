@@ -351,9 +351,8 @@ class SurrogateStudy:
             )
         handle = self._train_target(best)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        metrics = handle.result(remaining)
-        trial = handle.trial
-        target = TrialResult(trial.config, trial.reached, metrics, trial.id, trial.status)
+        handle.result(remaining)
+        target = self.target_study.trial_result(handle.id)
         return SurrogateResult(
             searched, best.config, target, self.target_study.report, self.surrogate.scale, self._restarts
         )
