@@ -7,7 +7,7 @@ of stages and checkpoints (the Hippo design), scheduled by critical path on Dask
 from dagtune import algos, fusion, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
-from dagtune.fusion import SGD, AdamW, FusibleTrainer
+from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
 from dagtune.gc import GcPolicy
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
@@ -57,6 +57,7 @@ __all__ = [
     "Cyclic",
     "Exponential",
     "FusibleTrainer",
+    "FusionWarning",
     "GcPolicy",
     "Grid",
     "Linear",
