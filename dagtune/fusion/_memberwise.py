@@ -44,10 +44,12 @@ then depends on K within rounding (docs/fusion.md states what holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._C._functorch import TransformType, _add_batch_dim, _unwrap_batched
+from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from torch.nn import functional
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
@@ -62,10 +64,10 @@ __all__ = [
     "NORMALIZATIONS",
     "RANDOM_OPERATIONS",
     "RECURRENT",
-    "ChannelsLastPool",
-    "Memberwise",
     "MemberwiseLayers",
-    "SharedNoise",
+    "channels_last_pool",
+    "memberwise",
+    "shared_noise",
 ]
 
 #: how a fused group computes convolutions and matrix products: one member at a time
@@ -154,43 +156,66 @@ RANDOM_OPERATIONS = (
 
 
 class _Call:
-    """An operation's call, flattened: its tensor arguments are the leaves vmap sees (an
-    ``autograd.Function`` takes positional tensors only), everything else stays in `spec`."""
+    """An operation's call with its tensors taken out: the tensors are what vmap batches, the
+    rest (`spec`) is rebuilt around each member's slices. Flat argument lists (the usual
+    case) skip pytree, which costs more than the operations being fused."""
 
-    def __init__(self, function: Callable[..., Any], args: tuple, kwargs: dict, *, random: bool):
-        leaves, self.spec = pytree.tree_flatten((args, kwargs))
-        self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        self.leaves = leaves
+    def __init__(self, function: Callable[..., Any], args: tuple, kwargs: dict):
         self.function = function
-        self.random = random
-        self.output_spec: Any = None  # the structure of the result, set when it is computed
-        self.output_leaves: list[Any] = []
+        if all(not isinstance(arg, (list, tuple, dict)) for arg in (*args, *kwargs.values())):
+            self.spec = None
+            leaves = [*args, *kwargs.values()]
+            self.names = list(kwargs)
+        else:
+            leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        self.leaves = leaves
+        self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.leaves[i] for i in self.tensor_at]
 
-    def __call__(self, tensors: list[Any]) -> Any:
+    def __call__(self, tensors: Sequence[Any]) -> Any:
         leaves = list(self.leaves)
         for i, tensor in zip(self.tensor_at, tensors):
             leaves[i] = tensor
+        if self.spec is None:
+            positional = len(leaves) - len(self.names)
+            return self.function(*leaves[:positional], **dict(zip(self.names, leaves[positional:])))
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         return self.function(*args, **kwargs)
 
-    def flat(self, output: Any) -> tuple[torch.Tensor, ...]:
-        """`output`'s tensors (its structure and other values kept to `rebuild` it)."""
-        leaves, self.output_spec = pytree.tree_flatten(output)
-        self.output_leaves = leaves
-        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
-    def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
-        """The output with its tensors replaced by `tensors` (the fused ones)."""
-        given = iter(tensors)
-        leaves = [next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in self.output_leaves]
-        return pytree.tree_unflatten(leaves, self.output_spec)
+def _flat(output: Any) -> tuple[list[Any], Any]:
+    """`output`'s leaves and structure (a tensor alone: no pytree)."""
+    if isinstance(output, torch.Tensor):
+        return [output], None
+    return pytree.tree_flatten(output)
 
 
-def _name(function: Callable[..., Any]) -> str:
-    return getattr(function, "__qualname__", None) or getattr(function, "__name__", repr(function))
+def _unflat(leaves: list[Any], spec: Any) -> Any:
+    return leaves[0] if spec is None else pytree.tree_unflatten(leaves, spec)
+
+
+def _lowered(
+    rule: Callable[[int, list[torch.Tensor], list[int | None]], tuple[Any, Any]], tensors: list[Any]
+):
+    """Run `rule` on the unbatched tensors below the current vmap level and batch its result
+    again: ``rule(members, values, dims)`` gets each tensor with the dimension holding its
+    members (None: not batched) and returns ``(outputs, out_dims)`` (flat lists). What
+    torch's own ``autograd.Function`` vmap support does, without its per-call pytree and
+    signature work (10x the overhead). Returns None when nothing is batched at this level."""
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter is None or interpreter.key() != TransformType.Vmap:
+        return None
+    level = interpreter.level()
+    unwrapped = [_unwrap_batched(t, level) if isinstance(t, torch.Tensor) else (t, None) for t in tensors]
+    values = [value for value, _ in unwrapped]
+    dims = [dim for _, dim in unwrapped]
+    if all(dim is None for dim in dims):
+        return None
+    with interpreter.lower():
+        outputs, out_dims = rule(interpreter.batch_size(), values, dims)
+    return [out if dim is None else _add_batch_dim(out, dim, level) for out, dim in zip(outputs, out_dims)]
 
 
 def _members(value: torch.Tensor, dim: int | None, count: int) -> list[torch.Tensor]:
@@ -217,117 +242,81 @@ class _Replay:
             torch.set_rng_state(self.state)
 
 
-class Memberwise(torch.autograd.Function):
-    """``call(tensors)``, under vmap once per member (replaying the random generator for a
-    random operation)."""
+def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, random: bool) -> Any:
+    """``function(*args, **kwargs)`` under vmap, once per member on its slices of the batched
+    tensors (replaying the random generator for a random operation); the members' outputs
+    stacked."""
+    call = _Call(function, args, kwargs)
+    structure: list[Any] = []
 
-    @staticmethod
-    def forward(call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The operation itself (no member dimension)."""
-        return call.flat(call(list(tensors)))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        """Nothing to keep: under vmap the per-member calls are recorded by autograd itself,
-        and without a member dimension no input requires a gradient."""
-
-    @staticmethod
-    def vmap(info, in_dims, call: _Call, *tensors: torch.Tensor):
-        if all(dim is None for dim in in_dims[1:]):  # nothing batched: one unfused call
-            outputs = call.flat(call(list(tensors)))
-            return outputs, (None,) * len(outputs)
-        count = info.batch_size
-        per_member = list(zip(*(_members(t, d, count) for t, d in zip(tensors, in_dims[1:]))))
-        replay = _Replay(tensors[0].device) if call.random else None
+    def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
+        per_member = zip(*(_members(value, dim, members) for value, dim in zip(values, dims)))
+        replay = _Replay(values[0].device) if random else None
         outputs = []
         for member_tensors in per_member:
             if replay is not None:
                 replay.restore()
-            outputs.append(call.flat(call(list(member_tensors))))
-        stacked = tuple(torch.stack(parts) for parts in zip(*outputs))
-        return stacked, (0,) * len(stacked)
+            leaves, spec = _flat(call(member_tensors))
+            structure[:] = [leaves, spec]
+            outputs.append([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
+        stacked = [torch.stack(parts) for parts in zip(*outputs)]
+        return stacked, [0] * len(stacked)
+
+    batched = _lowered(rule, call.tensors())
+    if batched is None:  # nothing batched: the unfused call
+        return function(*args, **kwargs)
+    leaves, spec = structure
+    given = iter(batched)
+    return _unflat([next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
 
 
-class SharedNoise(torch.autograd.Function):
-    """Multiplicative dropout ``draw(input)``: under vmap the noise is drawn once, by the same
-    call on ones laid out like one member's input (``ones_like`` keeps a dense layout, as
-    ``empty_like`` does for the unfused noise), and every member is multiplied by it."""
+def shared_noise(draw: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor) -> torch.Tensor:
+    """Multiplicative dropout ``draw(input)``: the noise drawn once, by the same call on ones
+    laid out like one member's slice of `input` (``ones_like`` keeps a dense layout, as
+    ``empty_like`` does for the unfused noise), and every member multiplied by it."""
 
-    @staticmethod
-    def forward(draw: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor) -> torch.Tensor:
-        return draw(input)
+    def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
+        stacked = values[0].movedim(dims[0], 0)
+        return [stacked * draw(torch.ones_like(stacked[0]))], [0]
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        """Nothing to keep (as `Memberwise`)."""
-
-    @staticmethod
-    def vmap(info, in_dims, draw: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor):
-        dim = in_dims[1]
-        if dim is None:  # the data, shared by every member: one unfused call
-            return draw(input), None
-        stacked = input.movedim(dim, 0)
-        noise = draw(torch.ones_like(stacked[0]))
-        return stacked * noise, 0
+    batched = _lowered(rule, [input])
+    return draw(input) if batched is None else batched[0]
 
 
-class ChannelsLastPool(torch.autograd.Function):
-    """``pool(input)`` (a 2-d max pooling) computed in the channels-last layout, its results
-    given back in the usual one; under vmap for all members in one call (the members folded
-    into the batch dimension)."""
+def channels_last_pool(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> list[torch.Tensor]:
+    """``pool(input)`` (a 2-d max pooling: its values, and indices if it returns them)
+    computed in the channels-last layout and given back contiguous, for every member in one
+    call: the members folded into the channels when they sit next to them (a grouped
+    convolution's output), else into the batch of images."""
 
-    @staticmethod
-    def forward(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _channels_last(pool, input)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        """Nothing to keep (as `Memberwise`)."""
-
-    @staticmethod
-    def vmap(info, in_dims, pool: Callable[[torch.Tensor], Any], input: torch.Tensor):
-        dim = in_dims[1]
-        if dim is None:
-            outputs = _channels_last(pool, input)
-            return outputs, (None,) * len(outputs)
-        if dim == input.dim() - 4:  # [..., K, C, H, W] (a grouped convolution's): K x C channels
-            members, channels = input.shape[dim], input.shape[dim + 1]
+    def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
+        input, dim = values[0], dims[0]
+        if dim == input.dim() - 4:  # [..., K, C, H, W]: K x C channels
+            channels = input.shape[dim + 1]
             outputs = _channels_last(pool, input.flatten(dim, dim + 1))
-            shaped = tuple(out.unflatten(dim, (members, channels)) for out in outputs)
-            return shaped, (dim,) * len(outputs)
-        stacked = input.movedim(dim, 0)  # the members folded into the batch of images
+            return [out.unflatten(dim, (members, channels)) for out in outputs], [dim] * len(outputs)
+        stacked = input.movedim(dim, 0)
         outputs = _channels_last(pool, stacked.reshape(-1, *stacked.shape[-3:]))
-        return tuple(out.view(*stacked.shape[:-3], *out.shape[-3:]) for out in outputs), (0,) * len(outputs)
+        return [out.view(*stacked.shape[:-3], *out.shape[-3:]) for out in outputs], [0] * len(outputs)
+
+    batched = _lowered(rule, [input])
+    return _channels_last(pool, input) if batched is None else batched
 
 
-def _channels_last(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`pool`'s outputs (a tensor, or values and indices) on `input` laid out channels-last,
-    given back contiguous (as the NCHW kernel returns them); the gradients travel back in the
-    layout each side computes in (mixed layouts make elementwise kernels slow)."""
+def _channels_last(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> list[torch.Tensor]:
+    """`pool`'s outputs on `input` laid out channels-last, given back contiguous (as the NCHW
+    kernel returns them); each gradient travels back in the layout its side computes in
+    (mixed layouts make the elementwise kernels around it slow)."""
     if input.dim() != 4:  # one image [C, H, W]: as a batch of one
-        return tuple(out[0] for out in _channels_last(pool, input.unsqueeze(0)))
-    output = pool(_Layout.apply(input, torch.channels_last, torch.contiguous_format))
-    outputs = output if isinstance(output, tuple) else (output,)
-    values = _Layout.apply(outputs[0], torch.contiguous_format, torch.channels_last)
-    return (values, *(out.contiguous() for out in outputs[1:]))
-
-
-class _Layout(torch.autograd.Function):
-    """`input` in memory format `forward_format`, its gradient in `backward_format`."""
-
-    @staticmethod
-    def forward(
-        input: torch.Tensor, forward_format: torch.memory_format, backward_format: torch.memory_format
-    ):
-        return input.contiguous(memory_format=forward_format)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.backward_format = inputs[2]
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad.contiguous(memory_format=ctx.backward_format), None, None
+        return [out[0] for out in _channels_last(pool, input.unsqueeze(0))]
+    planes = input.contiguous(memory_format=torch.channels_last)
+    if planes.requires_grad:
+        planes.register_hook(lambda grad: grad.contiguous())
+    output = pool(planes)
+    outputs = list(output) if isinstance(output, tuple) else [output]
+    if outputs[0].requires_grad:
+        outputs[0].register_hook(lambda grad: grad.contiguous(memory_format=torch.channels_last))
+    return [out.contiguous() for out in outputs]
 
 
 class MemberwiseLayers(TorchFunctionMode):
@@ -344,25 +333,17 @@ class MemberwiseLayers(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func in MULTIPLICATIVE_DROPOUTS:
-            return _shared_noise(func, args, kwargs)
-        if func in MAX_POOLS and isinstance(args[0] if args else kwargs.get("input"), torch.Tensor):
+            return _dropout(func, args, kwargs)
+        if func in MAX_POOLS:
             return _max_pool(func, args, kwargs)
         if func in self.memberwise or func in AFFINE_DROPOUTS:
-            return _memberwise(func, args, kwargs, random=func in RANDOM_OPERATIONS)
+            return memberwise(func, args, kwargs, random=func in RANDOM_OPERATIONS)
         if func is functional.linear and _matrix_vector(args[1] if len(args) > 1 else kwargs.get("weight")):
-            return _memberwise(func, args, kwargs, random=False)
+            return memberwise(func, args, kwargs, random=False)
         return func(*args, **kwargs)
 
 
-def _memberwise(func: Callable[..., Any], args: tuple, kwargs: dict, *, random: bool) -> Any:
-    call = _Call(func, args, kwargs, random=random)
-    tensors = call.tensors()
-    if not tensors:
-        return func(*args, **kwargs)
-    return call.rebuild(Memberwise.apply(call, *tensors))
-
-
-def _shared_noise(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _dropout(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     rest = list(args)
     input = rest.pop(0) if rest else kwargs.pop("input")
     if not isinstance(input, torch.Tensor):
@@ -372,7 +353,7 @@ def _shared_noise(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
             rest[2] = False
         else:
             kwargs["inplace"] = False
-    return SharedNoise.apply(lambda x: func(x, *rest, **kwargs), input)
+    return shared_noise(lambda x: func(x, *rest, **kwargs), input)
 
 
 def _max_pool(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -381,8 +362,8 @@ def _max_pool(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     indices = func is functional.max_pool2d_with_indices or bool(
         rest[5] if len(rest) > 5 else kwargs.get("return_indices", False)
     )
-    outputs = ChannelsLastPool.apply(lambda x: func(x, *rest, **kwargs), input)
-    return outputs if indices else outputs[0]
+    outputs = channels_last_pool(lambda x: func(x, *rest, **kwargs), input)
+    return tuple(outputs) if indices else outputs[0]
 
 
 def _matrix_vector(weight: Any) -> bool:
