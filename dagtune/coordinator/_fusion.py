@@ -20,6 +20,13 @@ exactly (or whose fusion count cannot be measured), trains unfused from then on:
 this, the coordinator's process. The sizes of the fused tasks launched are counted for the
 report (`sizes`; `dagtune.coordinator.report_figures`).
 
+**Fuller groups**: a group with room for more members is *held* (its stages stay ready,
+its slot free) while stages of the same signature (start step, non-fusible values there)
+are about to become ready: they start from a point a running task reaches within one step
+of the held group's stage (`Upcoming`, from the incremental planner). A group is held at
+most that one step's time in all, then launches with whoever is ready; a slot is never
+kept idle longer.
+
 F is the study's cap (``fuse=int``; on CUDA also limited by the measured memory, as
 `dagtune.fusion.fusion_count` does), or with ``fuse=True`` the count extrapolated from the
 peak memory of groups of one and two (Hydro §4.3): the CUDA device's free memory, on a CPU an
@@ -37,12 +44,13 @@ import math
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 
-from dagtune.config import config_values
+from dagtune.config import Config, config_values
 from dagtune.fusion import (
     CpuMemory,
     FusibleTrainer,
@@ -53,7 +61,7 @@ from dagtune.fusion import (
 )
 from dagtune.tasks import PathTask, TrainerSpec
 
-__all__ = ["Fusion", "check_fuse"]
+__all__ = ["Fusion", "Upcoming", "check_fuse"]
 
 log = logging.getLogger("dagtune")
 
@@ -69,6 +77,16 @@ def check_fuse(fuse: Any, trainer: type) -> None:
     if fuse is not False and not (isinstance(trainer, type) and issubclass(trainer, FusibleTrainer)):
         name = getattr(trainer, "__qualname__", repr(trainer))
         raise ValueError(f"fuse={fuse!r} needs a dagtune.FusibleTrainer; {name} is not one")
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """A stage about to become ready: it starts at step `start` of `config` once a running
+    task delivers its point, estimated `seconds` from now."""
+
+    start: int
+    config: Config
+    seconds: float
 
 
 class Fusion:
@@ -100,6 +118,7 @@ class Fusion:
         self.counts: dict[str, int] = {}  # non-fusible start values -> F
         self.failed: set[tuple[str, int]] = set()  # points where a fused task failed
         self.sizes: Counter[int] = Counter()  # fused tasks launched, by their number of trials
+        self.held: dict[str, float] = {}  # signature of a held group -> when it was first held
 
     # ------------------------------------------------------------------ the check
 
@@ -154,6 +173,49 @@ class Fusion:
             chunks.extend(group[lo : lo + size] for lo in range(0, len(group), size))
         chunks.sort(key=lambda chunk: index[id(chunk[0])])
         return [[index[id(task)] for task in chunk] for chunk in chunks[:free]]
+
+    def hold(
+        self,
+        group: Sequence[PathTask],
+        upcoming: Callable[[], list[Upcoming]],
+        now: float,
+        step_seconds: Callable[[str], float],
+    ) -> bool:
+        """Whether `group` (fusible tasks, best first) waits for more members: it has room,
+        stages of its signature start from points running tasks reach within one step of
+        its first stage (`step_seconds` of a node), and it has not waited that long yet."""
+        first = group[0]
+        signature = self._signature(first.segments[0].config, first.start)
+        bound = step_seconds(first.segments[0].node)
+        since = self.held.get(signature, now)
+        if (
+            len(group) < self.size(first)
+            and now - since < bound
+            and any(
+                soon.start == first.start
+                and soon.seconds <= bound
+                and self._signature(soon.config, soon.start) == signature
+                for soon in upcoming()
+            )
+        ):
+            self.held[signature] = since
+            return True
+        self.held.pop(signature, None)
+        return False
+
+    @property
+    def holding(self) -> bool:
+        """A group waits: each step of a running task may release it."""
+        return bool(self.held)
+
+    def _signature(self, config: Config, step: int) -> str:
+        """What tasks starting at `step` of `config` must share to fuse there: the step and
+        the non-fusible values."""
+        fusible = self.trainer.cls.fusible_names()
+        values = config_values(config, step)
+        return repr(
+            (step, sorted((name, repr(value)) for name, value in values.items() if name not in fusible))
+        )
 
     def isolate(self, point: tuple[str, int]) -> None:
         """A member of a fused task failed training point ``(node, step)``: a trainer's error
