@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
-from dagtune.coordinator._fusion import Fusion, Upcoming
+from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
@@ -567,29 +568,11 @@ class Coordinator:
         fused groups (`dagtune.coordinator._fusion`); the paths left out stay ready."""
         tasks = [self._task(path) for path, _ in launches]
         groups = self.fusion.groups(tasks, free)
+        soon = functools.cache(lambda: upcoming_stages(self.planner, self.running, self.cost, self.plan))
         now = self.executor.now()
         step_seconds = lambda node: self.cost.step_seconds(node, self.plan)  # noqa: E731
-        groups = [
-            g
-            for g in groups
-            if not self.fusion.hold([tasks[i] for i in g], self._upcoming, now, step_seconds)
-        ]
+        groups = [g for g in groups if not self.fusion.hold([tasks[i] for i in g], soon, now, step_seconds)]
         return [[(tasks[i], launches[i][1]) for i in group] for group in groups]
-
-    def _upcoming(self) -> list[Upcoming]:
-        """The stages about to become ready, for fuller fused groups: those starting from a
-        point a running task will deliver, with the estimated seconds until it does (from
-        the incremental planner; none when the tree is rebuilt)."""
-        if self.planner is None:
-            return []
-        upcoming = []
-        for key, running in self.running.items():
-            for stage in self.planner.sourced_from(key):
-                node, step = stage.source_point
-                # the step under way counts as nearly done (its start time is not known)
-                seconds = max(0, step - running.progress - 1) * self.cost.step_seconds(node, self.plan)
-                upcoming.append(Upcoming(stage.start, self.plan.nodes[stage.node].config, seconds))
-        return upcoming
 
     def _launch_group(self, group: list[tuple[PathTask, float]]) -> None:
         """Run `group`'s tasks as one fused task on one slot; each is running on its own key

@@ -43,7 +43,7 @@ import logging
 import math
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ import psutil
 import torch
 
 from dagtune.config import Config, config_values
+from dagtune.coordinator._running import Running
 from dagtune.fusion import (
     CpuMemory,
     FusibleTrainer,
@@ -59,9 +60,12 @@ from dagtune.fusion import (
     fusion_count,
     fusion_groups,
 )
+from dagtune.plan import SearchPlan
+from dagtune.planner import IncrementalPlanner
+from dagtune.scheduling import CostModel
 from dagtune.tasks import PathTask, TrainerSpec
 
-__all__ = ["Fusion", "Upcoming", "check_fuse"]
+__all__ = ["Fusion", "Upcoming", "check_fuse", "upcoming_stages"]
 
 log = logging.getLogger("dagtune")
 
@@ -87,6 +91,24 @@ class Upcoming:
     start: int
     config: Config
     seconds: float
+
+
+def upcoming_stages(
+    planner: IncrementalPlanner | None, running: Mapping[str, Running], cost: CostModel, plan: SearchPlan
+) -> list[Upcoming]:
+    """The stages about to become ready: those starting from a point a running task will
+    deliver (`planner`'s), with the estimated seconds until it does; none without the
+    incremental planner (a rebuilt tree)."""
+    if planner is None:
+        return []
+    upcoming = []
+    for key, task in running.items():
+        for stage in planner.sourced_from(key):
+            node, step = stage.source_point
+            # the step under way counts as nearly done (when it began is not known)
+            seconds = max(0, step - task.progress - 1) * cost.step_seconds(node, plan)
+            upcoming.append(Upcoming(stage.start, plan.nodes[stage.node].config, seconds))
+    return upcoming
 
 
 class Fusion:
