@@ -41,6 +41,7 @@ the worker-seconds went.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -371,6 +372,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     sizes = SIZES[mode]
     repeats = {"smoke": 1, "quick": 3, "full": 5}[mode]
     result: dict[str, Any] = {
+        "load": {"start": os.getloadavg()[0]},
         "device": DEVICE,
         "sizes": list(sizes),
         "throughput": [],
@@ -388,6 +390,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         r["members"]: r["speedup"] for r in result["throughput"] if r["model"] == "small CNN 1-4-8 (grouped)"
     }
     result["studies"] = fusion_study.compare(SyntheticMlp, STUDY_MODEL, mode)
+    result["load"]["end"] = os.getloadavg()[0]
     return result
 
 
@@ -397,9 +400,16 @@ def markdown(result: dict[str, Any]) -> str:
     largest = max(result["sizes"])
     speedup = result["tiny_speedup_at_max"]
     goal = "meets" if largest == 32 and speedup >= GOAL else "misses" if largest == 32 else "does not measure"
+    load = result.get("load")
+    shared = (
+        f" The machine was shared: its load average (1 minute) was {load['start']:.1f} at the start of "
+        f"the run and {load['end']:.1f} at its end, on {os.cpu_count()} cores."
+        if load
+        else ""
+    )
     parts = [
-        f"On **{result['device']}**. Trial steps per second, K trials unfused one after another against "
-        "the same K trials fused:",
+        f"On **{result['device']}**.{shared} Trial steps per second, K trials unfused one after another "
+        "against the same K trials fused:",
         table(
             result["throughput"],
             [
