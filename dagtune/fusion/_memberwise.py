@@ -13,6 +13,9 @@ for some the result of a member then depends on K or on the layout vmap gives th
   a separate product: reductions of another shape and another rounding of the affine part,
   so a member's running statistics and gradients depend on K (measured: BatchNorm2d after a
   max pooling, or on the shared input, 3e-8 to 1e-7 after one batch);
+- **matrix products** (``@``, ``bmm``, ``einsum``, attention) with a transposed or shared
+  operand are blocked differently as K changes (``a @ b.T`` with `b` shared, ``mv``: 1e-6;
+  attention with dropout, whose math path runs batched ``bmm``: 3e-6 in gradients);
 - **recurrent layers** (`nn.GRU`, `nn.LSTM`, `nn.RNN`) have no batching rule at all;
 - **dropout** under ``randomness="same"`` draws one mask of the member's shape in logical
   (row-major) order, where unfused dropout draws its noise into a tensor laid out like its
@@ -21,25 +24,26 @@ for some the result of a member then depends on K or on the layout vmap gives th
 
 Computed member by member, each member's operation is exactly the call an unfused trainer
 makes on its own tensors, so its result depends on nothing but its own weights, whatever K.
-`MemberwiseLayers` is a torch function mode that routes those operations through
-`Memberwise`, an ``autograd.Function`` whose vmap rule calls the operation once per member
-(the per-member calls are ordinary differentiable operations that autograd records as it
-would for an unfused trainer; in-place updates of running statistics land in each member's
-slice of the stacked buffer). Random operations are replayed: every member's call starts
-from the same generator state, so each draws the numbers it would draw alone and the
-generator ends where one unfused call leaves it. Multiplicative dropout draws its noise once,
-into a tensor laid out like a member's slice of the input, and multiplies every member by it
-(the same products, one draw).
+`MemberwiseLayers` is a torch function mode that routes those operations to `memberwise`,
+which unwraps vmap's batched tensors, calls the operation once per member one level below
+vmap (ordinary differentiable operations that autograd records as it would for an unfused
+trainer; in-place updates of running statistics land in each member's slice of the stacked
+buffer) and batches the stacked results again: what torch's ``autograd.Function`` vmap
+support does, at a tenth of its per-call overhead. Random operations are replayed: every
+member's call starts from the same generator state, so each draws the numbers it would draw
+alone and the generator ends where one unfused call leaves it. Multiplicative dropout
+(`shared_noise`) draws its noise once, into a tensor laid out like a member's slice of the
+input, and multiplies every member by it (the same products, one draw).
 
-Max pooling (``max_pool2d``), exact whatever its layout, runs in the channels-last layout,
-one call for every member: the same values, indices and gradients bit for bit as the unfused
-NCHW kernel (tested, ties included), which on this CPU is 8x slower than the channels-last
-one (0.35 ms against 0.04 ms for a 64x16x8x8 batch).
+Max pooling (``max_pool2d``, `channels_last_pool`), exact whatever its layout, runs in the
+channels-last layout, one call for every member: the same values, indices and gradients bit
+for bit as the unfused NCHW kernel (tested, ties included), which on this CPU is 8x slower
+than the channels-last one (0.35 ms against 0.04 ms for a 64x16x8x8 batch).
 
 With ``kernels="grouped"`` (`FusibleTrainer.fused_kernels`) convolutions and matrix products
 keep vmap's batching rules instead: one grouped convolution for all members (as HFTA and
 Hydro fuse them) and one batched product, much faster for small CNNs, but a member's result
-then depends on K within rounding (docs/fusion.md states what holds).
+then depends on K by rounding (docs/fusion.md states what holds).
 """
 
 from __future__ import annotations
@@ -55,12 +59,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 __all__ = [
+    "AFFINE_DROPOUTS",
     "CONVOLUTIONS",
-    "DROPOUTS",
     "KERNEL_MODES",
     "MATRIX_PRODUCTS",
     "MAX_POOLS",
     "MEMBERWISE_OPERATIONS",
+    "MULTIPLICATIVE_DROPOUTS",
     "NORMALIZATIONS",
     "RANDOM_OPERATIONS",
     "RECURRENT",
@@ -141,7 +146,6 @@ AFFINE_DROPOUTS = frozenset(
         torch.feature_alpha_dropout,
     }
 )
-DROPOUTS = MULTIPLICATIVE_DROPOUTS | AFFINE_DROPOUTS
 #: computed in the channels-last layout, for every member at once
 MAX_POOLS = frozenset({functional.max_pool2d, functional.max_pool2d_with_indices})
 #: computed one member at a time (with ``kernels="exact"``; "grouped" batches the first two)

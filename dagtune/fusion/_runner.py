@@ -226,11 +226,11 @@ class FusedPathRunner:
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
-        checks = [task.fusion_check for task in tasks if task.fusion_check is not None]
-        for check in checks:
+        wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
+        for check in wanted:
             if check not in FUSION_CHECKS:
                 raise ValueError(f"fusion_check must be None or one of {list(FUSION_CHECKS)}, got {check!r}")
-        self.fusion_check = max(checks, key=FUSION_CHECKS.index) if checks else None
+        self.fusion_check = max(wanted, key=FUSION_CHECKS.index) if wanted else None  # the fullest asked
 
     # ------------------------------------------------------------------ directives
 
