@@ -7,7 +7,7 @@ of stages and checkpoints (the Hippo design), scheduled by critical path on Dask
 from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
-from dagtune.fusion import SGD, AdamW, FusibleTrainer
+from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
 from dagtune.gc import GcPolicy
 from dagtune.lightning import LightningTrainer
 from dagtune.plan import merge_rate, unique_steps
@@ -58,6 +58,7 @@ __all__ = [
     "Cyclic",
     "Exponential",
     "FusibleTrainer",
+    "FusionWarning",
     "GcPolicy",
     "Grid",
     "LightningTrainer",

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
-from dagtune.coordinator._fusion import Fusion
+from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
@@ -81,6 +83,7 @@ class Coordinator:
         name: str = "dagtune",
         planner: str | None = None,
         fuse: bool | int = False,
+        fusion_check: bool = True,
     ):
         self.plan = plan
         self.executor = executor
@@ -128,7 +131,8 @@ class Coordinator:
         # progress of a task nothing claims (it stops where it is)
         self._redirect_due: set[str] = set()
         self._launched_since: set[str] = set()
-        self.fusion = Fusion(fuse, trainer, executor.slots)  # which launches share a fused task
+        # which launches share a fused task, whether the trainer fuses at all
+        self.fusion = Fusion(fuse, trainer, executor.slots, check=fusion_check)
 
     def _incremental_planner(self, planner: str | None) -> IncrementalPlanner | None:
         """The planner `planner` names (None: incremental unless the policy picks by itself,
@@ -315,6 +319,8 @@ class Coordinator:
             self._seen.add(key)
         if kind == "step":
             self.executed_steps += 1
+            if self.fusion.holding:  # a group waits for this task's point
+                self._dirty = True
             self.cost.observe(event["node"], event["seconds"])
             if running is not None:
                 running.progress = max(running.progress, event["step"])
@@ -342,6 +348,9 @@ class Coordinator:
                 self._retire(event["task"], running, {**event, "lost": True})
         elif kind in ("end", "error") and running is not None:
             self._retire(event["task"], running, event)
+        elif kind == "fusion":  # a fused task checked the trainer (`dagtune.coordinator._fusion`)
+            self.fusion.verdict(event)
+            self._dirty = True
 
     def absorb(self, events: Iterable[dict]) -> None:
         """React to search plan events another coordinator wrote (already applied to the
@@ -488,7 +497,10 @@ class Coordinator:
             groups = self._fuse(launches, free)
             self.demand += len(launches) - sum(len(group) for group in groups)
             for group in groups:
-                self._launch_group(group)
+                if self.fusion.on:
+                    self._launch_group(group)
+                else:  # measuring F found the trainer cannot fuse
+                    self._launch_task(*group[0])
         else:
             for path, priority in launches:
                 self._launch(path, priority)
@@ -556,15 +568,20 @@ class Coordinator:
         fused groups (`dagtune.coordinator._fusion`); the paths left out stay ready."""
         tasks = [self._task(path) for path, _ in launches]
         groups = self.fusion.groups(tasks, free)
+        soon = functools.cache(lambda: upcoming_stages(self.planner, self.running, self.cost, self.plan))
+        now = self.executor.now()
+        step_seconds = lambda node: self.cost.step_seconds(node, self.plan)  # noqa: E731
+        groups = [g for g in groups if not self.fusion.hold([tasks[i] for i in g], soon, now, step_seconds)]
         return [[(tasks[i], launches[i][1]) for i in group] for group in groups]
 
     def _launch_group(self, group: list[tuple[PathTask, float]]) -> None:
         """Run `group`'s tasks as one fused task on one slot; each is running on its own key
         (a fused task leaves no live trainer, so none prefers a worker)."""
         slot = Slot(fused=True)
-        for task, priority in group:
+        tasks = self.fusion.prepare([task for task, _ in group])  # with the fusion check, if due
+        for task, (_, priority) in zip(tasks, group):
             self._started(task, Running(task, priority, progress=task.start, slot=slot))
-        self.executor.launch_group([task for task, _ in group], max(priority for _, priority in group))
+        self.executor.launch_group(tasks, max(priority for _, priority in group))
 
     def _redirect(self, key: str, running: Running) -> None:
         task = running.task
@@ -603,7 +620,9 @@ class Coordinator:
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:
-        task = self._task(path)
+        self._launch_task(self._task(path), priority)
+
+    def _launch_task(self, task: PathTask, priority: float) -> None:
         key, source = task.key, task.source
         prefer = next(iter(self._holders.get(source, ())), None) if source is not None else None
         if prefer is None and source is not None:  # a task about to end there holds it next
@@ -683,6 +702,9 @@ class Coordinator:
             executed_steps=self.executed_steps - since.get("executed_steps", 0),
             gpu_seconds=self.gpu_seconds + in_flight - since.get("gpu_seconds", 0.0),
             now=now,
+            group_sizes=self.fusion.sizes - Counter(since.get("group_sizes", {}))
+            if self.fusion.asked
+            else None,
         )
 
 

@@ -18,6 +18,13 @@ exactly what it would be alone.
 Differences from `PathRunner`, by design: a step event's ``seconds`` is the member's share of
 its cohort's fused step time (the members' shares add up to the time spent), and a fused
 task leaves no live trainer behind (its members continue from their checkpoints).
+
+A task with a ``fusion_check`` first checks its trainer (`check_fusion`, on a throwaway
+trainer) and reports the verdict as a ``fusion`` event (``ok``, ``reason``) under its key.
+When the trainer cannot fuse, or a fused step later fails with an error of vmap itself (an
+operation it cannot batch), every member still training ends with reason ``"unfused"`` at
+the point it reached (its checkpoints are kept) after that ``fusion`` event: the coordinator
+then trains it unfused.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
+from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion
 from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
@@ -43,6 +51,17 @@ from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
 
 __all__ = ["FusedPathRunner", "MemberPath"]
+
+
+#: in the message of an error vmap raises for what it cannot batch
+VMAP_ERROR_MARKERS = ("vmap", "functorch", "Batching rule", "BatchedTensor")
+
+
+class _UnfusibleError(Exception):
+    """A fused step failed with an error of vmap itself: the trainer cannot train fused."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
 class _CorruptError(Exception):
@@ -132,8 +151,8 @@ class MemberPath:
             return self.task.node_at(step)
         return self.task.source[0] if self.task.source is not None else None
 
-    def end_event(self) -> dict:
-        reason = "done" if self.position >= self.task.end else "stopped"
+    def end_event(self, reason: str | None = None) -> dict:
+        reason = reason or ("done" if self.position >= self.task.end else "stopped")
         return self.event(
             "end",
             self.owner(self.position),
@@ -207,6 +226,11 @@ class FusedPathRunner:
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
+        wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
+        for check in wanted:
+            if check not in FUSION_CHECKS:
+                raise ValueError(f"fusion_check must be None or one of {list(FUSION_CHECKS)}, got {check!r}")
+        self.fusion_check = max(wanted, key=FUSION_CHECKS.index) if wanted else None  # the fullest asked
 
     # ------------------------------------------------------------------ directives
 
@@ -295,17 +319,60 @@ class FusedPathRunner:
     # ------------------------------------------------------------------ the loop
 
     def steps(self) -> Iterator[list[dict]]:
-        events = self._acquire()
+        events = []
+        if self.fusion_check is not None:
+            verdict = self._check()
+            events.append(self._fusion_event(verdict.ok, verdict.reason))
+            if not verdict.ok:
+                yield [*events, *self._end_unfused(started=False)]
+                return
+        events.extend(self._acquire())
         several = len(self.cohorts) > 1
         while True:
             trained = False
-            for cohort in self.cohorts:
-                trained |= self._round(cohort, several, events)
+            try:
+                for cohort in self.cohorts:
+                    trained |= self._round(cohort, several, events)
+            except _UnfusibleError as unfusible:
+                failed = self._fusion_event(False, f"a fused step failed: {unfusible}")
+                yield [*events, failed, *self._end_unfused(started=True)]
+                return
             if events:
                 yield events
             if not trained:
                 return
             events = []
+
+    def _check(self) -> FusionVerdict:
+        """`check_fusion` of the trainer, trained with the first task's starting values."""
+        task = next(iter(self.members.values())).task
+        spec, values = task.trainer, config_values(task.segments[0].config, task.start)
+        return check_fusion(
+            spec.cls, spec.kwargs, spec.seed, values, agreement=self.fusion_check == "agreement"
+        )
+
+    def _fusion_event(self, ok: bool, reason: str) -> dict:
+        """The ``fusion`` event (under the first task's key) of a verdict."""
+        first = next(iter(self.members.values()))
+        node = first.task.segments[0].node
+        return first.event(
+            "fusion", node, first.position, worker=first.worker, time=first.wallclock(), ok=ok, reason=reason
+        )
+
+    def _end_unfused(self, started: bool) -> list[dict]:
+        """Every member still training ends where it is, with reason ``"unfused"`` (after a
+        ``start`` when it had not started)."""
+        events = []
+        for member in self.members.values():
+            if member.done:
+                continue
+            if not started:
+                node = member.task.segments[0].node
+                fields = {"worker": member.worker, "time": member.wallclock()}
+                events.append(member.event("start", node, member.position, **fields))
+            member.done = True
+            events.append(member.end_event("unfused"))
+        return events
 
     def _round(self, cohort: _Cohort, several: bool, events: list[dict]) -> bool:
         """One step of `cohort` (after its leaving members' ``end`` events); whether it trained."""
@@ -327,7 +394,12 @@ class FusedPathRunner:
         group = cohort.group
         group.setup([member.changes(*step) for _, member, step in staying])
         began = self.clock()
-        metrics = group.train()
+        try:
+            metrics = group.train()
+        except Exception as error:
+            if any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
+                raise _UnfusibleError(error) from error
+            raise
         seconds = (self.clock() - began) / len(staying)
         for k, (_, member, (segment, t)) in enumerate(staying):
             events.extend(self._after_step(member, group, k, segment, t, metrics[k], seconds))

@@ -102,7 +102,11 @@ class Study:
     hyper-parameters) as fused tasks of up to F trials each, one worker slot per task; F is
     the int, or with True measured from memory (`dagtune.fusion.fusion_count`). Every stage
     then trains through the fused code path, so each trial's metrics are exactly
-    ``run_alone(..., fused=True)``'s.
+    ``run_alone(..., fused=True)``'s. The first fused tasks check the trainer on their
+    worker before training (`dagtune.fusion.check_fusion`): an operation fusion cannot
+    batch, or with `fusion_check` (on by default) a first batch whose fused result depends on
+    the group or disagrees with unfused training, turns fusion off for the study with a
+    `dagtune.FusionWarning` naming the layer, and its trials train unfused.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class Study:
         refresh_seconds: float = 2.0,
         security: bool | Security | None = None,
         fuse: bool | int = False,
+        fusion_check: bool = True,
         link: StudyLink | None = None,
         loggers: Sequence[Logger] | None = None,
     ):
@@ -221,6 +226,7 @@ class Study:
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
             fuse=fuse,
+            fusion_check=fusion_check,
         )
         # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
         self._restorer = Restorer(self.store, self.identity, lambda: spec, fused=bool(fuse))
