@@ -31,6 +31,7 @@ from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
 from dagtune.records import CheckpointInfo
+from dagtune.resumecheck import ResumeChecks
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.trainer import Trainer
@@ -120,6 +121,7 @@ class SimulatedExecutor(Executor):
         self._free = list(range(workers))
         self._live = [LiveTrainers() for _ in range(workers)]
         self._checks = [EvaluateChecks() for _ in range(workers)]
+        self._resume_checks = [ResumeChecks() for _ in range(workers)]
         self._pending: list[dict] = []
 
     def slots(self) -> int:
@@ -156,6 +158,7 @@ class SimulatedExecutor(Executor):
             clock=lambda: 0.0,
             wallclock=self.now,
             checks=self._checks[worker],
+            resume_checks=self._resume_checks[worker],
         )
         keys = {task.key for task in tasks}
         slot = _Slot(runner, runner.steps(), worker, launched=self._clock, keys=keys)

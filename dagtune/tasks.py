@@ -43,7 +43,9 @@ class PathTask:
     points other paths branch from, periodic saves); metrics are evaluated every
     `eval_every` steps and always at checkpoints and at the path's end. Each worker checks
     its first `check_evaluate` evaluations of the model for changing the training state
-    (`dagtune.evalcheck`).
+    (`dagtune.evalcheck`) and its first `check_resume` checkpoints of it for resuming
+    exactly (`dagtune.resumecheck`). The trainer's code runs with torch's thread count set
+    to `torch_threads` (None: as the worker has it).
     """
 
     key: str
@@ -54,6 +56,8 @@ class PathTask:
     eval_every: int = 1
     topic: str = ""
     check_evaluate: int = 0
+    check_resume: int = 0
+    torch_threads: int | None = None
 
     @property
     def start(self) -> int:

@@ -15,6 +15,7 @@ from dagtune.coordinator._fusion import Fusion
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
+from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner
 from dagtune.records import (
@@ -73,6 +74,8 @@ class Coordinator:
         share: bool = True,
         eval_every: int = 1,
         check_evaluate: int = 0,
+        check_resume: int = 0,
+        torch_threads: int | None = None,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         gpus_per_task: float = 1.0,
@@ -89,6 +92,8 @@ class Coordinator:
         self.share = share
         self.eval_every = eval_every
         self.check_evaluate = check_evaluate
+        self.check_resume = check_resume
+        self.torch_threads = torch_threads
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
         self.gpus_per_task = gpus_per_task
@@ -98,6 +103,7 @@ class Coordinator:
         self.listeners: list[TrialListener] = []
         self.recorders: list[Callable[[dict], None]] = []
         self.incidents: list[str] = []
+        self.notices = Notices()  # warnings about the trainer its workers sent, each shown once
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
         self._next_id = 0
@@ -336,6 +342,8 @@ class Coordinator:
             self.loads[event["origin"]] += 1
         elif kind == "declined":
             self._dirty = True
+        elif kind == "warning":
+            self.notices.show(event)
         elif kind == "corrupt":
             self._on_corrupt(event)
             if running is not None:
@@ -600,6 +608,8 @@ class Coordinator:
             eval_every=self.eval_every,
             topic=self.topic,
             check_evaluate=self.check_evaluate,
+            check_resume=self.check_resume,
+            torch_threads=self.torch_threads,
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:

@@ -22,6 +22,7 @@ task leaves no live trainer behind (its members continue from their checkpoints)
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import traceback
@@ -37,10 +38,29 @@ from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
+from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
+from dagtune.resumecheck import (
+    ResumeChangedTrainingError,
+    ResumeChecks,
+    StepOutcome,
+    differences,
+    failed_outcome,
+    likely_causes,
+    out_of_memory,
+    step_outcome,
+)
 from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
-from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
+from dagtune.trainer import (
+    Trainer,
+    build_trainer,
+    capture_rng,
+    isolated_rng,
+    kept_training_modes,
+    restore_rng,
+    torch_threads,
+)
 
 __all__ = ["FusedPathRunner", "MemberPath"]
 
@@ -157,6 +177,54 @@ class MemberPath:
 
 
 @dataclass
+class _Probe:
+    """A fresh group's step `step` from a member's checkpoint at `step` (`load` reads it),
+    trained with `values`: what the member must match at its own step `step`."""
+
+    step: int
+    values: dict
+    load: Callable[[], Any]
+    outcome: StepOutcome
+
+
+class _NoRoomError(Exception):
+    """A second trainer did not fit in memory: the resume check is skipped."""
+
+
+class _Member(Trainer):
+    """Member `k` of a fused group seen as a trainer, for a `step_outcome`: its unfused state
+    and the host's other attributes (its data order, any private generator)."""
+
+    def __init__(self, group: FusedGroup, k: int = 0):
+        self.__dict__.update(
+            {name: value for name, value in vars(group.host).items() if name not in ("model", "optimizer")}
+        )
+        self._group, self._k = group, k
+
+    def state_dict(self) -> dict:
+        return self._group.state_dict(self._k)
+
+    def setup(self, hp: dict) -> None:
+        raise NotImplementedError
+
+    def train(self) -> None:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+def _skipped(task: PathTask, why: str) -> dict:
+    message = (
+        f"{task.trainer.cls.__qualname__}: the resume check was skipped: {why}; check_resume=0 turns it off."
+    )
+    return warning_event(ResumeCheckSkippedWarning, message, f"skipped {task.trainer.identity}")
+
+
+@dataclass
 class _Loaded:
     member: MemberPath
     state: dict  # the unfused trainer state
@@ -189,6 +257,7 @@ class FusedPathRunner:
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
+        resume_checks: ResumeChecks | None = None,
     ):
         tasks = list(tasks)
         if not tasks:
@@ -205,8 +274,10 @@ class FusedPathRunner:
         self.live = live
         self.clock = clock
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
+        self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
+        self._probes: dict[str, _Probe] = {}  # task key -> its fresh group's step, to compare
 
     # ------------------------------------------------------------------ directives
 
@@ -295,6 +366,18 @@ class FusedPathRunner:
     # ------------------------------------------------------------------ the loop
 
     def steps(self) -> Iterator[list[dict]]:
+        """The events of each round. The trainers' code runs with torch's thread count set to
+        the tasks' ``torch_threads``; the caller's count is back between rounds."""
+        inner = self._rounds()
+        threads = next(iter(self.members.values())).task.torch_threads
+        while True:
+            with torch_threads(threads):
+                events = next(inner, None)
+            if events is None:
+                return
+            yield events
+
+    def _rounds(self) -> Iterator[list[dict]]:
         events = self._acquire()
         several = len(self.cohorts) > 1
         while True:
@@ -348,9 +431,12 @@ class FusedPathRunner:
         """A member's events for step `t`, exactly as `PathRunner` makes them."""
         task = member.task
         train_metrics = to_metrics(raw, "Trainer.train()")
+        events = []
+        probe = self._probes.get(task.key)
+        if probe is not None and probe.step == t:
+            events.extend(self._compare(member, group, k, train_metrics))
         member.position = n = t + 1
         member.executed += 1
-        events = []
         wanted = n in task.checkpoints or n in member.directive.checkpoints
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
@@ -361,18 +447,98 @@ class FusedPathRunner:
             state = {"trainer": group.state_dict(k), "rng": capture_rng()}
             info = self.store.save(task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
+            events.extend(self._resumed_next(member, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
 
+    # ------------------------------------------------------------------ the resume check
+
+    def _resumed_next(self, member: MemberPath, segment: Segment, n: int) -> list[dict]:
+        """At a member's checkpoint at step `n` with a next step on its path, while this
+        worker's resume checks of the model are due: a fresh host loaded from the checkpoint
+        trains that step as a group of one (bit for bit what it trains in any group), to
+        compare with the member's own next step (`_compare`). A member whose path ends at
+        the checkpoint is not checked there (a fused task keeps no trainer to train on)."""
+        task = member.task
+        identity = task.trainer.identity
+        if (
+            n >= task.end
+            or task.key in self._probes
+            or not self.resume_checks.due(identity, task.check_resume)
+        ):
+            return []
+        following = next(s for s in task.segments if s.start <= n < s.end)
+        values = config_values(following.config, n)
+        load = functools.partial(self.store.load, identity, segment.node, n)
+        try:
+            outcome = self._resumed_step(task, load, values)
+        except _NoRoomError as error:
+            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
+        if outcome is not None:
+            self._probes[task.key] = _Probe(n, values, load, outcome)
+        return []
+
+    def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
+        spec = task.trainer
+        try:
+            saved = load()
+        except CheckpointError:
+            return None
+        with isolated_rng():
+            try:
+                host = build_trainer(spec.cls, spec.kwargs, spec.seed)
+                group = FusedGroup.from_states(host, [saved["trainer"]])
+                restore_rng(saved["rng"])
+                group.setup([dict(values)])
+                metrics = to_metrics(group.train()[0], "Trainer.train()")
+                return step_outcome(_Member(group), metrics)
+            except Exception as error:  # the resumed trainer's failure is what it computed
+                if out_of_memory(error):
+                    raise _NoRoomError(
+                        f"a second trainer did not fit in memory ({type(error).__name__}: {error})"
+                    ) from error
+                return failed_outcome(error)
+
+    def _compare(
+        self, member: MemberPath, group: FusedGroup, k: int, metrics: dict[str, float]
+    ) -> list[dict]:
+        """Compare member `k`'s step after its probed checkpoint with the fresh group's: a
+        pass is counted; a difference raises `ResumeChangedTrainingError`, unless a second
+        fresh group differs too (a warning: training is not deterministic)."""
+        task = member.task
+        probe = self._probes.pop(task.key)
+        keys = differences(step_outcome(_Member(group, k), metrics), probe.outcome)
+        if not keys:
+            self.resume_checks.passed(task.trainer.identity)
+            return []
+        try:
+            again = self._resumed_step(task, probe.load, probe.values)
+        except _NoRoomError:
+            again = None
+        if again is not None and differences(again, probe.outcome):
+            message = (
+                f"{task.trainer.cls.__qualname__}: the same step trained twice from the checkpoint at step "
+                f"{probe.step} gave different states ({', '.join(keys[:3])}): training is not deterministic, "
+                "so results are not bit for bit those of run_alone, and the resume check cannot tell a "
+                "resume bug from this noise."
+            )
+            fields = warning_event(
+                NondeterministicTrainingWarning, message, f"nondeterministic {task.trainer.identity}"
+            )
+            return [member.event("warning", task.node_at(probe.step + 1), probe.step + 1, **fields)]
+        raise ResumeChangedTrainingError(
+            probe.step, keys, likely_causes(group.host, probe.load()["trainer"], keys), task.check_resume
+        )
+
     def _evaluate(self, member: MemberPath, group: FusedGroup, k: int) -> dict[str, float]:
         """Member `k`'s validation metrics, as `PathRunner` evaluates: random draws isolated
-        from training, and while the worker's checks are due, the training state of the host
+        from training, the host's modules' training modes put back after, and while the worker's checks are due, the training state of the host
         (holding the member's weights, the group's data order) compared before and after."""
         identity, limit = member.task.trainer.identity, member.task.check_evaluate
         member.evaluating = True
         group.select(k)
         before = training_state(group.host) if self.checks.due(identity, limit) else None
-        with isolated_rng():
+        with isolated_rng(), kept_training_modes(group.host):
             metrics = to_metrics(group.host.evaluate(), "Trainer.evaluate()")
         if before is not None:
             self.checks.verify(identity, limit, before, training_state(group.host))

@@ -42,13 +42,25 @@ def _canonical(value: Any, where: str) -> Any:
     )
 
 
-def model_identity(trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "") -> str:
-    """The id of a model identity: trials of equal identities share one search plan."""
-    payload = {
+def model_identity(
+    trainer: type,
+    trainer_kwargs: Mapping[str, Any],
+    seed: int,
+    version: str = "",
+    *,
+    torch_threads: int | None = 1,
+) -> str:
+    """The id of a model identity: trials of equal identities share one search plan.
+
+    A torch thread count other than the default 1 is part of it (None: whatever each
+    worker has), since steps trained with another count may round differently."""
+    payload: dict[str, Any] = {
         "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
         "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
         "seed": seed,
         "version": version,
     }
+    if torch_threads != 1:
+        payload["torch_threads"] = torch_threads
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

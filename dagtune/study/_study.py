@@ -39,7 +39,7 @@ from dagtune.study._identity import model_identity
 from dagtune.study._results import Result, TrialError
 from dagtune.study._session import Session
 from dagtune.tasks import TrainerSpec
-from dagtune.trainer import Trainer
+from dagtune.trainer import Trainer, check_torch_threads
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -84,10 +84,21 @@ class Study:
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
 
-    `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
-    and module's training mode) before and after its first `check_evaluate` evaluations of
-    the model, and fails the trial with ``evaluate() changed the training state: <keys>``
-    if they differ (results would depend on where dagtune evaluates); 0 turns it off.
+    `check_evaluate`: each worker compares every ``state_dict()`` leaf before and after its
+    first `check_evaluate` evaluations of the model, and fails the trial with ``evaluate()
+    changed the training state: <keys>`` if they differ (results would depend on where
+    dagtune evaluates); 0 turns it off. The global random generators and every module's
+    training mode need no check: dagtune puts them back after every evaluation.
+
+    `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
+    trainer loaded from the checkpoint trains the next step beside the trainer that saved
+    it, and a difference fails the trial with ``resuming from a checkpoint changes
+    training: <entries>``, naming the likely cause (`dagtune.resumecheck`); 0 turns it off.
+
+    `torch_threads`: every worker builds and trains the trainer with torch's thread count
+    set to this (default 1: CPU kernels round differently with other counts, so results are
+    bit for bit `run_alone`'s only with one count everywhere); None leaves each worker's.
+    A count other than 1 is part of the model identity.
 
     `fuse` (a `dagtune.FusibleTrainer` only; docs/fusion.md): True or an int trains the
     ready stages that may share a model (same start, differing only in fusible
@@ -113,6 +124,8 @@ class Study:
         scheduler: str = "critical_path",
         eval_every: int = 1,
         check_evaluate: int = 3,
+        check_resume: int = 1,
+        torch_threads: int | None = 1,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         workers: int | None = None,
@@ -133,6 +146,8 @@ class Study:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
+        check_evaluate_count(check_resume, "check_resume")
+        check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
         if security is not None and (client is not None or executor is not None):
             why = (
@@ -154,7 +169,10 @@ class Study:
         self.reuse = reuse
         self.resources = dict(resources) if resources else None
         self.link = link
-        self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
+        self.torch_threads = torch_threads
+        self.identity = model_identity(
+            trainer, self.trainer_kwargs, seed, version, torch_threads=torch_threads
+        )
         self.storage = os.fspath(storage)
         self.gc_policy = gc
         self._token = uuid.uuid4().hex[:8]
@@ -203,6 +221,8 @@ class Study:
             share=reuse,
             eval_every=eval_every,
             check_evaluate=check_evaluate,
+            check_resume=check_resume,
+            torch_threads=torch_threads,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
             gpus_per_task=gpus,
