@@ -66,8 +66,13 @@ class ResumeChangedTrainingError(RuntimeError):
             f"on: {shown}. {likely + ' ' if likely else ''}dagtune resumes every branch from a "
             "checkpoint, so trials would differ from training them alone (run_alone): state_dict() "
             "must hold everything later steps depend on, and load_state_dict() must restore it. "
-            f"(The first {checks} checkpoint(s) of a model on each worker are checked: check_resume=.)"
+            f"(Each worker checks resuming at its first {_count(checks, 'checkpoint')} of a model; "
+            "check_resume=0 turns the check off.)"
         )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,10 @@ class StepOutcome:
 
 def step_outcome(trainer: Trainer, metrics: Mapping[str, float]) -> StepOutcome:
     """The outcome of the step `trainer` just trained (which returned `metrics`)."""
-    state = state_digests(trainer.state_dict())
+    state: dict[str, str] = {}
     for path, value in held_state(trainer).items():
         state.update(state_digests(value, path))
+    state.update(state_digests(trainer.state_dict()))
     return StepOutcome(state, dict(metrics), _rng_digests(capture_rng()))
 
 
@@ -108,9 +114,11 @@ def held_state(trainer: Trainer) -> dict[str, Any]:
     """The state of the stateful objects `trainer` holds in attributes (directly or in a
     list, tuple or dict attribute), keyed by how to read it: ``self.optimizer.state_dict()``,
     ``self.scheduler.state_dict()``, ``self.model.state_dict()``, ``self.gen.get_state()``,
-    ``self.batches.state_dict()``, numpy's and python's generators' states."""
+    ``self.batches.state_dict()``, numpy's and python's generators' states. Modules come
+    last: their weights differ whenever anything else does, so the others name a cause."""
     found: dict[str, Any] = {}
-    for name, value in _attributes(trainer):
+    attributes = sorted(_attributes(trainer), key=lambda item: isinstance(item[1], torch.nn.Module))
+    for name, value in attributes:
         if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, _SCHEDULER, ResumableBatches)):
             found[f"self.{name}.state_dict()"] = value.state_dict()
         elif isinstance(value, torch.Generator):
@@ -138,8 +146,9 @@ def _attributes(trainer: Trainer) -> Iterator[tuple[str, Any]]:
 
 def differences(live: StepOutcome, resumed: StepOutcome) -> list[str]:
     """The entries in which the resumed trainer's outcome differs from the live one's:
-    attributes' state first (they name the cause best), then ``state_dict()`` leaves, then
-    ``train()`` metrics, then the global generators."""
+    attributes' state first (they name the cause best: optimizers, schedulers and
+    generators before modules), then ``state_dict()`` leaves, then ``train()`` metrics,
+    then the global generators."""
     if live.error is not None or resumed.error is not None:
         if live.error == resumed.error:
             return []
@@ -148,9 +157,8 @@ def differences(live: StepOutcome, resumed: StepOutcome) -> list[str]:
             for who, error in (("resumed", resumed.error), ("live", live.error))
             if error is not None
         ]
-    keys = dict.fromkeys([*live.state, *resumed.state])
+    keys = dict.fromkeys([*live.state, *resumed.state])  # in `step_outcome`'s order
     changed = [key for key in keys if live.state.get(key) != resumed.state.get(key)]
-    changed.sort(key=lambda key: not key.startswith("self."))
     metrics = dict.fromkeys([*live.metrics, *resumed.metrics])
     changed += [
         f"train() metrics[{name!r}]"
@@ -168,27 +176,26 @@ def _same_number(a: float | None, b: float | None) -> bool:
 def likely_causes(trainer: Trainer, saved: Any, keys: list[str]) -> list[str]:
     """What probably makes a resumed `trainer` (whose checkpoint held `saved`, its
     ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
-    generator, data order or module it holds that `saved` does not hold, or one that `saved`
-    holds but loading did not restore; else the general suspects."""
-    causes = []
+    generator, data order or module it holds that `saved` does not hold (a module whose
+    weights differ only because of one of those is not blamed), else one that `saved` holds
+    but loading did not restore; else the general suspects."""
+    missing, unrestored = [], []
     for name, value in _attributes(trainer):
-        if not any(key.startswith(f"self.{name}.") for key in keys):
-            continue
         kind = _describe(value)
-        if kind is None:
+        if kind is None or not any(key.startswith(f"self.{name}.") for key in keys):
             continue
         if not _saved_somewhere(value, saved):
-            causes.append(
+            missing.append(
                 f"self.{name} ({kind}) is not in state_dict(), so a resumed trainer starts it over"
                 f"{_what_restarts(value)}: is it in state_dict(), and loaded in load_state_dict()?"
             )
         else:
-            causes.append(
+            unrestored.append(
                 f"self.{name} ({kind}) is in state_dict() but a resumed trainer's differs: does "
                 "load_state_dict() load it?"
             )
-    if causes:
-        return causes
+    if missing or unrestored:
+        return missing or unrestored
     if not state_digests(saved):
         return ["state_dict() holds nothing."]
     if any(key.startswith("train() raised") for key in keys):
@@ -213,11 +220,11 @@ def likely_causes(trainer: Trainer, saved: Any, keys: list[str]) -> list[str]:
 
 def _describe(value: Any) -> str | None:
     if isinstance(value, torch.optim.Optimizer):
-        return f"a {type(value).__name__} optimizer"
+        return f"the {type(value).__name__} optimizer"
     if isinstance(value, _SCHEDULER):
-        return f"a {type(value).__name__} learning-rate scheduler"
+        return f"the {type(value).__name__} learning-rate scheduler"
     if isinstance(value, torch.nn.Module):
-        return f"a {type(value).__name__} module"
+        return f"the {type(value).__name__} module"
     if isinstance(value, torch.Generator):
         return "a private torch.Generator"
     if isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
@@ -227,10 +234,22 @@ def _describe(value: Any) -> str | None:
     return None
 
 
+#: what an optimizer's per-parameter state is, by its key in torch.optim's state dicts
+_OPTIMIZER_STATE = {
+    "momentum_buffer": "momentum buffers",
+    "exp_avg": "first moments",
+    "exp_avg_sq": "second moments",
+    "max_exp_avg_sq": "maximal second moments",
+    "square_avg": "squared-gradient averages",
+    "acc_delta": "accumulated updates",
+    "sum": "accumulated squared gradients",
+}
+
+
 def _what_restarts(value: Any) -> str:
     if isinstance(value, torch.optim.Optimizer):
         kinds = sorted({key for state in value.state.values() for key in state if key != "step"})
-        return f" (its {', '.join(kinds)})" if kinds else ""
+        return f" (its {', '.join(_OPTIMIZER_STATE.get(k, k) for k in kinds)})" if kinds else ""
     if isinstance(value, _SCHEDULER):
         return " (its schedule)"
     return ""

@@ -287,6 +287,7 @@ class PathRunner:
         )
         values: dict | None = None
         recording: RecordingValues | None = None
+        keep = True  # the trainer stays live at its end (not if it trained a step past it)
         for segment, t in self._schedule():
             if values is None:
                 values = config_values(segment.config, t)
@@ -324,6 +325,9 @@ class PathRunner:
                 )
                 load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
                 events.extend(self._resumed_next(segment, n, load))
+                if n == task.end and self._probe is not None:  # checked before the step is reported
+                    events.extend(self._check_at_the_end(trainer, values))
+                    keep = False
             elif self.store is None and n == task.start + 1 and self._resume_due():  # run_alone: in memory
                 saved = serialize_state({"trainer": trainer.state_dict(), "rng": capture_rng()})
                 events.extend(self._resumed_next(segment, n, functools.partial(_in_memory, saved)))
@@ -333,10 +337,9 @@ class PathRunner:
             yield events
             events = []
         end_node = self._owner(self.position)
-        keep = True
-        if self._probe is not None and self._probe.step == self.position:
+        if self._probe is not None and self._probe.step == self.position:  # it stopped or paused there
             events.extend(self._check_at_the_end(trainer, values or {}))
-            keep = False  # it trained a step past its point
+            keep = False
         if self.live is not None and end_node is not None and keep:
             self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
         reason = "done" if self.position >= task.end else "stopped"
@@ -445,9 +448,11 @@ class PathRunner:
         raise ResumeChangedTrainingError(probe.step, keys, likely_causes(trainer, saved, keys), limit)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[dict]:
-        """The path ends at the probed checkpoint: this trainer trains the probed step too
-        (it is not kept live afterwards: a later stage loads the checkpoint), and the two are
-        compared. Its random draws are isolated; a failure of that step is only compared."""
+        """The path ends at the probed checkpoint (`values`: the last step's): this trainer
+        trains the probed step too (it is not kept live afterwards: a later stage loads the
+        checkpoint), and the two are compared. Its random draws are isolated; a failure of
+        that step is only compared. At the path's own end this runs before the last step is
+        reported, so that a failure fails the trials ending there."""
         probe = self._probe
         changes = {k: v for k, v in probe.values.items() if not same_value(v, values.get(k, _MISSING))}
         with isolated_rng():

@@ -17,14 +17,17 @@ member's step times ``1 + fused_member_seconds * (K - 1)`` for the K members tra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import heapq
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks
@@ -82,6 +85,7 @@ class _Slot:
     keys: set[str]  # the tasks whose end is still to come
     charged: float = 0.0  # virtual seconds of the step (the fused round) in flight
     training: int = 1  # tasks training in that step
+    rng: Any = None  # the global generators' states where its last step left them
 
 
 class SimulatedExecutor(Executor):
@@ -236,7 +240,9 @@ class SimulatedExecutor(Executor):
     def _advance(self, key: str, slot: _Slot) -> list[dict]:
         runner = slot.runner
         try:
-            events = next(slot.steps)
+            # each virtual worker has the global random generators to itself, as a process does
+            with own_rng(slot):
+                events = next(slot.steps)
         except Exception as error:  # the trainer's failure becomes an event
             if isinstance(runner, FusedPathRunner):
                 events = runner.error_events(error)
@@ -260,6 +266,23 @@ class SimulatedExecutor(Executor):
         else:
             self._queue(key, slot)
         return events
+
+
+@contextlib.contextmanager
+def own_rng(slot: _Slot) -> Iterator[None]:
+    """Run a step of `slot` with the global random generators where its previous step left
+    them (its first step starts from whatever is there: it seeds or restores them itself),
+    and keep where this one leaves them. Virtual workers share this process, and steps of
+    different workers interleave."""
+    if slot.rng is not None:
+        python, numpy, cpu = slot.rng
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+    try:
+        yield
+    finally:
+        slot.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
 
 
 class SyntheticTrainer(Trainer):

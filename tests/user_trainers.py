@@ -136,7 +136,8 @@ class ForgetsTheScheduler(MnistStyle):
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.7)
 
     def setup(self, hp):
-        pass  # the scheduler decides the learning rate
+        if "lr" in hp:  # where the schedule starts; the scheduler decides from there
+            self.scheduler.base_lrs = [hp["lr"]]
 
     def train(self):
         metrics = super().train()

@@ -22,6 +22,7 @@ task leaves no live trainer behind (its members continue from their checkpoints)
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
@@ -30,6 +31,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
@@ -176,19 +179,22 @@ class MemberPath:
         )
 
 
-@dataclass
-class _Probe:
-    """A fresh group's step `step` from a member's checkpoint at `step` (`load` reads it),
-    trained with `values`: what the member must match at its own step `step`."""
-
-    step: int
-    values: dict
-    load: Callable[[], Any]
-    outcome: StepOutcome
-
-
 class _NoRoomError(Exception):
     """A second trainer did not fit in memory: the resume check is skipped."""
+
+
+class _NoCopyError(Exception):
+    """The live host could not be copied: the resume check is skipped."""
+
+
+def _live_copy(host: FusibleTrainer) -> FusibleTrainer:
+    """A copy of `host` to train a step on: everything copied but the tensors it holds in
+    attributes (its data, which no step changes)."""
+    shared = {id(value): value for value in vars(host).values() if isinstance(value, torch.Tensor)}
+    try:
+        return copy.deepcopy(host, shared)
+    except Exception as error:  # something in it can't be copied (a file, a process pool)
+        raise _NoCopyError(f"the trainer could not be copied ({type(error).__name__}: {error})") from error
 
 
 class _Member(Trainer):
@@ -277,7 +283,6 @@ class FusedPathRunner:
         self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
-        self._probes: dict[str, _Probe] = {}  # task key -> its fresh group's step, to compare
 
     # ------------------------------------------------------------------ directives
 
@@ -432,9 +437,6 @@ class FusedPathRunner:
         task = member.task
         train_metrics = to_metrics(raw, "Trainer.train()")
         events = []
-        probe = self._probes.get(task.key)
-        if probe is not None and probe.step == t:
-            events.extend(self._compare(member, group, k, train_metrics))
         member.position = n = t + 1
         member.executed += 1
         wanted = n in task.checkpoints or n in member.directive.checkpoints
@@ -447,88 +449,94 @@ class FusedPathRunner:
             state = {"trainer": group.state_dict(k), "rng": capture_rng()}
             info = self.store.save(task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
-            events.extend(self._resumed_next(member, segment, n))
+            events.extend(self._check_resume(member, group, k, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
 
     # ------------------------------------------------------------------ the resume check
 
-    def _resumed_next(self, member: MemberPath, segment: Segment, n: int) -> list[dict]:
-        """At a member's checkpoint at step `n` with a next step on its path, while this
-        worker's resume checks of the model are due: a fresh host loaded from the checkpoint
-        trains that step as a group of one (bit for bit what it trains in any group), to
-        compare with the member's own next step (`_compare`). A member whose path ends at
-        the checkpoint is not checked there (a fused task keeps no trainer to train on)."""
+    def _check_resume(
+        self, member: MemberPath, group: FusedGroup, k: int, segment: Segment, n: int
+    ) -> list[dict]:
+        """At member `k`'s checkpoint at step `n`, while this worker's resume checks of the
+        model are due: the next step (its path's, or at its end its last segment's) trained
+        as a group of one twice, once on a copy of the live host (the trainer object holding
+        the cohort's data order and anything else the trainer keeps) with the member's state,
+        once on a fresh host loaded from the checkpoint, must agree (`dagtune.resumecheck`).
+        A group of one trains bit for bit what the member trains in any group, so this
+        checks what a fused task keeps outside the saved state. Both run before the step is
+        reported, inside `isolated_rng`; the group itself is untouched."""
         task = member.task
         identity = task.trainer.identity
-        if (
-            n >= task.end
-            or task.key in self._probes
-            or not self.resume_checks.due(identity, task.check_resume)
-        ):
+        if not self.resume_checks.due(identity, task.check_resume):
             return []
-        following = next(s for s in task.segments if s.start <= n < s.end)
+        following = next((s for s in task.segments if s.start <= n < s.end), segment)
         values = config_values(following.config, n)
         load = functools.partial(self.store.load, identity, segment.node, n)
+        state, rng = group.state_dict(k), capture_rng()
         try:
-            outcome = self._resumed_step(task, load, values)
+            live = self._step_alone(task, lambda: _live_copy(group.host), state, rng, values)
+            resumed = self._resumed_step(task, load, values)
         except _NoRoomError as error:
             return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
-        if outcome is not None:
-            self._probes[task.key] = _Probe(n, values, load, outcome)
-        return []
+        except _NoCopyError as error:
+            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
+        if resumed is None:
+            return []
+        keys = differences(live, resumed)
+        if not keys:
+            self.resume_checks.passed(identity)
+            return []
+        again = self._resumed_step(task, load, values)
+        if again is not None and differences(again, resumed):
+            message = (
+                f"{task.trainer.cls.__qualname__}: the same step trained twice from the checkpoint at step "
+                f"{n} gave different states ({', '.join(keys[:3])}): training is not deterministic, "
+                "so results are not bit for bit those of run_alone, and the resume check cannot tell a "
+                "resume bug from this noise."
+            )
+            fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
+            return [member.event("warning", segment.node, n, **fields)]
+        raise ResumeChangedTrainingError(
+            n, keys, likely_causes(group.host, load()["trainer"], keys), task.check_resume
+        )
 
     def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
+        """A fresh host loaded from the checkpoint `load` reads trains the step (None if the
+        checkpoint can't be read back)."""
         spec = task.trainer
         try:
             saved = load()
         except CheckpointError:
             return None
+        return self._step_alone(
+            task,
+            lambda: build_trainer(spec.cls, spec.kwargs, spec.seed),
+            saved["trainer"],
+            saved["rng"],
+            values,
+        )
+
+    def _step_alone(
+        self, task: PathTask, host: Callable[[], FusibleTrainer], state: dict, rng: dict, values: dict
+    ) -> StepOutcome:
+        """The outcome of one step of a group of one on the host `host` makes, from `state`
+        and the global generators at `rng` (put back afterwards)."""
         with isolated_rng():
             try:
-                host = build_trainer(spec.cls, spec.kwargs, spec.seed)
-                group = FusedGroup.from_states(host, [saved["trainer"]])
-                restore_rng(saved["rng"])
-                group.setup([dict(values)])
-                metrics = to_metrics(group.train()[0], "Trainer.train()")
-                return step_outcome(_Member(group), metrics)
-            except Exception as error:  # the resumed trainer's failure is what it computed
+                alone = FusedGroup.from_states(host(), [state])
+                restore_rng(rng)
+                alone.setup([dict(values)])
+                metrics = to_metrics(alone.train()[0], "Trainer.train()")
+                return step_outcome(_Member(alone), metrics)
+            except _NoCopyError:
+                raise
+            except Exception as error:  # a failure is what the step computed
                 if out_of_memory(error):
                     raise _NoRoomError(
                         f"a second trainer did not fit in memory ({type(error).__name__}: {error})"
                     ) from error
                 return failed_outcome(error)
-
-    def _compare(
-        self, member: MemberPath, group: FusedGroup, k: int, metrics: dict[str, float]
-    ) -> list[dict]:
-        """Compare member `k`'s step after its probed checkpoint with the fresh group's: a
-        pass is counted; a difference raises `ResumeChangedTrainingError`, unless a second
-        fresh group differs too (a warning: training is not deterministic)."""
-        task = member.task
-        probe = self._probes.pop(task.key)
-        keys = differences(step_outcome(_Member(group, k), metrics), probe.outcome)
-        if not keys:
-            self.resume_checks.passed(task.trainer.identity)
-            return []
-        try:
-            again = self._resumed_step(task, probe.load, probe.values)
-        except _NoRoomError:
-            again = None
-        if again is not None and differences(again, probe.outcome):
-            message = (
-                f"{task.trainer.cls.__qualname__}: the same step trained twice from the checkpoint at step "
-                f"{probe.step} gave different states ({', '.join(keys[:3])}): training is not deterministic, "
-                "so results are not bit for bit those of run_alone, and the resume check cannot tell a "
-                "resume bug from this noise."
-            )
-            fields = warning_event(
-                NondeterministicTrainingWarning, message, f"nondeterministic {task.trainer.identity}"
-            )
-            return [member.event("warning", task.node_at(probe.step + 1), probe.step + 1, **fields)]
-        raise ResumeChangedTrainingError(
-            probe.step, keys, likely_causes(group.host, probe.load()["trainer"], keys), task.check_resume
-        )
 
     def _evaluate(self, member: MemberPath, group: FusedGroup, k: int) -> dict[str, float]:
         """Member `k`'s validation metrics, as `PathRunner` evaluates: random draws isolated

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from dagtune.config import Config
-from dagtune.records import COMPLETED, Trial
+from dagtune.records import COMPLETED, FAILED, Trial
 from dagtune.summary import trials_frame
 
 __all__ = ["Result", "TrialError", "TrialResult"]
@@ -19,21 +19,26 @@ class TrialError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrialResult:
-    """A finished trial: its config, the steps it reached and its final metrics."""
+    """A finished trial: its config, the steps it reached and its final metrics (and, for a
+    failed one, the traceback of its trainer's `error`)."""
 
     config: Config
     steps: int
     metrics: dict[str, float]
     id: int = -1
     status: str = COMPLETED
+    error: str | None = None
 
 
 def _as_result(trial: Trial) -> TrialResult:
-    return TrialResult(trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status)
+    return TrialResult(
+        trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, trial.error
+    )
 
 
 class Result:
-    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
+    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`, and
+    the trials whose trainer raised (`failed`).
 
     `report` holds the run's figures (its trials, the work done while it ran), defined in
     `dagtune.coordinator.report_figures`."""
@@ -68,6 +73,12 @@ class Result:
         completed = [t for t in scored if t.status == COMPLETED] or scored
         sign = 1.0 if self.mode == "max" else -1.0
         return _as_result(max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id)))
+
+    @property
+    def failed(self) -> list[TrialResult]:
+        """The trials that failed (their trainer raised, after the allowed retries), each with
+        its traceback in ``error``, in trial order."""
+        return [_as_result(t) for t in sorted(self._trials, key=lambda t: t.id) if t.status == FAILED]
 
     @property
     def trials(self):
