@@ -159,9 +159,9 @@ def test_modes_are_put_back_module_by_module_also_when_evaluate_raises():
         trainer.evaluate()
         trainer.others[0].train()
     assert ([m.training for m in trainer.model.modules()], trainer.others[0].training) == modes
-    with pytest.raises(ZeroDivisionError), kept_training_modes(trainer):
+    with pytest.raises(RuntimeError, match="evaluate failed"), kept_training_modes(trainer):
         trainer.model.train()
-        1 / 0
+        raise RuntimeError("evaluate failed")
     assert [m.training for m in trainer.model.modules()] == modes[0]
 
 

@@ -15,7 +15,7 @@ see conftest).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (as PyTorch's examples write it)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -32,7 +32,7 @@ import numpy as np
 from dagtune.config import Config, normalize_config
 from dagtune.distributions import Distribution, choice, loguniform, randint, uniform
 from dagtune.sequences import Piecewise, Sequence
-from dagtune.space import Random
+from dagtune.space import Random, filter_view
 
 __all__ = ["CATEGORICAL", "CONTINUOUS", "INT", "LOG", "Param", "ParamSpace"]
 
@@ -170,8 +170,8 @@ class ParamSpace:
         return normalize_config(built, owner=self.owner)
 
     def accepts(self, config: Config) -> bool:
-        """Whether the space's `where` filter keeps `config`."""
-        return self.where is None or bool(self.where(config))
+        """Whether the space's `where` filter keeps `config` (seen as `filter_view` gives it)."""
+        return self.where is None or bool(self.where(filter_view(config)))
 
     def sample_unit(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` points of the unit-cube encoding, distributed as `dt.Random` draws."""
