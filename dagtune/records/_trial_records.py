@@ -67,14 +67,16 @@ LINK_ROLES = ("surrogate", "target")
 
 @dataclass(frozen=True)
 class Opened:
-    """A session of the study began (``open``): the model identity it belongs to, and its
-    partner if it is half of a surrogate study."""
+    """A session of the study began (``open``): the model identity it belongs to, its
+    partner if it is half of a surrogate study, and the GPUs each of its stages asks for
+    (`gpus`; 0: none, so its GPU-seconds are worker-seconds; None: not recorded)."""
 
     identity: str
     trainer: str | None
     seed: int | None
     version: str | None
     link: StudyLink | None = None
+    gpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def _opened(fields: Fields) -> Opened:
         seed=fields.get("seed", is_int, "an int", optional=True),
         version=fields.text("version", optional=True),
         link=link,
+        gpus=fields.get("gpus", lambda v: is_number(v) and 0 <= v < math.inf, "a number >= 0", optional=True),
     )
 
 

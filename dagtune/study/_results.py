@@ -41,7 +41,8 @@ class Result:
     the trials whose trainer raised (`failed`).
 
     `report` holds the run's figures (its trials, the work done while it ran), defined in
-    `dagtune.coordinator.report_figures`."""
+    `dagtune.coordinator.report_figures`; `gpus` is how many GPUs each of its stages asked
+    for (0: none, so its ``gpu_seconds`` are worker-seconds)."""
 
     def __init__(
         self,
@@ -50,8 +51,11 @@ class Result:
         metric: str | None,
         mode: str = "max",
         chosen: Trial | None = None,
+        *,
+        gpus: float = 0.0,
     ):
         self._trials = trials
+        self.gpus = gpus
         self.report = report
         self.metric = metric
         self.mode = mode

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
+from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
@@ -38,6 +40,7 @@ from dagtune.study._alone import check_evaluate_count
 from dagtune.study._identity import model_identity
 from dagtune.study._results import Result, TrialError
 from dagtune.study._session import Session
+from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
 
@@ -201,6 +204,7 @@ class Study:
                 "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
                 "seed": seed,
                 "version": version,
+                "gpus": float((self.resources or {}).get("GPU", 0)),
                 **(link.fields() if link is not None else {}),
             }
             try:
@@ -513,7 +517,16 @@ class Study:
             report = self.coordinator.report(trials, since)
         if session.error is not None:
             raise session.error
-        return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
+        result = Result(
+            trials,
+            report,
+            algorithm.metric,
+            algorithm.mode,
+            algorithm.best_trial(),
+            gpus=float((self.resources or {}).get("GPU", 0)),
+        )
+        _warn_failures(result, len(trials))
+        return result
 
     @property
     def report(self) -> dict:
@@ -569,6 +582,20 @@ class Study:
 
     def __repr__(self) -> str:
         return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"
+
+
+def _warn_failures(result: Result, trials: int) -> None:
+    """End a run whose trials failed with a warning saying how many and the first error
+    (`Result.failed` has them all, with their tracebacks)."""
+    failed = result.failed
+    if failed:
+        first = failed[0]
+        warnings.warn(
+            f"{len(failed)} of {trials} trials failed; the first, trial {first.id}: "
+            f"{error_line(first.error)} (Result.failed has them, with their tracebacks)",
+            TrialsFailedWarning,
+            stacklevel=3,
+        )
 
 
 class TrialHandle:
