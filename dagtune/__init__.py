@@ -9,6 +9,13 @@ from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, randint, uniform
 from dagtune.fusion import SGD, AdamW, FusibleTrainer
 from dagtune.gc import GcPolicy
+from dagtune.mainguard import UnguardedMainError
+from dagtune.notices import (
+    NondeterministicTrainingWarning,
+    ResumeCheckSkippedWarning,
+    TrialsFailedWarning,
+    UnreadHyperparameterWarning,
+)
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
@@ -61,11 +68,13 @@ __all__ = [
     "Grid",
     "Linear",
     "MultiStep",
+    "NondeterministicTrainingWarning",
     "Piecewise",
     "Random",
     "Result",
     "ResumableBatchSampler",
     "ResumableBatches",
+    "ResumeCheckSkippedWarning",
     "Sequence",
     "Steps",
     "Study",
@@ -77,6 +86,9 @@ __all__ = [
     "TrialError",
     "TrialHandle",
     "TrialResult",
+    "TrialsFailedWarning",
+    "UnguardedMainError",
+    "UnreadHyperparameterWarning",
     "Warmup",
     "algos",
     "capture_rng",

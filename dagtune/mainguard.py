@@ -17,8 +17,8 @@ workers die, and the study fails after pages of tracebacks, or waits for workers
   ``__mp_main__`` is on the stack): whatever the source says, the study is being opened
   again where it never should be.
 
-Notebooks, ``python -c`` and ``dagtune run`` are never refused: their main module is no
-script file that workers import, or it is guarded.
+Notebooks, ``python -c``, ``python -m package`` and ``dagtune run`` are never refused:
+multiprocessing imports no main module again for them, or the one it imports is guarded.
 """
 
 from __future__ import annotations
@@ -62,12 +62,26 @@ def _frames() -> Iterator[types.FrameType]:
         frame = frame.f_back
 
 
+def _imported_again() -> str | None:
+    """The file of the main module that a spawned process imports again, as multiprocessing
+    decides it (`multiprocessing.spawn.get_preparation_data`): a module run with ``-m``,
+    unless it is a package's ``__main__``; else a script file, unless it is IPython's; None
+    where nothing is imported again (a notebook, ``python -c``, ``python -m package``)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if name is not None:
+        return None if name == "__main__" or name.endswith(".__main__") else path
+    if path is None or os.path.splitext(os.path.basename(path))[0] == "ipython":
+        return None
+    return path
+
+
 def _guarded(filename: str, line: int) -> bool:
     """Whether `line` of the main script `filename` runs only in the script's own process:
-    inside an ``if __name__ == "__main__":`` block; also when `filename` is not the main
-    module's file (a notebook cell, ``python -c``) or can't be read, which workers don't
-    import either way."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    inside an ``if __name__ == "__main__":`` block; also when `filename` is not a main
+    module spawned processes import again (`_imported_again`) or can't be read."""
+    main = _imported_again()
     try:
         if main is None or not os.path.samefile(main, filename):
             return True

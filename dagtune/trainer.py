@@ -100,6 +100,8 @@ class Trainer(ABC):
         of those: dagtune saves it with ``torch.save`` and loads it with
         ``torch.load(weights_only=True)``, which refuses any other Python object. The global
         RNG states are saved by dagtune; a private ``torch.Generator`` must be saved here.
+        Each worker checks at its first checkpoint of a model that a trainer loaded from it
+        trains the next step exactly as this one does (`dagtune.resumecheck`).
         """
 
     @abstractmethod

@@ -28,65 +28,85 @@ def run(
 
 
 CHECK = """
-    from dagtune.mainguard import UnguardedMainError, check_main_guard
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mainguard", {path!r})  # alone: no torch to import
+    mainguard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mainguard)
+
 
     def start():
         try:
-            check_main_guard({method!r})
+            mainguard.check_main_guard({method!r})
             print("allowed")
-        except UnguardedMainError as error:
+        except mainguard.UnguardedMainError as error:
             print("refused:", error)
 """
 
 
+def check(method: str = "spawn") -> str:
+    """A script's head: `start()` does what starting the embedded cluster checks first."""
+    return textwrap.dedent(CHECK.format(path=str(ROOT / "dagtune" / "mainguard.py"), method=method))
+
+
 @pytest.mark.parametrize(
-    ("body", "method", "expected"),
+    ("body", "method", "refused_at"),
     [
-        ("start()", "spawn", "refused: this study is started by the top-level code of script.py (line 11)"),
-        (
-            "start()",
-            "forkserver",
-            "refused: this study is started by the top-level code of script.py (line 11)",
-        ),
-        ("start()", "fork", "allowed"),  # fork imports nothing again
-        ('if __name__ == "__main__":\n    start()', "spawn", "allowed"),
-        ('if "__main__" == __name__:\n    start()', "spawn", "allowed"),
-        (
-            'if __name__ == "__main__":\n    pass\nstart()',
-            "spawn",
-            "refused: this study is started by the top-level code of script.py (line 13)",
-        ),
-        (
-            "def main():\n    start()\n\nmain()",
-            "spawn",
-            "refused: this study is started by the top-level code of script.py (line 14)",
-        ),
+        ("start()", "spawn", "start()"),
+        ("start()", "forkserver", "start()"),
+        ("start()", "fork", None),  # fork imports nothing again
+        ('if __name__ == "__main__":\n    start()', "spawn", None),
+        ('if "__main__" == __name__:\n    start()', "spawn", None),
+        ('if __name__ == "__main__":\n    pass\nstart()', "spawn", "start()"),
+        ("def main():\n    start()\n\nmain()", "spawn", "main()"),
     ],
 )
-def test_the_scripts_own_process_is_refused_outside_the_guard(tmp_path, body, method, expected):
-    done = run(tmp_path, textwrap.dedent(CHECK.format(method=method)) + "\n" + body + "\n")
+def test_the_scripts_own_process_is_refused_outside_the_guard(tmp_path, body, method, refused_at):
+    script = check(method) + "\n" + body + "\n"
+    done = run(tmp_path, script)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().startswith(expected), done.stdout
+    if refused_at is None:
+        assert done.stdout.strip() == "allowed"
+    else:
+        line = script.splitlines().index(refused_at) + 1
+        assert done.stdout.startswith(
+            f"refused: this study is started by the top-level code of script.py (line {line}), outside "
+            '`if __name__ == "__main__":`. Its Dask workers start as new Python processes that import '
+            "script.py again"
+        ), done.stdout
 
 
 def test_a_worker_importing_the_script_is_refused(tmp_path):
     """What a spawned worker does: import the main script as ``__mp_main__``."""
-    (tmp_path / "script.py").write_text(textwrap.dedent(CHECK.format(method="spawn")) + "\nstart()\n")
+    (tmp_path / "script.py").write_text(check() + "\nstart()\n")
     done = run(tmp_path, "import runpy\nrunpy.run_path('script.py', run_name='__mp_main__')\n", "worker.py")
     assert done.stdout.startswith(
         "refused: a study was started while a Dask worker process imported the main script script.py"
     ), done.stdout + done.stderr
 
 
-def test_notebooks_and_python_c_are_never_refused(tmp_path):
-    code = textwrap.dedent(CHECK.format(method="spawn")) + "\nstart()\n"
+def test_a_packages_main_is_not_imported_again_so_it_is_never_refused(tmp_path):
+    """``python -m package`` runs the package's ``__main__.py``, which multiprocessing never
+    imports again (``python -m perf`` starts its studies that way); ``python -m package.mod``
+    is imported again."""
+    (tmp_path / "tool").mkdir()
+    (tmp_path / "tool" / "__init__.py").write_text("")
+    for module, expected in (
+        ("__main__", "allowed"),
+        ("run", "refused: this study is started by the top-level code of run.py"),
+    ):
+        (tmp_path / "tool" / f"{module}.py").write_text(check() + "\nstart()\n")
+        name = "tool" if module == "__main__" else f"tool.{module}"
+        done = subprocess.run(
+            [sys.executable, "-m", name], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.stdout.startswith(expected), done.stdout + done.stderr
+
+
+def test_python_c_is_never_refused(tmp_path):
+    code = check() + "\nstart()\n"
     done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "allowed", done.stderr
 
