@@ -46,6 +46,7 @@ __all__ = [
     "likely_causes",
     "out_of_memory",
     "step_outcome",
+    "trainer_outcome",
 ]
 
 _SHOWN = 6  # differing entries named in the message; the rest are counted
@@ -89,13 +90,21 @@ class StepOutcome:
     error: str | None = None
 
 
-def step_outcome(trainer: Trainer, metrics: Mapping[str, float]) -> StepOutcome:
-    """The outcome of the step `trainer` just trained (which returned `metrics`)."""
+def step_outcome(
+    saved: Mapping[str, Any], attributes: Mapping[str, Any], metrics: Mapping[str, float]
+) -> StepOutcome:
+    """The outcome of a step a trainer just trained: `saved` is its ``state_dict()`` now,
+    `attributes` its attributes (``vars(trainer)``), `metrics` what ``train()`` returned."""
     state: dict[str, str] = {}
-    for path, value in held_state(trainer).items():
+    for path, value in held_state(attributes).items():
         state.update(state_digests(value, path))
-    state.update(state_digests(trainer.state_dict()))
+    state.update(state_digests(saved))
     return StepOutcome(state, dict(metrics), _rng_digests(capture_rng()))
+
+
+def trainer_outcome(trainer: Trainer, metrics: Mapping[str, float]) -> StepOutcome:
+    """The outcome of the step `trainer` just trained (which returned `metrics`)."""
+    return step_outcome(trainer.state_dict(), getattr(trainer, "__dict__", {}), metrics)
 
 
 def failed_outcome(error: BaseException) -> StepOutcome:
@@ -115,15 +124,14 @@ def _rng_digests(rng: Mapping[str, Any]) -> dict[str, str]:
     return digests
 
 
-def held_state(trainer: Trainer) -> dict[str, Any]:
-    """The state of the stateful objects `trainer` holds in attributes (directly or in a
+def held_state(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The state of the stateful objects a trainer holds in `attributes` (directly or in a
     list, tuple or dict attribute), keyed by how to read it: ``self.optimizer.state_dict()``,
     ``self.scheduler.state_dict()``, ``self.model.state_dict()``, ``self.gen.get_state()``,
     ``self.batches.state_dict()``, numpy's and python's generators' states. Modules come
     last: their weights differ whenever anything else does, so the others name a cause."""
     found: dict[str, Any] = {}
-    attributes = sorted(_attributes(trainer), key=lambda item: isinstance(item[1], torch.nn.Module))
-    for name, value in attributes:
+    for name, value in sorted(_attributes(attributes), key=lambda item: isinstance(item[1], torch.nn.Module)):
         if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, _SCHEDULER, ResumableBatches)):
             found[f"self.{name}.state_dict()"] = value.state_dict()
         elif isinstance(value, torch.Generator):
@@ -137,8 +145,8 @@ def held_state(trainer: Trainer) -> dict[str, Any]:
     return found
 
 
-def _attributes(trainer: Trainer) -> Iterator[tuple[str, Any]]:
-    for name, value in getattr(trainer, "__dict__", {}).items():
+def _attributes(attributes: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for name, value in attributes.items():
         if isinstance(value, dict):
             for key, item in value.items():
                 yield f"{name}[{key!r}]", item
@@ -178,14 +186,14 @@ def _same_number(a: float | None, b: float | None) -> bool:
     return a == b or (a is not None and b is not None and a != a and b != b)  # NaN == NaN here
 
 
-def likely_causes(trainer: Trainer, saved: Any, keys: list[str]) -> list[str]:
-    """What probably makes a resumed `trainer` (whose checkpoint held `saved`, its
-    ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
+def likely_causes(attributes: Mapping[str, Any], saved: Any, keys: list[str]) -> list[str]:
+    """What probably makes a resumed trainer (with `attributes`, ``vars(trainer)``, whose
+    checkpoint held `saved`, its ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
     generator, data order or module it holds that `saved` does not hold (a module whose
     weights differ only because of one of those is not blamed), else one that `saved` holds
     but loading did not restore; else the general suspects."""
     missing, unrestored = [], []
-    for name, value in _attributes(trainer):
+    for name, value in _attributes(attributes):
         kind = _describe(value)
         if kind is None or not any(key.startswith(f"self.{name}.") for key in keys):
             continue

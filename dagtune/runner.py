@@ -52,7 +52,7 @@ from dagtune.resumecheck import (
     failed_outcome,
     likely_causes,
     out_of_memory,
-    step_outcome,
+    trainer_outcome,
 )
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
@@ -307,7 +307,7 @@ class PathRunner:
                 events.extend(self._unread(recording))
                 recording = None
             if self._probe is not None and self._probe.step == t:
-                events.extend(self._compare(trainer, step_outcome(trainer, train_metrics)))
+                events.extend(self._compare(trainer, trainer_outcome(trainer, train_metrics)))
             self.position = n = t + 1
             self.executed += 1
             wanted = n in task.checkpoints or n in self.directive.checkpoints
@@ -421,7 +421,7 @@ class PathRunner:
                 fresh.load_state_dict(trainer_state)
                 restore_rng(rng_state)
                 fresh.setup(dict(values))
-                return step_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+                return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
             except Exception as error:  # the resumed trainer's failure is what it computed
                 if out_of_memory(error):
                     raise _NoRoomError(f"{type(error).__name__}: {error}") from error
@@ -445,7 +445,7 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = _checkpoint_parts(probe.load())[0]
-        raise ResumeChangedTrainingError(probe.step, keys, likely_causes(trainer, saved, keys), limit)
+        raise ResumeChangedTrainingError(probe.step, keys, likely_causes(vars(trainer), saved, keys), limit)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[dict]:
         """The path ends at the probed checkpoint (`values`: the last step's): this trainer
@@ -459,7 +459,7 @@ class PathRunner:
             try:
                 if changes:
                     trainer.setup(changes)
-                live = step_outcome(trainer, to_metrics(trainer.train(), "Trainer.train()"))
+                live = trainer_outcome(trainer, to_metrics(trainer.train(), "Trainer.train()"))
             except Exception as error:
                 if out_of_memory(error):
                     self._probe = None

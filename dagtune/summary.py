@@ -125,9 +125,15 @@ def reuse_text(report: Mapping[str, Any]) -> str:
     return f"{report['reuse']:.2f}x"
 
 
-def error_line(error: str | None) -> str:
+def error_line(error: str | None, limit: int = 300) -> str:
     """The line of a failed trial's error that says what went wrong: the exception line of
-    its (last) traceback (``RuntimeError: CUDA out of memory``), else its first line."""
+    its (last) traceback (``RuntimeError: CUDA out of memory``), else its first line; cut to
+    `limit` characters (the whole error is the trial's ``error``)."""
+    line = _error_line(error)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _error_line(error: str | None) -> str:
     lines = (error or "").splitlines()
     start = max(
         (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),

@@ -19,8 +19,8 @@ from user_trainers import ForgetsTheOptimizer, ForgetsTheScheduler, MnistStyle
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.notices import NondeterministicTrainingWarning
-from dagtune.resumecheck import ResumeChangedTrainingError, ResumeChecks, differences, step_outcome
+from dagtune.notices import NondeterministicTrainingWarning, TrialsFailedWarning
+from dagtune.resumecheck import ResumeChangedTrainingError, ResumeChecks, differences, trainer_outcome
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
 
@@ -78,7 +78,8 @@ def test_a_study_fails_the_trials_and_says_why():
         for t in unchecked._trials
     }
     assert any(t.metrics != alone[str(t.config)] for t in unchecked._trials)
-    _, result = grid(ForgetsTheOptimizer)
+    with pytest.warns(TrialsFailedWarning, match="3 of 3 trials failed"):
+        _, result = grid(ForgetsTheOptimizer)
     assert result.failed and all(t.status == "failed" for t in result.failed)
     assert OPTIMIZER_CAUSE in " ".join(result.failed[0].error.split())
     assert "ResumeChangedTrainingError: resuming from a checkpoint changes training" in result.failed[0].error
@@ -122,12 +123,12 @@ def test_check_resume_must_be_a_count():
 def test_differences_name_entries_metrics_generators_and_failures():
     trainer = MnistStyle()
     trainer.setup({"lr": 0.05})
-    before = step_outcome(trainer, {"loss": 1.0})
+    before = trainer_outcome(trainer, {"loss": 1.0})
     assert differences(before, before) == []
     torch.rand(1)  # the global generator moved
     with torch.no_grad():
         trainer.model.fc2.bias += 1
-    after = step_outcome(trainer, {"loss": 2.0})
+    after = trainer_outcome(trainer, {"loss": 2.0})
     changed = differences(after, before)
     assert changed[0] == "self.model.state_dict()['fc2.bias']"
     assert "state_dict()['model']['fc2.bias']" in changed and "train() metrics['loss']" in changed
@@ -216,7 +217,8 @@ def test_the_fused_runner_checks_members_and_changes_no_result():
     for trial in result._trials:
         assert trial.metrics == run_alone(TinyMLP, trial.config, 4, fused=True)[-1]
     study = Study(HiddenNoise, executor=SimulatedExecutor(1), fuse=4)
-    result = study.run(GridSearch(FUSED_SPACE, metric="val_loss", mode="min", steps=4))
+    with pytest.warns(TrialsFailedWarning):
+        result = study.run(GridSearch(FUSED_SPACE, metric="val_loss", mode="min", steps=4))
     assert result.failed
     message = " ".join(result.failed[0].error.split())
     assert "self.noise.get_state()" in message

@@ -56,7 +56,6 @@ from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import (
-    Trainer,
     build_trainer,
     capture_rng,
     isolated_rng,
@@ -197,30 +196,10 @@ def _live_copy(host: FusibleTrainer) -> FusibleTrainer:
         raise _NoCopyError(f"the trainer could not be copied ({type(error).__name__}: {error})") from error
 
 
-class _Member(Trainer):
-    """Member `k` of a fused group seen as a trainer, for a `step_outcome`: its unfused state
-    and the host's other attributes (its data order, any private generator)."""
-
-    def __init__(self, group: FusedGroup, k: int = 0):
-        self.__dict__.update(
-            {name: value for name, value in vars(group.host).items() if name not in ("model", "optimizer")}
-        )
-        self._group, self._k = group, k
-
-    def state_dict(self) -> dict:
-        return self._group.state_dict(self._k)
-
-    def setup(self, hp: dict) -> None:
-        raise NotImplementedError
-
-    def train(self) -> None:
-        raise NotImplementedError
-
-    def evaluate(self) -> dict:
-        raise NotImplementedError
-
-    def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError
+def _host_attributes(host: FusibleTrainer) -> dict[str, Any]:
+    """A host's attributes but its model and optimizer (a template and a bystander: a
+    member's are in its state): its data order and anything else the trainer keeps."""
+    return {name: value for name, value in vars(host).items() if name not in ("model", "optimizer")}
 
 
 def _skipped(task: PathTask, why: str) -> dict:
@@ -436,9 +415,9 @@ class FusedPathRunner:
         """A member's events for step `t`, exactly as `PathRunner` makes them."""
         task = member.task
         train_metrics = to_metrics(raw, "Trainer.train()")
-        events = []
         member.position = n = t + 1
         member.executed += 1
+        events = []
         wanted = n in task.checkpoints or n in member.directive.checkpoints
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
@@ -449,16 +428,16 @@ class FusedPathRunner:
             state = {"trainer": group.state_dict(k), "rng": capture_rng()}
             info = self.store.save(task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
-            events.extend(self._check_resume(member, group, k, segment, n))
+            events.extend(self._check_resume(member, group, state, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
 
     # ------------------------------------------------------------------ the resume check
 
     def _check_resume(
-        self, member: MemberPath, group: FusedGroup, k: int, segment: Segment, n: int
+        self, member: MemberPath, group: FusedGroup, saved: dict, segment: Segment, n: int
     ) -> list[dict]:
-        """At member `k`'s checkpoint at step `n`, while this worker's resume checks of the
+        """At a member's checkpoint at step `n` (`saved`: what was saved there), while this worker's resume checks of the
         model are due: the next step (its path's, or at its end its last segment's) trained
         as a group of one twice, once on a copy of the live host (the trainer object holding
         the cohort's data order and anything else the trainer keeps) with the member's state,
@@ -473,13 +452,12 @@ class FusedPathRunner:
         following = next((s for s in task.segments if s.start <= n < s.end), segment)
         values = config_values(following.config, n)
         load = functools.partial(self.store.load, identity, segment.node, n)
-        state, rng = group.state_dict(k), capture_rng()
         try:
-            live = self._step_alone(task, lambda: _live_copy(group.host), state, rng, values)
+            live = self._step_alone(
+                task, lambda: _live_copy(group.host), saved["trainer"], saved["rng"], values
+            )
             resumed = self._resumed_step(task, load, values)
-        except _NoRoomError as error:
-            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
-        except _NoCopyError as error:
+        except (_NoRoomError, _NoCopyError) as error:
             return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
         if resumed is None:
             return []
@@ -498,7 +476,7 @@ class FusedPathRunner:
             fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
             return [member.event("warning", segment.node, n, **fields)]
         raise ResumeChangedTrainingError(
-            n, keys, likely_causes(group.host, load()["trainer"], keys), task.check_resume
+            n, keys, likely_causes(_host_attributes(group.host), load()["trainer"], keys), task.check_resume
         )
 
     def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
@@ -528,7 +506,7 @@ class FusedPathRunner:
                 restore_rng(rng)
                 alone.setup([dict(values)])
                 metrics = to_metrics(alone.train()[0], "Trainer.train()")
-                return step_outcome(_Member(alone), metrics)
+                return step_outcome(alone.state_dict(0), _host_attributes(alone.host), metrics)
             except _NoCopyError:
                 raise
             except Exception as error:  # a failure is what the step computed
