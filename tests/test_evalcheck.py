@@ -122,7 +122,8 @@ def test_run_alone_names_what_evaluate_changed(trainer, keys):
 @pytest.mark.parametrize(("trainer", "keys"), BROKEN)
 def test_a_study_fails_the_trial_and_names_what_evaluate_changed(trainer, keys):
     study = Study(trainer, executor=SimulatedExecutor(2))
-    result = study.run(GridSearch([CONFIG], metric="val_loss", mode="min", steps=4))
+    with pytest.warns(dt.TrialsFailedWarning, match="1 of 1 trials failed"):
+        result = study.run(GridSearch([CONFIG], metric="val_loss", mode="min", steps=4))
     (trial,) = study.coordinator.trials.values()
     assert trial.status == "failed" and trial.reported == 0
     assert f"evaluate() changed the training state: {', '.join(keys)}." in trial.error
