@@ -233,7 +233,8 @@ def test_dask_workers_check_resuming(client, tmp_path):
     with Study(
         ForgetsTheOptimizer, name="forgets", storage=tmp_path, client=client, resources={"GPU": 1}
     ) as study:
-        result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=4), timeout=120)
+        with pytest.warns(TrialsFailedWarning):
+            result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=4), timeout=120)
         assert result.failed and OPTIMIZER_CAUSE in " ".join(result.failed[0].error.split())
     with Study(MnistStyle, name="correct", storage=tmp_path, client=client, resources={"GPU": 1}) as study:
         result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=4), timeout=120)
