@@ -196,6 +196,7 @@ class PathRunner:
         self.executed = 0
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
+        self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
         self.halted = False  # set by `halt`: no further step, whatever later directives say
 
     def update(self, directive: Directive) -> list[dict]:
@@ -289,6 +290,9 @@ class PathRunner:
         recording: RecordingValues | None = None
         keep = True  # the trainer stays live at its end (not if it trained a step past it)
         for segment, t in self._schedule():
+            if self._after_checkpoint is not None:  # its events are out: probe the step after it
+                events.extend(self._resumed_next(*self._after_checkpoint))
+                self._after_checkpoint = None
             if values is None:
                 values = config_values(segment.config, t)
                 recording = RecordingValues(values)
@@ -323,23 +327,29 @@ class PathRunner:
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
                 )
-                load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
-                events.extend(self._resumed_next(segment, n, load))
-                if n == task.end and self._probe is not None:  # checked before the step is reported
-                    events.extend(self._check_at_the_end(trainer, values))
-                    keep = False
+                if self._probe is None and self._resume_due():
+                    load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
+                    if n < task.end:  # the next step is the path's own: probed once this one is out
+                        self._after_checkpoint = (segment, n, load)
+                    else:  # checked before the step is reported, so a failure fails the trials ending here
+                        events.extend(self._resumed_next(segment, n, load))
+                        if self._probe is not None:
+                            events.extend(self._check_at_the_end(trainer, values))
+                            keep = False
             elif self.store is None and n == task.start + 1 and self._resume_due():  # run_alone: in memory
                 saved = serialize_state({"trainer": trainer.state_dict(), "rng": capture_rng()})
-                events.extend(self._resumed_next(segment, n, functools.partial(_in_memory, saved)))
+                self._after_checkpoint = (segment, n, functools.partial(_in_memory, saved))
             # ``step`` comes last: a coordinator that has seen it has seen everything the step
             # produced, so a point it believes passed is never one whose checkpoint is on its way
             events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
             yield events
             events = []
         end_node = self._owner(self.position)
-        if self._probe is not None and self._probe.step == self.position:  # it stopped or paused there
-            events.extend(self._check_at_the_end(trainer, values or {}))
-            keep = False
+        if self._after_checkpoint is not None:  # it stopped or paused at its last checkpoint
+            events.extend(self._resumed_next(*self._after_checkpoint))
+            if self._probe is not None:
+                events.extend(self._check_at_the_end(trainer, values or {}))
+                keep = False
         if self.live is not None and end_node is not None and keep:
             self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
         reason = "done" if self.position >= task.end else "stopped"

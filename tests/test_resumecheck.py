@@ -12,10 +12,12 @@ import os
 import warnings
 from typing import ClassVar
 
+import dask
 import pytest
 import torch
+from clusters import local_client
 from fusion_helpers import TinyMLP
-from user_trainers import ForgetsTheOptimizer, ForgetsTheScheduler, MnistStyle
+from user_trainers import ForgetsTheOptimizer, ForgetsTheScheduler, MnistStyle, TooBigForTwo
 
 import dagtune as dt
 from dagtune.algos import GridSearch
@@ -241,3 +243,18 @@ def test_dask_workers_check_resuming(client, tmp_path):
     assert not result.failed
     for trial in result._trials:
         assert trial.metrics == run_alone(MnistStyle, trial.config, 4)[-1]
+
+
+@pytest.mark.slow
+def test_a_worker_the_check_takes_down_trains_its_stages_again_without_it(tmp_path):
+    """The check's second trainer may not fit in memory and the process be killed: the stages
+    of a task whose worker died train again without the check, so the trials complete with
+    the results they have alone."""
+    config = {"lr": dt.Steps([0.05, 0.02], [2])}
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        local_client(warm_up=False, silence_logs=50) as client,
+        Study(TooBigForTwo, name="too-big", storage=tmp_path, client=client) as study,
+    ):
+        metrics = study.submit(config, 4).result(timeout=180)
+    assert metrics == run_alone(TooBigForTwo, config, 4, check_resume=0)[-1]

@@ -14,6 +14,9 @@ see conftest).
 
 from __future__ import annotations
 
+import inspect
+import os
+
 import torch
 import torch.nn.functional as F  # noqa: N812 (as PyTorch's examples write it)
 from torch import nn
@@ -173,3 +176,13 @@ class FailsAtStep(MnistStyle):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.steps = state["steps"]
+
+
+class TooBigForTwo(MnistStyle):
+    """Takes its worker process down when built for the resume check, as a second copy of a
+    model that fills the machine's memory would (the kernel's out-of-memory killer)."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        if any(frame.function == "_resumed_step" for frame in inspect.stack()):
+            os._exit(9)
+        super().__init__(seed, samples)

@@ -116,6 +116,8 @@ class Coordinator:
         self._promised: dict[str, str] = {}
         self._promise_of: dict[str, str] = {}  # the same, task -> worker
         self._failures: dict[tuple[str, int], int] = {}
+        # nodes whose task's worker died: whatever trains them again does without the resume check
+        self._unchecked: set[str] = set()
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
@@ -427,6 +429,10 @@ class Coordinator:
             return
         if running.worker is not None:
             self._hold(running.worker, None)
+        if event["kind"] == "error" and event.get("lost"):  # its worker died or went away
+            # the resume check's second trainer may be what took the worker down (memory):
+            # whatever trains these stages again does without it
+            self._unchecked.update(segment.node for segment in running.task.segments)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -608,7 +614,7 @@ class Coordinator:
             eval_every=self.eval_every,
             topic=self.topic,
             check_evaluate=self.check_evaluate,
-            check_resume=self.check_resume,
+            check_resume=0 if any(s.node in self._unchecked for s in segments) else self.check_resume,
             torch_threads=self.torch_threads,
         )
 
