@@ -10,6 +10,13 @@ from dagtune.distributions import choice, loguniform, normal, qloguniform, qunif
 from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
 from dagtune.gc import GcPolicy
 from dagtune.lightning import LightningTrainer
+from dagtune.mainguard import UnguardedMainError
+from dagtune.notices import (
+    NondeterministicTrainingWarning,
+    ResumeCheckSkippedWarning,
+    TrialsFailedWarning,
+    UnreadHyperparameterWarning,
+)
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
@@ -64,11 +71,13 @@ __all__ = [
     "LightningTrainer",
     "Linear",
     "MultiStep",
+    "NondeterministicTrainingWarning",
     "Piecewise",
     "Random",
     "Result",
     "ResumableBatchSampler",
     "ResumableBatches",
+    "ResumeCheckSkippedWarning",
     "Sequence",
     "Steps",
     "Study",
@@ -80,6 +89,9 @@ __all__ = [
     "TrialError",
     "TrialHandle",
     "TrialResult",
+    "TrialsFailedWarning",
+    "UnguardedMainError",
+    "UnreadHyperparameterWarning",
     "Warmup",
     "algos",
     "capture_rng",

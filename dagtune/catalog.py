@@ -119,6 +119,7 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
         "seed": opened.seed,
         "version": opened.version,
         "link": opened.link,
+        "gpus": opened.gpus,
     }
     plans = {} if plans is None else plans
     if opened.identity not in plans:

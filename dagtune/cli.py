@@ -46,7 +46,16 @@ from dagtune.progress import watch
 from dagtune.records import COMPLETED
 from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
-from dagtune.summary import UNKNOWN_FROM_STORAGE, best_of, metric_of, trials_frame
+from dagtune.summary import (
+    UNKNOWN_FROM_STORAGE,
+    best_of,
+    error_line,
+    failures,
+    metric_of,
+    reuse_text,
+    seconds_label,
+    trials_frame,
+)
 
 __all__ = ["main"]
 
@@ -114,7 +123,7 @@ def _console():
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=160)
+    return console if console.is_terminal else Console(width=200)
 
 
 @click.group()
@@ -322,10 +331,12 @@ def run(
         if client is not None:
             client.close()
     if isinstance(result, dt.SurrogateResult):
-        _print_result(result.surrogate)
+        failed = _print_result(result.surrogate)
         _print_target(result)
     else:
-        _print_result(result)
+        failed = _print_result(result)
+    if failed:
+        sys.exit(1)
 
 
 def _open_study(
@@ -395,7 +406,8 @@ def _completed(study: Any) -> str:
     return f"{sum(1 for t in trials if t.status == COMPLETED)}/{len(trials)}"
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any) -> bool:
+    """The run's best trial and figures, then its failed trials; whether any failed."""
     from rich.table import Table
 
     console = _console()
@@ -413,8 +425,21 @@ def _print_result(result: Any) -> None:
     console.print(
         f"{report['trials']} trials: trained {report['executed_steps']} steps for {report['trial_steps']} "
         f"trial steps (unique {report['unique_steps']}, merge rate {report['merge_rate']:.2f}, "
-        f"reuse {report['reuse']:.2f}x) in {report['makespan_seconds']:.1f} s"
+        f"reuse {reuse_text(report)}) in {report['makespan_seconds']:.1f} s"
     )
+    failed = result.failed
+    if failed:
+        console.print(f"[red]{len(failed)} of {report['trials']} trials failed:[/]")
+        for trial in failed[:_FAILURES_SHOWN]:
+            console.print(f"  trial {trial.id}: {_escape(error_line(trial.error))}")
+        if len(failed) > _FAILURES_SHOWN:
+            console.print(
+                f"  and {len(failed) - _FAILURES_SHOWN} more (`dagtune status STORAGE --study NAME`)"
+            )
+    return bool(failed)
+
+
+_FAILURES_SHOWN = 10  # failed trials listed after a run
 
 
 def _print_target(result: Any) -> None:
@@ -467,7 +492,8 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         "trials",
         "completed",
         "pending",
-        "stopped/failed",
+        "stopped/diverged",
+        "failed",
         "best",
         "trial steps",
         "unique steps",
@@ -487,14 +513,21 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             str(c["trials"]),
             str(c["completed"]),
             str(c["pending"]),
-            str(c["stopped"] + c["failed"] + c["diverged"]),
-            "—" if best is None else f"{_escape(snapshot['metric'])} {best['value']:.4g}",
+            str(c["stopped"] + c["diverged"]),
+            f"[red]{c['failed']}[/]" if c["failed"] else "0",
+            "—" if best is None else f"{_escape(snapshot['metric'])} {best['value']:.4g}{_running(best)}",
             str(c["trial_steps"]),
             str(c["unique_steps"]),
-            f"{c['merge_rate']:.2f}",
+            "–" if c["merge_rate_ended"] is None else f"{c['merge_rate_ended']:.2f}",
             *(["" if link is None else _escape(str(link))] if any(links.values()) else []),
         )
     console.print(table)
+    if any(c["pending"] and c["ended"] for c in (snap["counters"] for snap in snapshots.values())):
+        console.print(
+            "[dim]merge rate: over the trials that have ended (a pending trial counts once it ends)[/]"
+        )
+    for stored in studies:
+        _print_failures(console, stored, storage, limit=None if study else 1)
     if study:
         (stored,) = studies
         snapshot = snapshots[stored.name]
@@ -508,13 +541,32 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         if "executed_steps" in report:
             console.print(
                 f"trained: {report['executed_steps']} steps executed by this study's sessions, "
-                f"{report['gpu_seconds']:.1f} GPU-seconds"
+                f"{report['gpu_seconds']:.1f} {seconds_label(stored.describe.get('gpus'))}"
             )
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
         for incident in stored.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
+
+
+def _running(best: dict) -> str:
+    """`` (at step 18, running)`` when the best value is a pending trial's (it may still change)."""
+    return f" (at step {best['steps']}, running)" if best["status"] == "pending" else ""
+
+
+def _print_failures(console: Any, stored: StoredStudy, storage: str, limit: int | None) -> None:
+    """The failed trials of `stored` with their error lines (the first `limit` of them)."""
+    failed = failures(stored.trials)
+    if not failed:
+        return
+    shown = failed if limit is None else failed[:limit]
+    head = f"{stored.name}: {len(failed)} failed trial{'s' if len(failed) > 1 else ''}"
+    if limit is not None and len(failed) > limit:
+        head += f" (the first below; `dagtune status {storage} --study {stored.name}` lists them)"
+    console.print(f"[red]{_escape(head)}[/]")
+    for trial, line in shown:
+        console.print(f"  trial {trial}: {_escape(line)}")
 
 
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
 
+from dagtune.mainguard import check_main_guard
 from dagtune.security import embedded_security, protocol_of
 
 if TYPE_CHECKING:
@@ -434,9 +435,13 @@ def embedded_cluster(
     With ``resources={"GPU": g}``: one worker per ``ceil(g)`` of this machine's visible GPUs,
     each offering only the GPUs it is pinned to (``CUDA_VISIBLE_DEVICES``), as
     ``dask worker --resources GPU=1`` per GPU does; a machine without GPUs is refused rather
-    than offered pretend ones."""
+    than offered pretend ones. A study started by a script's top-level code outside
+    ``if __name__ == "__main__":`` is refused before anything starts (`dagtune.mainguard`)."""
+    import dask
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
+    # its workers import the main script again: a study it starts unguarded would start again there
+    check_main_guard(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
     gpus = (resources or {}).get("GPU")
     if gpus is None:
         security = embedded_security(security)

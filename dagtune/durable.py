@@ -182,10 +182,11 @@ class Persistence:
         self.results = ResultsWriter(
             results_url(store.url, name), store.storage_options, study=name, identity=identity
         )
+        self._work: tuple[int, float] | None = None
+        self._write_work((0, 0.0))  # written with the open record: readers know it records its work
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._refreshed = self._results_at = clock()
-        self._work: tuple[int, float] = (0, 0.0)
 
     @property
     def plan(self) -> SearchPlan:
@@ -252,7 +253,9 @@ class Persistence:
         """What this session trained so far (executed steps, GPU-seconds of finished tasks),
         when it changed: the one thing storage can't rebuild, since the plan keeps what was
         trained but not how often. Readers sum the last record of each session."""
-        work = (coordinator.executed_steps, round(coordinator.gpu_seconds, 3))
+        self._write_work((coordinator.executed_steps, round(coordinator.gpu_seconds, 3)))
+
+    def _write_work(self, work: tuple[int, float]) -> None:
         if work != self._work:
             self._work = work
             self.records.append(

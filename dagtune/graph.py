@@ -33,6 +33,7 @@ from dagtune.cluster import adapts, asking_for_a_worker
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
+from dagtune.resumecheck import ResumeChecks
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.worker_store import StoreRef, register, store_on, unregister
@@ -43,15 +44,21 @@ log = logging.getLogger(__name__)
 
 _LIVE: dict[str, LiveTrainers] = {}  # worker address -> the trainer it ran last (per process)
 _CHECKS: dict[str, EvaluateChecks] = {}  # worker address -> its clean evaluate checks
+_RESUME_CHECKS: dict[str, ResumeChecks] = {}  # worker address -> its passed resume checks
 _LIVE_LOCK = threading.Lock()
 
 
 def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
     streaming events and obeying directives."""
-    worker, live, checks = _this_worker()
+    worker, live, checks, resume_checks = _this_worker()
     runner = PathRunner(
-        task, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+        task,
+        None if store is None else store_on(worker, store),
+        live,
+        worker=worker.address,
+        checks=checks,
+        resume_checks=resume_checks,
     )
     return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}))
 
@@ -59,21 +66,28 @@ def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[di
 def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
     each member's events under its own key and applying each member's directive."""
-    worker, live, checks = _this_worker()
+    worker, live, checks, resume_checks = _this_worker()
     runner = FusedPathRunner(
-        tasks, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+        tasks,
+        None if store is None else store_on(worker, store),
+        live,
+        worker=worker.address,
+        checks=checks,
+        resume_checks=resume_checks,
     )
     updates = {key: functools.partial(runner.update, key) for key in runner.members}
     return runner.run(_relay(worker, tasks[0].topic, directives, updates))
 
 
-def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks]:
-    """The worker running this task, with the trainer it ran last and its evaluate checks."""
+def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks, ResumeChecks]:
+    """The worker running this task, with the trainer it ran last and its evaluate and
+    resume checks."""
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
         checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
-    return worker, live, checks
+        resume_checks = _RESUME_CHECKS.setdefault(worker.address, ResumeChecks())
+    return worker, live, checks, resume_checks
 
 
 def _relay(

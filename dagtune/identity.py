@@ -48,17 +48,28 @@ def _canonical(value: Any, where: str) -> Any:
 
 
 def model_identity(
-    trainer: type, trainer_kwargs: Mapping[str, Any], seed: int, version: str = "", *, name: str | None = None
+    trainer: type,
+    trainer_kwargs: Mapping[str, Any],
+    seed: int,
+    version: str = "",
+    *,
+    name: str | None = None,
+    torch_threads: int | None = 1,
 ) -> str:
     """The id of a model identity: trials of equal identities share one search plan.
+
     `name` stands for the trainer's ``module.qualname`` (a class a study recorded under
-    another module: ``__main__`` in the script that ran it)."""
-    payload = {
+    another module: ``__main__`` in the script that ran it). A torch thread count other than
+    the default 1 is part of it (None: whatever each worker has), since steps trained with
+    another count may round differently."""
+    payload: dict[str, Any] = {
         "trainer": name or trainer_name(trainer),
         "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
         "seed": seed,
         "version": version,
     }
+    if torch_threads != 1:
+        payload["torch_threads"] = torch_threads
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

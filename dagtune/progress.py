@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from dagtune.records import PENDING
-from dagtune.summary import best_of, metric_of
+from dagtune.records import FAILED, PENDING
+from dagtune.summary import best_note, best_of, metric_of
 
 __all__ = ["SHOWS", "ProgressState", "in_notebook", "read_state", "watch"]
 
@@ -53,16 +53,25 @@ class ProgressState:
     best: float | None
     metric: str | None
     elapsed: float
+    failed: int = 0
+    best_note: str = ""  # where the best value comes from ("trial 4, at step 18, running")
 
     @property
     def saved(self) -> int:
         """Steps a trial-based system would have trained on top of what was trained."""
         return max(0, self.trial_steps - self.trained)
 
+    def best_text(self) -> str:
+        """``best val_acc 0.9312 (trial 4, at step 18, running)``, or "" without a result."""
+        if self.best is None:
+            return ""
+        return f"best {self.metric} {self.best:.4g}" + (f" ({self.best_note})" if self.best_note else "")
+
     def line(self) -> str:
-        best = f", best {self.metric} {self.best:.4g}" if self.best is not None else ""
+        best = f", {self.best_text()}" if self.best is not None else ""
+        failed = f" ({self.failed} failed)" if self.failed else ""
         return (
-            f"dagtune {self.study}: {self.finished}/{self.trials} trials finished, "
+            f"dagtune {self.study}: {self.finished}/{self.trials} trials finished{failed}, "
             f"{self.trained} steps trained, {self.saved} saved by reuse{best}, {self.elapsed:.0f} s"
         )
 
@@ -85,6 +94,8 @@ def read_state(study: Any, metric: str | None, mode: str, started: float) -> Pro
         best=None if best is None else float(best.metrics[metric]),
         metric=metric,
         elapsed=time.monotonic() - started,
+        failed=sum(1 for t in trials if t.status == FAILED),
+        best_note="" if best is None else best_note(best),
     )
 
 
@@ -142,7 +153,9 @@ class _Bar:
         self.progress.start()
 
     def show(self, state: ProgressState, final: bool = False) -> None:
-        best = f"best {state.metric} {state.best:.4g}" if state.best is not None else "no result yet"
+        best = state.best_text() or "no result yet"
+        if state.failed:
+            best += f" · [red]{state.failed} failed[/]"
         self.progress.update(
             self.task,
             description=state.study,

@@ -105,8 +105,10 @@ class Restorer:
         spec: Callable[[], TrainerSpec],
         *,
         fused: bool = False,
+        torch_threads: int | None = 1,
     ):
         self.store, self.identity, self.fused = store, identity, fused
+        self.torch_threads = torch_threads
         self._make_spec, self._spec_made = spec, None
 
     def _spec(self) -> TrainerSpec:
@@ -174,6 +176,7 @@ class Restorer:
             source=source,
             checkpoints=frozenset({path.step}),
             eval_every=path.step + 1,
+            torch_threads=self.torch_threads,
         )
         capture = _Capture(source, state)
         with isolated_rng():  # the caller's generators are not this training's
@@ -260,7 +263,14 @@ def _spec_of(
     seed = opened.seed or 0
     # under the recorded name: a class may be imported from another module than the one the
     # study ran it from (its script's __main__)
-    made = model_identity(trainer, dict(trainer_kwargs), seed, opened.version or "", name=opened.trainer)
+    made = model_identity(
+        trainer,
+        dict(trainer_kwargs),
+        seed,
+        opened.version or "",
+        name=opened.trainer,
+        torch_threads=opened.torch_threads,
+    )
     if made != identity:
         raise ValueError(
             f"trainer {trainer_name(trainer)} with trainer_kwargs={dict(trainer_kwargs)!r} and seed {seed} "
@@ -315,4 +325,8 @@ def stored_model(
     def spec() -> TrainerSpec:
         return _spec_of(opened, identity, trainer, trainer_kwargs)
 
-    return Restorer(store, identity, spec, fused=opened.fused), path, state
+    return (
+        Restorer(store, identity, spec, fused=opened.fused, torch_threads=opened.torch_threads),
+        path,
+        state,
+    )

@@ -1,6 +1,7 @@
 """What every view of a study shows, defined once: trials by status, the metric to show and
-the best trial by it, the steps known trained, the GPU-seconds reuse saved, the short form
-of a sequence and the table of trials.
+the best trial by it, the steps known trained, the GPU-seconds reuse saved, the live merge
+rate, the first line of a failed trial's error, the short form of a sequence and the table
+of trials.
 
 The dashboard page, the notebook views, the progress display and the command line all take
 their figures from here, so they agree; each works on `Trial` records and plain reports,
@@ -14,15 +15,22 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagtune.frames import readable, row_of, trials_table
-from dagtune.records import COMPLETED, STATUSES, Trial
+from dagtune.plan import unique_steps
+from dagtune.records import COMPLETED, FAILED, PENDING, STATUSES, Trial
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
+    "best_note",
     "best_of",
+    "error_line",
+    "failures",
+    "merge_rate_so_far",
     "metric_of",
     "pick_metric",
     "readable",
+    "reuse_text",
     "saved_seconds",
+    "seconds_label",
     "status_counts",
     "trained_from_plan",
     "trained_from_trials",
@@ -66,6 +74,71 @@ def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | N
     pool = [t for t in scored if t.status == COMPLETED] or scored
     sign = 1.0 if mode == "max" else -1.0
     return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
+
+
+def best_note(trial: Trial) -> str:
+    """Where the best trial's value comes from: ``trial 4, 30 steps`` for a completed one,
+    ``trial 4, at step 18, running`` for a pending one (its value may still change), else
+    ``trial 4, stopped at step 18``."""
+    if trial.status == COMPLETED:
+        return f"trial {trial.id}, {trial.reached} steps"
+    if trial.status == PENDING:
+        return f"trial {trial.id}, at step {trial.reached}, running"
+    return f"trial {trial.id}, {trial.status} at step {trial.reached}"
+
+
+def merge_rate_so_far(trials: Iterable[Trial]) -> tuple[float | None, int]:
+    """The live merge rate, and how many trials it is over: the merge rate of the trials that
+    have ended (completed, stopped, failed, diverged; each with the steps it reached), None
+    while none has. A pending trial counts once it ends: shared prefixes are trained first,
+    so the steps pending trials have reached are mostly shared ones, and a rate over them
+    starts high and falls as branches are trained (9.0 early in the digits grid, 2.22 at its
+    end). Once every trial has ended it is the report's merge rate."""
+    ended = [(t.config, t.reached) for t in trials if t.done and t.reached > 0]
+    if not ended:
+        return None, 0
+    return sum(steps for _, steps in ended) / unique_steps(ended), len(ended)
+
+
+def seconds_label(gpus: float | None) -> str:
+    """What the report's ``gpu_seconds`` are for a study whose stages ask for `gpus` GPUs:
+    GPU-seconds, or worker-seconds where they ask for none (they are counted per worker slot
+    then)."""
+    return "GPU-seconds" if gpus else "worker-seconds"
+
+
+def reuse_text(report: Mapping[str, Any]) -> str:
+    """The report's reuse as shown: ``2.22x``, or ``– (nothing executed)`` when every result
+    was known already (the ratio is infinite then)."""
+    if not report.get("executed_steps"):
+        return "– (nothing executed)"
+    return f"{report['reuse']:.2f}x"
+
+
+def error_line(error: str | None, limit: int = 300) -> str:
+    """The line of a failed trial's error that says what went wrong: the exception line of
+    its (last) traceback (``RuntimeError: CUDA out of memory``), else its first line; cut to
+    `limit` characters (the whole error is the trial's ``error``)."""
+    line = _error_line(error)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _error_line(error: str | None) -> str:
+    lines = (error or "").splitlines()
+    start = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+        default=None,
+    )
+    if start is not None:
+        for line in lines[start + 1 :]:
+            if line.strip() and not line.startswith(" "):
+                return line.strip()
+    return next((line.strip() for line in lines if line.strip()), "")
+
+
+def failures(trials: Iterable[Trial]) -> list[tuple[int, str]]:
+    """The failed trials, as (trial id, `error_line`), in trial order."""
+    return [(t.id, error_line(t.error)) for t in sorted(trials, key=lambda t: t.id) if t.status == FAILED]
 
 
 def status_counts(trials: Iterable[Trial]) -> dict[str, int]:

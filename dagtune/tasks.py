@@ -43,8 +43,11 @@ class PathTask:
     points other paths branch from, periodic saves); metrics are evaluated every
     `eval_every` steps and always at checkpoints and at the path's end. Each worker checks
     its first `check_evaluate` evaluations of the model for changing the training state
-    (`dagtune.evalcheck`). A fused group whose task has a `fusion_check` (``"probe"`` or
-    ``"agreement"``, `dagtune.fusion.check_fusion`) checks its trainer before training.
+    (`dagtune.evalcheck`) and its first `check_resume` checkpoints of it for resuming
+    exactly (`dagtune.resumecheck`). The trainer's code runs with torch's thread count set
+    to `torch_threads` (None: as the worker has it). A fused group whose task has a
+    `fusion_check` (``"probe"`` or ``"agreement"``, `dagtune.fusion.check_fusion`) checks its
+    trainer before training.
     """
 
     key: str
@@ -56,6 +59,8 @@ class PathTask:
     topic: str = ""
     check_evaluate: int = 0
     fusion_check: str | None = None
+    check_resume: int = 0
+    torch_threads: int | None = None
 
     @property
     def start(self) -> int:

@@ -51,8 +51,16 @@ def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client
     branch = {"lr": dt.Steps([0.1, 0.2], [5]), "batch_size": 128}
     # SlowTrainer: the curves of SyntheticTrainer, with steps slow enough that both children
     # of (base, 5) run at once
+    # check_resume=0: the resume check trains a step past a path that ends at its checkpoint
+    # and then keeps no live trainer there (tests/test_resumecheck.py)
     with Study(
-        SlowTrainer, {"delay": 0.2}, name="loads", storage=tmp_path, client=client, resources={"GPU": 1}
+        SlowTrainer,
+        {"delay": 0.2},
+        name="loads",
+        storage=tmp_path,
+        client=client,
+        resources={"GPU": 1},
+        check_resume=0,
     ) as study:
         events = []
         handle = study.coordinator.handle

@@ -445,7 +445,9 @@ def calls_per_trainer() -> list[list[tuple[str, object]]]:
 def test_setup_gets_every_value_at_a_start_and_only_the_changes_later():
     Recording.log.clear()
     config = {"lr": dt.Steps([0.1, 0.05], [2]), "batch_size": dt.Steps([128, 256], [4]), "momentum": 0.9}
-    study = Study(Recording, executor=SimulatedExecutor(1), eval_every=100, checkpoint_every=3)
+    study = Study(
+        Recording, executor=SimulatedExecutor(1), eval_every=100, checkpoint_every=3, check_resume=0
+    )
     assert study.submit(config, 6).result() == run_alone(SyntheticTrainer, config, 6)[-1]
     ((first, *calls),) = calls_per_trainer()
     assert first == ("setup", {"lr": 0.1, "batch_size": 128, "momentum": 0.9})

@@ -43,7 +43,7 @@ from dagtune.distributions import (
     uniform,
 )
 from dagtune.sequences import Piecewise, Sequence
-from dagtune.space import Random
+from dagtune.space import Random, filter_view
 
 __all__ = ["CATEGORICAL", "CONTINUOUS", "INT", "LOG", "NORMAL", "Param", "ParamSpace"]
 
@@ -201,8 +201,8 @@ class ParamSpace:
         return normalize_config(built, owner=self.owner)
 
     def accepts(self, config: Config) -> bool:
-        """Whether the space's `where` filter keeps `config`."""
-        return self.where is None or bool(self.where(config))
+        """Whether the space's `where` filter keeps `config` (seen as `filter_view` gives it)."""
+        return self.where is None or bool(self.where(filter_view(config)))
 
     def sample_unit(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` points of the unit-cube encoding, distributed as `dt.Random` draws."""

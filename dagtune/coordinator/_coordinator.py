@@ -17,6 +17,7 @@ from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
+from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner
 from dagtune.records import (
@@ -75,6 +76,8 @@ class Coordinator:
         share: bool = True,
         eval_every: int = 1,
         check_evaluate: int = 0,
+        check_resume: int = 0,
+        torch_threads: int | None = None,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         gpus_per_task: float = 1.0,
@@ -92,6 +95,8 @@ class Coordinator:
         self.share = share
         self.eval_every = eval_every
         self.check_evaluate = check_evaluate
+        self.check_resume = check_resume
+        self.torch_threads = torch_threads
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
         self.gpus_per_task = gpus_per_task
@@ -101,6 +106,7 @@ class Coordinator:
         self.listeners: list[TrialListener] = []
         self.recorders: list[Callable[[dict], None]] = []
         self.incidents: list[str] = []
+        self.notices = Notices()  # warnings about the trainer its workers sent, each shown once
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
         self._next_id = 0
@@ -113,6 +119,8 @@ class Coordinator:
         self._promised: dict[str, str] = {}
         self._promise_of: dict[str, str] = {}  # the same, task -> worker
         self._failures: dict[tuple[str, int], int] = {}
+        # nodes whose task's worker died: whatever trains them again does without the resume check
+        self._unchecked: set[str] = set()
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
@@ -342,6 +350,8 @@ class Coordinator:
             self.loads[event["origin"]] += 1
         elif kind == "declined":
             self._dirty = True
+        elif kind == "warning":
+            self.notices.show(event)
         elif kind == "corrupt":
             self._on_corrupt(event)
             if running is not None:
@@ -428,6 +438,10 @@ class Coordinator:
             return
         if running.worker is not None:
             self._hold(running.worker, None)
+        if event["kind"] == "error" and event.get("lost"):  # its worker died or went away
+            # the resume check's second trainer may be what took the worker down (memory):
+            # whatever trains these stages again does without it
+            self._unchecked.update(segment.node for segment in running.task.segments)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -617,6 +631,8 @@ class Coordinator:
             eval_every=self.eval_every,
             topic=self.topic,
             check_evaluate=self.check_evaluate,
+            check_resume=0 if any(s.node in self._unchecked for s in segments) else self.check_resume,
+            torch_threads=self.torch_threads,
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:

@@ -22,7 +22,7 @@ from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED
-from dagtune.summary import UNKNOWN_FROM_STORAGE
+from dagtune.summary import UNKNOWN_FROM_STORAGE, seconds_label
 
 __all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "importance_html", "tree_figure"]
 
@@ -80,7 +80,9 @@ def _curve_data(snapshot: dict) -> dict:
 
 
 def counters_html(snapshot: dict) -> str:
-    """The counters line: trials by status, steps trained vs shared, GPU-seconds saved, best."""
+    """The counters line: trials by status, steps trained vs shared, the merge rate of the
+    trials ended so far, GPU-seconds (worker-seconds without GPUs) saved, the best trial
+    (saying so when it is still running), and the first failed trial's error."""
     c = snapshot["counters"]
     executed = c.get("executed_steps")
     if executed is None:  # a stored study: say why, and what storage does tell
@@ -88,31 +90,51 @@ def counters_html(snapshot: dict) -> str:
         executed_html = f'<span title="{note}">— (not recorded)</span>'
     else:
         executed_html = f"<b>{executed}</b>"
+    rate = c.get("merge_rate_ended")
+    rate_html = (
+        "<b>–</b> (no trial ended yet)"
+        if rate is None
+        else f"<b>{rate:.2f}</b> ({c.get('ended', 0)} of {c.get('trials', 0)} trials ended)"
+    )
     parts = [
         f"<b>{html.escape(snapshot['study'])}</b>",
         f"trials <b>{c.get('trials', 0)}</b> ({c.get('completed', 0)} completed, "
-        f"{c.get('pending', 0)} pending, {c.get('stopped', 0)} stopped, "
-        f"{c.get('failed', 0) + c.get('diverged', 0)} failed)",
+        f"{c.get('pending', 0)} pending, {c.get('stopped', 0)} stopped, {c.get('diverged', 0)} diverged, "
+        f"{_failed_html(c.get('failed', 0))})",
         f"steps: trial <b>{c.get('trial_steps', 0)}</b> · unique <b>{c.get('unique_steps', 0)}</b> · "
         f"executed {executed_html}",
-        f"merge rate <b>{c.get('merge_rate', 1.0):.2f}</b>",
+        f"merge rate {rate_html}",
     ]
+    label = seconds_label(snapshot.get("gpus"))
     if "gpu_seconds" in c:
         parts.append(
-            f"GPU-s <b>{c['gpu_seconds']:.1f}</b>, saved by reuse <b>{c.get('gpu_seconds_saved', 0.0):.1f}</b>"
+            f"{label} <b>{c['gpu_seconds']:.1f}</b>, saved by reuse <b>{c.get('gpu_seconds_saved', 0.0):.1f}</b>"
         )
     elif "plan_steps" in c:
         parts.append(
             f"the model's search plan holds <b>{c['plan_steps']}</b> trained steps "
-            "(every study of it); this study's sessions recorded no GPU-seconds"
+            f"(every study of it); this study's sessions recorded no {label}"
         )
     best = snapshot.get("best")
     if best is not None:
+        note = best.get("note") or f"trial {best['trial']}, {best['steps']} steps"
         parts.append(
-            f"best {html.escape(str(snapshot['metric']))} <b>{best['value']:.4g}</b> "
-            f"(trial {best['trial']}, {best['steps']} steps)"
+            f"best {html.escape(str(snapshot['metric']))} <b>{best['value']:.4g}</b> ({html.escape(note)})"
         )
-    return '<div class="dagtune-counters">' + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+    line = '<div class="dagtune-counters">' + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+    failed = (snapshot.get("failures") or {}).get("first")
+    if failed:
+        trial, error = failed
+        line += (
+            '<div class="dagtune-failures" style="color:#c0392b">first failed trial: '
+            f"trial {int(trial)}: {html.escape(str(error))}</div>"
+        )
+    return line
+
+
+def _failed_html(count: int) -> str:
+    text = f"{count} failed"
+    return f'<b style="color:#c0392b">{text}</b>' if count else text
 
 
 def importance_html(snapshot: dict) -> str:

@@ -28,7 +28,10 @@ from dagtune.plan import build_stage_tree
 from dagtune.records import COMPLETED, PENDING, Trial
 from dagtune.scheduling import critical_path_priorities
 from dagtune.summary import (
+    best_note,
     best_of,
+    failures,
+    merge_rate_so_far,
     metric_of,
     readable,
     saved_seconds,
@@ -77,11 +80,18 @@ def compose(
     critical: Iterable[tuple[str, int, int]] = (),
     link: Any = None,
     importance: bool = True,
+    gpus: float | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
     `link` is the study's `dagtune.records.StudyLink` if it is half of a surrogate study
-    (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)").
+    (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)"). `gpus`: the GPUs each of
+    its stages asks for (0 or None: none, so its GPU-seconds are worker-seconds).
+
+    Besides `counters` it holds the live merge rate (``counters["merge_rate_ended"]``, over
+    the ``counters["ended"]`` trials that ended: `dagtune.summary.merge_rate_so_far`), the
+    failed trials (``failures``: how many, and the first one's id and error line) and where
+    the best value comes from (``best["note"]``: a running trial says so).
 
     `configs` maps plan nodes to their configs (for labels), `trained` to the last step
     trained on them; `running` and `queued` are spans of running tasks and queued stages.
@@ -114,6 +124,8 @@ def compose(
     }
     best = best_of(trials, metric, mode)
     finished = importance and not any(t.status == PENDING for t in trials)
+    so_far, ended = merge_rate_so_far(trials)
+    failed = failures(trials)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
     for trial in sorted(trials, key=lambda t: t.id):
         points = [(s, m[metric]) for s, m in trial.curve if metric in m and _finite(m[metric])]
@@ -135,7 +147,9 @@ def compose(
         "metric": metric,
         "mode": mode,
         "hp": sorted({name for t in trials for name in t.config}),
-        "counters": dict(counters),
+        "counters": {**counters, "merge_rate_ended": so_far, "ended": ended},
+        "gpus": gpus or 0,
+        "failures": {"count": len(failed), "first": list(failed[0]) if failed else None},
         "best": None
         if best is None
         else {
@@ -143,6 +157,7 @@ def compose(
             "value": float(best.metrics[metric]),
             "steps": best.reached,
             "status": best.status,
+            "note": best_note(best),
             "config": {name: readable(seq) for name, seq in best.config.items()},
         },
         "tree": {
@@ -225,6 +240,7 @@ def result_snapshot(result: Any, name: str = "result", *, importance: bool = Fal
         configs=configs,
         trained=trained_from_trials(trials),
         importance=importance,
+        gpus=getattr(result, "gpus", None),
     )
 
 
@@ -249,6 +265,7 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
         configs={n: study.plan.nodes[n].config for n in nodes},
         trained=trained_from_plan(study.plan, nodes),
         link=study.describe.get("link"),
+        gpus=study.describe.get("gpus"),
     )
 
 
@@ -295,6 +312,7 @@ def live_snapshot(study: Any) -> dict:
             critical=critical,
             link=getattr(study, "link", None),
             importance=False,  # computed below, outside the lock: it may take seconds
+            gpus=(getattr(study, "resources", None) or {}).get("GPU"),
         )
     if not any(t.status == PENDING for t in trials):
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])

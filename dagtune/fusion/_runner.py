@@ -29,6 +29,8 @@ then trains it unfused.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import time
 import traceback
@@ -36,6 +38,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
@@ -45,10 +49,28 @@ from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
+from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
+from dagtune.resumecheck import (
+    ResumeChangedTrainingError,
+    ResumeChecks,
+    StepOutcome,
+    differences,
+    failed_outcome,
+    likely_causes,
+    out_of_memory,
+    step_outcome,
+)
 from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
-from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
+from dagtune.trainer import (
+    build_trainer,
+    capture_rng,
+    isolated_rng,
+    kept_training_modes,
+    restore_rng,
+    torch_threads,
+)
 
 __all__ = ["FusedPathRunner", "MemberPath"]
 
@@ -175,6 +197,37 @@ class MemberPath:
         )
 
 
+class _NoRoomError(Exception):
+    """A second trainer did not fit in memory: the resume check is skipped."""
+
+
+class _NoCopyError(Exception):
+    """The live host could not be copied: the resume check is skipped."""
+
+
+def _live_copy(host: FusibleTrainer) -> FusibleTrainer:
+    """A copy of `host` to train a step on: everything copied but the tensors it holds in
+    attributes (its data, which no step changes)."""
+    shared = {id(value): value for value in vars(host).values() if isinstance(value, torch.Tensor)}
+    try:
+        return copy.deepcopy(host, shared)
+    except Exception as error:  # something in it can't be copied (a file, a process pool)
+        raise _NoCopyError(f"the trainer could not be copied ({type(error).__name__}: {error})") from error
+
+
+def _host_attributes(host: FusibleTrainer) -> dict[str, Any]:
+    """A host's attributes but its model and optimizer (a template and a bystander: a
+    member's are in its state): its data order and anything else the trainer keeps."""
+    return {name: value for name, value in vars(host).items() if name not in ("model", "optimizer")}
+
+
+def _skipped(task: PathTask, why: str) -> dict:
+    message = (
+        f"{task.trainer.cls.__qualname__}: the resume check was skipped: {why}; check_resume=0 turns it off."
+    )
+    return warning_event(ResumeCheckSkippedWarning, message, f"skipped {task.trainer.identity}")
+
+
 @dataclass
 class _Loaded:
     member: MemberPath
@@ -208,6 +261,7 @@ class FusedPathRunner:
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
+        resume_checks: ResumeChecks | None = None,
     ):
         tasks = list(tasks)
         if not tasks:
@@ -224,6 +278,7 @@ class FusedPathRunner:
         self.live = live
         self.clock = clock
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
+        self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
         wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
@@ -319,6 +374,18 @@ class FusedPathRunner:
     # ------------------------------------------------------------------ the loop
 
     def steps(self) -> Iterator[list[dict]]:
+        """The events of each round. The trainers' code runs with torch's thread count set to
+        the tasks' ``torch_threads``; the caller's count is back between rounds."""
+        inner = self._rounds()
+        threads = next(iter(self.members.values())).task.torch_threads
+        while True:
+            with torch_threads(threads):
+                events = next(inner, None)
+            if events is None:
+                return
+            yield events
+
+    def _rounds(self) -> Iterator[list[dict]]:
         events = []
         if self.fusion_check is not None:
             verdict = self._check()
@@ -433,18 +500,103 @@ class FusedPathRunner:
             state = {"trainer": group.state_dict(k), "rng": capture_rng()}
             info = self.store.save(task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
+            events.extend(self._check_resume(member, group, state, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
 
+    # ------------------------------------------------------------------ the resume check
+
+    def _check_resume(
+        self, member: MemberPath, group: FusedGroup, saved: dict, segment: Segment, n: int
+    ) -> list[dict]:
+        """At a member's checkpoint at step `n` (`saved`: what was saved there), while this worker's resume checks of the
+        model are due: the next step (its path's, or at its end its last segment's) trained
+        as a group of one twice, once on a copy of the live host (the trainer object holding
+        the cohort's data order and anything else the trainer keeps) with the member's state,
+        once on a fresh host loaded from the checkpoint, must agree (`dagtune.resumecheck`).
+        A group of one trains bit for bit what the member trains in any group, so this
+        checks what a fused task keeps outside the saved state. Both run before the step is
+        reported, inside `isolated_rng`; the group itself is untouched."""
+        task = member.task
+        identity = task.trainer.identity
+        if not self.resume_checks.due(identity, task.check_resume):
+            return []
+        following = next((s for s in task.segments if s.start <= n < s.end), segment)
+        values = config_values(following.config, n)
+        load = functools.partial(self.store.load, identity, segment.node, n)
+        try:
+            live = self._step_alone(
+                task, lambda: _live_copy(group.host), saved["trainer"], saved["rng"], values
+            )
+            resumed = self._resumed_step(task, load, values)
+        except (_NoRoomError, _NoCopyError) as error:
+            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
+        if resumed is None:
+            return []
+        keys = differences(live, resumed)
+        if not keys:
+            self.resume_checks.passed(identity)
+            return []
+        again = self._resumed_step(task, load, values)
+        if again is not None and differences(again, resumed):
+            message = (
+                f"{task.trainer.cls.__qualname__}: the same step trained twice from the checkpoint at step "
+                f"{n} gave different states ({', '.join(keys[:3])}): training is not deterministic, "
+                "so results are not bit for bit those of run_alone, and the resume check cannot tell a "
+                "resume bug from this noise."
+            )
+            fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
+            return [member.event("warning", segment.node, n, **fields)]
+        raise ResumeChangedTrainingError(
+            n, keys, likely_causes(_host_attributes(group.host), load()["trainer"], keys), task.check_resume
+        )
+
+    def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
+        """A fresh host loaded from the checkpoint `load` reads trains the step (None if the
+        checkpoint can't be read back)."""
+        spec = task.trainer
+        try:
+            saved = load()
+        except CheckpointError:
+            return None
+        return self._step_alone(
+            task,
+            lambda: build_trainer(spec.cls, spec.kwargs, spec.seed),
+            saved["trainer"],
+            saved["rng"],
+            values,
+        )
+
+    def _step_alone(
+        self, task: PathTask, host: Callable[[], FusibleTrainer], state: dict, rng: dict, values: dict
+    ) -> StepOutcome:
+        """The outcome of one step of a group of one on the host `host` makes, from `state`
+        and the global generators at `rng` (put back afterwards)."""
+        with isolated_rng():
+            try:
+                alone = FusedGroup.from_states(host(), [state])
+                restore_rng(rng)
+                alone.setup([dict(values)])
+                metrics = to_metrics(alone.train()[0], "Trainer.train()")
+                return step_outcome(alone.state_dict(0), _host_attributes(alone.host), metrics)
+            except _NoCopyError:
+                raise
+            except Exception as error:  # a failure is what the step computed
+                if out_of_memory(error):
+                    raise _NoRoomError(
+                        f"a second trainer did not fit in memory ({type(error).__name__}: {error})"
+                    ) from error
+                return failed_outcome(error)
+
     def _evaluate(self, member: MemberPath, group: FusedGroup, k: int) -> dict[str, float]:
         """Member `k`'s validation metrics, as `PathRunner` evaluates: random draws isolated
-        from training, and while the worker's checks are due, the training state of the host
+        from training, the host's modules' training modes put back after, and while the worker's checks are due, the training state of the host
         (holding the member's weights, the group's data order) compared before and after."""
         identity, limit = member.task.trainer.identity, member.task.check_evaluate
         member.evaluating = True
         group.select(k)
         before = training_state(group.host) if self.checks.due(identity, limit) else None
-        with isolated_rng():
+        with isolated_rng(), kept_training_modes(group.host):
             metrics = to_metrics(group.host.evaluate(), "Trainer.evaluate()")
         if before is not None:
             self.checks.verify(identity, limit, before, training_state(group.host))

@@ -70,7 +70,10 @@ class Opened:
     """A session of the study began (``open``): the model identity it belongs to (trainer
     as ``module.qualname``, seed, version, and the trainer arguments when they survive JSON;
     None in records of a dagtune before they were kept), whether its stages trained fused,
-    and its partner if it is half of a surrogate study."""
+    its partner if it is half of a surrogate study, and the GPUs each of its stages asks for
+    (`gpus`; 0: none, so its GPU-seconds are worker-seconds; None: not recorded), and the
+    torch thread count its trainers ran with (`torch_threads`, part of the model identity;
+    None: each worker's own; 1 where not recorded, the default)."""
 
     identity: str
     trainer: str | None
@@ -79,6 +82,8 @@ class Opened:
     link: StudyLink | None = None
     trainer_kwargs: dict[str, Any] | None = None
     fused: bool = False
+    gpus: float | None = None
+    torch_threads: int | None = 1
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,12 @@ def _opened(fields: Fields) -> Opened:
             optional=True,
         ),
         fused=bool(fields.get("fused", lambda v: isinstance(v, bool), "a bool", optional=True)),
+        gpus=fields.get("gpus", lambda v: is_number(v) and 0 <= v < math.inf, "a number >= 0", optional=True),
+        torch_threads=(
+            fields.get("torch_threads", lambda v: v is None or (is_int(v) and v >= 1), "an int >= 1 or null")
+            if "torch_threads" in fields.record
+            else 1
+        ),
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from dagtune.config import Config
 from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
-from dagtune.records import COMPLETED, Trial
+from dagtune.records import COMPLETED, FAILED, Trial
 from dagtune.restore import Restorer, TrialPath
 from dagtune.summary import trials_frame
 from dagtune.trainer import Trainer
@@ -29,14 +29,16 @@ ModelSource = Callable[[int], tuple[Restorer, TrialPath]]
 
 @dataclass(frozen=True)
 class TrialResult:
-    """A finished trial: its config, the steps it reached and its final metrics; from a
-    study, also its model (`load_trainer`, `state_dict`)."""
+    """A finished trial: its config, the steps it reached and its final metrics (and, for a
+    failed one, the traceback of its trainer's `error`); from a study, also its model
+    (`load_trainer`, `state_dict`)."""
 
     config: Config
     steps: int
     metrics: dict[str, float]
     id: int = -1
     status: str = COMPLETED
+    error: str | None = None
     _models: ModelSource | None = field(default=None, repr=False, compare=False)
 
     def _model(self) -> tuple[Restorer, TrialPath]:
@@ -77,14 +79,18 @@ class TrialResult:
 
 
 def _as_result(trial: Trial, models: ModelSource | None = None) -> TrialResult:
-    return TrialResult(trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, models)
+    return TrialResult(
+        trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, trial.error, models
+    )
 
 
 class Result:
-    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`.
+    """What a run produced: `best`, `trials` (a DataFrame), `report`, learning `curves`, and
+    the trials whose trainer raised (`failed`).
 
     `report` holds the run's figures (its trials, the work done while it ran), defined in
-    `dagtune.coordinator.report_figures`."""
+    `dagtune.coordinator.report_figures`; `gpus` is how many GPUs each of its stages asked
+    for (0: none, so its ``gpu_seconds`` are worker-seconds)."""
 
     def __init__(
         self,
@@ -94,8 +100,11 @@ class Result:
         mode: str = "max",
         chosen: Trial | None = None,
         models: ModelSource | None = None,
+        *,
+        gpus: float = 0.0,
     ):
         self._trials = trials
+        self.gpus = gpus
         self.report = report
         self.metric = metric
         self.mode = mode
@@ -147,6 +156,16 @@ class Result:
         if best is None:
             raise ValueError(f"no trial reported {self.metric!r}: give a trial id")
         return best
+
+    @property
+    def failed(self) -> list[TrialResult]:
+        """The trials that failed (their trainer raised, after the allowed retries), each with
+        its traceback in ``error``, in trial order."""
+        return [
+            _as_result(t, self._models)
+            for t in sorted(self._trials, key=lambda t: t.id)
+            if t.status == FAILED
+        ]
 
     @property
     def trials(self):

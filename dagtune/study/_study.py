@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.identity import model_identity, stored_kwargs, trainer_name
 from dagtune.loggers import Logger, Logging, check_loggers
+from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
@@ -41,8 +43,9 @@ from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
+from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
-from dagtune.trainer import Trainer
+from dagtune.trainer import Trainer, check_torch_threads
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -87,10 +90,21 @@ class Study:
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
 
-    `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
-    and module's training mode) before and after its first `check_evaluate` evaluations of
-    the model, and fails the trial with ``evaluate() changed the training state: <keys>``
-    if they differ (results would depend on where dagtune evaluates); 0 turns it off.
+    `check_evaluate`: each worker compares every ``state_dict()`` leaf before and after its
+    first `check_evaluate` evaluations of the model, and fails the trial with ``evaluate()
+    changed the training state: <keys>`` if they differ (results would depend on where
+    dagtune evaluates); 0 turns it off. The global random generators and every module's
+    training mode need no check: dagtune puts them back after every evaluation.
+
+    `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
+    trainer loaded from the checkpoint trains the next step beside the trainer that saved
+    it, and a difference fails the trial with ``resuming from a checkpoint changes
+    training: <entries>``, naming the likely cause (`dagtune.resumecheck`); 0 turns it off.
+
+    `torch_threads`: every worker builds and trains the trainer with torch's thread count
+    set to this (default 1: CPU kernels round differently with other counts, so results are
+    bit for bit `run_alone`'s only with one count everywhere); None leaves each worker's.
+    A count other than 1 is part of the model identity.
 
     `loggers` (`dt.loggers.TensorBoard`, `CSV`, `MLflow`, or your own `dt.loggers.Logger`)
     get every trial's hyper-parameters and every step's metrics as they are delivered to it,
@@ -125,6 +139,8 @@ class Study:
         scheduler: str = "critical_path",
         eval_every: int = 1,
         check_evaluate: int = 3,
+        check_resume: int = 1,
+        torch_threads: int | None = 1,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
         workers: int | None = None,
@@ -147,6 +163,8 @@ class Study:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
+        check_evaluate_count(check_resume, "check_resume")
+        check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
         loggers = check_loggers(loggers)
         if security is not None and (client is not None or executor is not None):
@@ -169,7 +187,10 @@ class Study:
         self.reuse = reuse
         self.resources = dict(resources) if resources else None
         self.link = link
-        self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
+        self.torch_threads = torch_threads
+        self.identity = model_identity(
+            trainer, self.trainer_kwargs, seed, version, torch_threads=torch_threads
+        )
         self.storage = os.fspath(storage)
         self.gc_policy = gc
         self._token = uuid.uuid4().hex[:8]
@@ -200,6 +221,8 @@ class Study:
                 "version": version,
                 "trainer_kwargs": stored_kwargs(self.trainer_kwargs),
                 "fused": bool(fuse),
+                "gpus": float((self.resources or {}).get("GPU", 0)),
+                "torch_threads": torch_threads,
                 **(link.fields() if link is not None else {}),
             }
             try:
@@ -220,6 +243,8 @@ class Study:
             share=reuse,
             eval_every=eval_every,
             check_evaluate=check_evaluate,
+            check_resume=check_resume,
+            torch_threads=torch_threads,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
             gpus_per_task=gpus,
@@ -229,7 +254,9 @@ class Study:
             fusion_check=fusion_check,
         )
         # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
-        self._restorer = Restorer(self.store, self.identity, lambda: spec, fused=bool(fuse))
+        self._restorer = Restorer(
+            self.store, self.identity, lambda: spec, fused=bool(fuse), torch_threads=torch_threads
+        )
         self._restored: list[Trial] = []
         if self._persistence is not None:
             self._restored = self._persistence.attach(self.coordinator)
@@ -527,9 +554,17 @@ class Study:
             self._logging.flush()  # the run's results are in the loggers' output when it returns
         if session.error is not None:
             raise session.error
-        return Result(
-            trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial(), models=self._model_of
+        result = Result(
+            trials,
+            report,
+            algorithm.metric,
+            algorithm.mode,
+            algorithm.best_trial(),
+            models=self._model_of,
+            gpus=float((self.resources or {}).get("GPU", 0)),
         )
+        _warn_failures(result, len(trials))
+        return result
 
     def _model_of(self, trial_id: int) -> tuple[Restorer, TrialPath]:
         """Where trial `trial_id`'s model comes from: the study's checkpoints along its path
@@ -549,7 +584,13 @@ class Study:
             if trial is None:
                 raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
             return TrialResult(
-                trial.config, trial.reached, dict(trial.metrics or {}), trial.id, trial.status, self._model_of
+                trial.config,
+                trial.reached,
+                dict(trial.metrics or {}),
+                trial.id,
+                trial.status,
+                trial.error,
+                self._model_of,
             )
 
     @property
@@ -608,6 +649,20 @@ class Study:
 
     def __repr__(self) -> str:
         return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"
+
+
+def _warn_failures(result: Result, trials: int) -> None:
+    """End a run whose trials failed with a warning saying how many and the first error
+    (`Result.failed` has them all, with their tracebacks)."""
+    failed = result.failed
+    if failed:
+        first = failed[0]
+        warnings.warn(
+            f"{len(failed)} of {trials} trials failed; the first, trial {first.id}: "
+            f"{error_line(first.error)} (Result.failed has them, with their tracebacks)",
+            TrialsFailedWarning,
+            stacklevel=3,
+        )
 
 
 class TrialHandle:
