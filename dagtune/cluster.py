@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.deploy.adaptive import Adaptive
 
 from dagtune.security import embedded_security, protocol_of
+from dagtune.worker_preload import LEFT_TO_THE_STUDY
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -440,9 +442,10 @@ def embedded_cluster(
     gpus = (resources or {}).get("GPU")
     if gpus is None:
         security = embedded_security(security)
+        count = workers or os.cpu_count() or 1
         with glibc_thresholds():
-            return LocalCluster(
-                n_workers=workers or os.cpu_count() or 1,
+            cluster = LocalCluster(
+                n_workers=0,  # `_start_workers` starts them
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
@@ -451,7 +454,9 @@ def embedded_cluster(
                 resources=resources,
                 security=security,
                 silence_logs=logging.ERROR,
+                preload=[QUIET_WORKERS],
             )
+            return _start_workers(cluster, count)
     devices = visible_gpus()
     per_worker = max(1, math.ceil(gpus))
     groups = [devices[i : i + per_worker] for i in range(0, len(devices) - per_worker + 1, per_worker)]
@@ -480,6 +485,7 @@ def embedded_cluster(
                 "resources": offered,
                 "env": {"CUDA_VISIBLE_DEVICES": ",".join(group)},
                 "silence_logs": logging.ERROR,
+                "preload": [QUIET_WORKERS],
             },
         }
         for group in groups
@@ -489,4 +495,66 @@ def embedded_cluster(
         "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **secured},
     }
     with glibc_thresholds():
-        return SpecCluster(workers=specs, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
+        cluster = SpecCluster(workers={}, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
+        cluster.worker_spec.update(specs)  # `_start_workers` starts them
+        return _start_workers(cluster, len(specs))
+
+
+QUIET_WORKERS = "dagtune.worker_preload"  # the embedded cluster's workers ignore SIGINT and SIGTERM
+
+#: how long the embedded cluster's workers may take to start (import torch, connect)
+WORKER_START_SECONDS = 300.0
+
+
+def _start_workers(cluster: Any, count: int) -> Any:
+    """Start `count` worker processes in `cluster` (started without any), waiting until they
+    run; returns the cluster, or closes it and raises if they don't start in time or the
+    wait is interrupted.
+
+    The workers leave Ctrl-C and SIGTERM to the study (`dagtune.worker_preload` says why).
+    Their preload ignores them only once the worker is built, after seconds of imports, so
+    this process ignores them for the instants it takes to spawn the workers: a process
+    inherits an ignored signal from its first instruction. A Ctrl-C at one of those
+    instants is lost; while the workers then start, it interrupts this wait and the
+    cluster is closed."""
+    try:
+        with _interrupts_ignored():
+            before = _spawned_children()
+            cluster.scale(count)
+            deadline = time.monotonic() + WORKER_START_SECONDS
+            while len(_spawned_children() - before) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+        cluster.wait_for_workers(count, timeout=WORKER_START_SECONDS)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=10)
+        raise
+    return cluster
+
+
+def _spawned_children() -> set[int]:
+    """The pids of this process's children started by multiprocessing's spawn (as nannies
+    start their workers)."""
+    import psutil
+
+    pids = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "--multiprocessing-fork" in child.cmdline():
+                pids.add(child.pid)
+    return pids
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored while the block runs (in the main thread only: nowhere
+    else can a signal handler be set, and nothing changes then)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in LEFT_TO_THE_STUDY}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)

@@ -165,6 +165,7 @@ class DaskExecutor(Executor):
         self._variable = Variable(f"{topic}-directives", client=client)
         self._variable.set({})
         self._slots_cache: tuple[float, int] | None = None
+        self._closed = False
         client.subscribe_topic(topic, self._on_event)
 
     def _on_event(self, event: tuple[float, list[dict]]) -> None:
@@ -222,6 +223,8 @@ class DaskExecutor(Executor):
         key = future.key
         self._futures.pop(key, None)
         keys = self._members.pop(key, None) or [key]
+        if self._closed:  # cancelled by `close`: nobody reads events or directives any more
+            return
         try:
             self._events.put(future.result())
         except FutureCancelledError:
@@ -256,6 +259,7 @@ class DaskExecutor(Executor):
         return time.time()
 
     def close(self) -> None:
+        self._closed = True
         try:
             self.client.unsubscribe_topic(self.topic)
         except Exception:  # the client may already be closing

@@ -16,17 +16,26 @@ A checkpoint that fails verification (`CheckpointError`: missing marker, bad che
 truncated file, or a committed state that is not a trainer state and RNG states as this
 module saves them) is never used: the task ends with a ``corrupt`` event naming the point,
 and the coordinator plans the work again from an earlier one.
+
+A checkpoint also carries the metrics of the steps it covers that the coordinator may not
+have recorded: those evaluated since the point the task was given (its source, which the
+coordinator knew with its metrics). A task resumes from the latest checkpoint of its path
+that storage holds, which may be one the coordinator never heard of (it died, or the
+worker died, between the commit and the events); the task then sends those metrics and
+that checkpoint first, so a step's metrics reach the search plan no later than any
+checkpoint that covers it, and a learning curve is complete after any crash.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dagtune.checkpoints import CheckpointError
@@ -37,7 +46,15 @@ from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import Trainer, build_trainer, capture_rng, check_rng_state, isolated_rng, restore_rng
 
-__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "to_metrics"]
+__all__ = [
+    "Carried",
+    "CheckpointBackend",
+    "LiveTrainers",
+    "PathRunner",
+    "checkpoint_parts",
+    "checkpoint_state",
+    "to_metrics",
+]
 
 
 class CheckpointBackend(Protocol):
@@ -50,6 +67,11 @@ class CheckpointBackend(Protocol):
     def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None: ...
 
 
+#: metrics a checkpoint carries: ``(node, step, metrics)`` of each step evaluated on its path
+#: since the point its task was given (see the module docstring)
+Carried = list[tuple[str, int, dict[str, float]]]
+
+
 @dataclass
 class _Live:
     identity: str
@@ -57,6 +79,7 @@ class _Live:
     step: int
     trainer: Trainer
     rng: dict
+    carried: Carried = field(default_factory=list)
 
 
 class LiveTrainers:
@@ -112,9 +135,19 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     return metrics
 
 
-def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
-    """The trainer's state and the RNG states of a loaded checkpoint; a `CheckpointError` if
-    it holds anything else (committed and intact, but not a state this module saved)."""
+def checkpoint_state(trainer_state: Any, carried: Carried) -> dict:
+    """What a checkpoint holds: the trainer's state, the RNG states now, the carried metrics."""
+    return {
+        "trainer": trainer_state,
+        "rng": capture_rng(),
+        "metrics": [[node, step, dict(metrics)] for node, step, metrics in carried],
+    }
+
+
+def checkpoint_parts(state: Any) -> tuple[Any, Any, Carried]:
+    """The trainer's state, the RNG states and the carried metrics of a loaded checkpoint (none
+    in one saved before checkpoints carried them); a `CheckpointError` if it holds anything
+    else (committed and intact, but not a state this module saved)."""
     if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a training state: it needs 'trainer' and 'rng', it holds {found}")
@@ -122,7 +155,38 @@ def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
         check_rng_state(state["rng"])
     except ValueError as error:
         raise CheckpointError(f"not a training state: {error}") from None
-    return state["trainer"], state["rng"]
+    return state["trainer"], state["rng"], _carried(state.get("metrics", []))
+
+
+def _carried(entries: Any) -> Carried:
+    """A checkpoint's carried metrics, checked (`CheckpointError` names what is wrong)."""
+    if not isinstance(entries, list):
+        raise CheckpointError(
+            f"not a training state: its 'metrics' is a {type(entries).__name__}, not a list"
+        )
+    carried = []
+    for entry in entries:
+        try:
+            node, step, metrics = entry
+            valid = (
+                isinstance(node, str)
+                and _NODE.match(node) is not None
+                and type(step) is int
+                and step >= 1
+                and isinstance(metrics, dict)
+                and all(isinstance(k, str) and type(v) is float for k, v in metrics.items())
+            )
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError(
+                f"not a training state: its 'metrics' hold {str(entry)[:80]!r}, not [node, step, {{name: float}}]"
+            )
+        carried.append((node, step, metrics))
+    return carried
+
+
+_NODE = re.compile(r"^[0-9a-f]{16}$")  # a node id (`dagtune.records.node_id`)
 
 
 class _CorruptError(Exception):
@@ -137,8 +201,10 @@ class PathRunner:
     """Trains one `PathTask`, one step at a time, producing events.
 
     Iterate `steps()`: each item is the list of events of one step (``metrics``,
-    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``; the last item
-    carries ``end``. `update` applies a directive between steps.
+    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``
+    (and, resuming from a checkpoint the coordinator may not know, the metrics it carries and
+    its ``checkpoint``); the last item carries ``end``. `update` applies a directive between
+    steps.
     """
 
     def __init__(
@@ -164,6 +230,7 @@ class PathRunner:
         self.executed = 0
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.halted = False  # set by `halt`: no further step, whatever later directives say
+        self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
 
     def update(self, directive: Directive) -> list[dict]:
         """Take a new directive; returns ``declined`` events for wanted checkpoints already
@@ -184,9 +251,10 @@ class PathRunner:
 
     # ------------------------------------------------------------------ acquiring the trainer
 
-    def _resume_point(self) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path (a rerun after a lost worker resumes
-        from it), else the task's own source."""
+    def _resume_point(self) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
+        coordinator resumes from it) with its commit info, else the task's own source (None:
+        the coordinator knows it)."""
         if self.store is not None:
             identity = self.task.trainer.identity
             for step in sorted(self.task.checkpoints, reverse=True):
@@ -197,32 +265,40 @@ class PathRunner:
                     except CheckpointError as error:  # a malformed commit marker
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def _acquire(self) -> tuple[Trainer, list[dict]]:
         spec = self.task.trainer
-        point = self._resume_point()
+        point, found = self._resume_point()
         if point is None:
             self.position = 0
             return build_trainer(spec.cls, spec.kwargs, spec.seed), []
         node, step = point
         self.position = step
-        if self.live is not None:
-            live = self.live.take(spec.identity, node, step)
-            if live is not None:
-                restore_rng(live.rng)
-                return live.trainer, [self._event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(spec.identity, node, step)
+        if live is not None:
+            trainer, rng_state, carried = live.trainer, live.rng, live.carried
+            origin = "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
-        try:
-            trainer_state, rng_state = _checkpoint_parts(self.store.load(spec.identity, node, step))
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-        trainer.load_state_dict(trainer_state)
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    self.store.load(spec.identity, node, step)
+                )
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
+            trainer.load_state_dict(trainer_state)
+            origin = "storage"
         restore_rng(rng_state)
-        return trainer, [self._event("load", node, step, origin="storage")]
+        events = [self._event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            self.carried = list(carried)
+            events.extend(self._event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(self._event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return trainer, events
 
     # ------------------------------------------------------------------ the loop
 
@@ -260,11 +336,12 @@ class PathRunner:
             last = n == task.end or n == self.directive.stop_at
             diverging = not all(math.isfinite(v) for v in train_metrics.values())
             if wanted or last or diverging or n % task.eval_every == 0:
-                metrics = self._evaluate(trainer)
                 # training metrics go with the step's validation metrics (which win a name clash)
-                events.append(self._event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+                metrics = {**train_metrics, **self._evaluate(trainer)}
+                self.carried.append((segment.node, n, metrics))
+                events.append(self._event("metrics", segment.node, n, metrics=metrics))
             if wanted and self.store is not None:
-                state = {"trainer": trainer.state_dict(), "rng": capture_rng()}
+                state = checkpoint_state(trainer.state_dict(), self.carried)
                 info = self.store.save(task.trainer.identity, segment.node, n, state)
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
@@ -276,7 +353,9 @@ class PathRunner:
             events = []
         end_node = self._owner(self.position)
         if self.live is not None and end_node is not None:
-            self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
+            self.live.put(
+                _Live(task.trainer.identity, end_node, self.position, trainer, capture_rng(), self.carried)
+            )
         reason = "done" if self.position >= task.end else "stopped"
         events.append(
             self._event(

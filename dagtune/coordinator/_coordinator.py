@@ -100,6 +100,7 @@ class Coordinator:
         self.incidents: list[str] = []
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
+        self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self._next_id = 0
         self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
@@ -228,6 +229,22 @@ class Coordinator:
             self._forget_request(trial)
             self._finish(trial, STOPPED)
 
+    def interrupt(self, trial_id: int) -> None:
+        """Withdraw a pending trial's requests without ending it: an interrupted run is not an
+        algorithm's `stop`. Nothing is recorded, so storage keeps the trial pending (as it does
+        when the process is killed), and `resume`, or the study opened again, continues it
+        from its latest committed checkpoint."""
+        trial = self.trials[trial_id]
+        if trial.status == PENDING and trial_id not in self.interrupted:
+            self._forget_request(trial)
+            self.interrupted.add(trial_id)
+
+    def resume(self, trial_id: int) -> None:
+        """Request an interrupted trial again (nothing if it was not interrupted)."""
+        if trial_id in self.interrupted:
+            self.interrupted.discard(trial_id)
+            self._request(self.trials[trial_id])
+
     def expect(self, configs: Iterable[Config]) -> None:
         """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
         step where one of them would branch off its path saves a checkpoint there, so the later
@@ -252,6 +269,9 @@ class Coordinator:
         self._dirty = True
 
     def _forget_request(self, trial: Trial) -> None:
+        if trial.id in self.interrupted:  # its requests are withdrawn already
+            self.interrupted.discard(trial.id)
+            return
         self.plan.remove_request(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
             watchers = self._watchers.get(node)

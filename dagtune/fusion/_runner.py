@@ -37,7 +37,15 @@ from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
-from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
+from dagtune.records import CheckpointInfo
+from dagtune.runner import (
+    Carried,
+    CheckpointBackend,
+    LiveTrainers,
+    checkpoint_parts,
+    checkpoint_state,
+    to_metrics,
+)
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
@@ -69,6 +77,7 @@ class MemberPath:
         self.done = False
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.values: dict[str, Any] | None = None
+        self.carried: Carried = []  # what its next checkpoint carries (`dagtune.runner`)
 
     def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
         return {
@@ -113,8 +122,11 @@ class MemberPath:
         self.values = now
         return changes
 
-    def resume_point(self, store: CheckpointBackend | None) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path, else the task's source."""
+    def resume_point(
+        self, store: CheckpointBackend | None
+    ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path with its commit info, else the task's
+        source (None: the coordinator knows it)."""
         if store is not None:
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
@@ -124,8 +136,8 @@ class MemberPath:
                     except CheckpointError as error:
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def owner(self, step: int) -> str | None:
         if step > self.task.start:
@@ -224,27 +236,31 @@ class FusedPathRunner:
 
     def _load(self, member: MemberPath, host_state: dict, host_rng: dict) -> tuple[_Loaded, list[dict]]:
         task = member.task
-        point = member.resume_point(self.store)
+        point, found = member.resume_point(self.store)
         if point is None:
             member.position = 0
             return _Loaded(member, host_state, host_rng, 0), []
         node, step = point
         member.position = step
         identity = task.trainer.identity
-        if self.live is not None:
-            live = self.live.take(identity, node, step)
-            if live is not None:
-                loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
-                return loaded, [member.event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(identity, node, step)
+        if live is not None:
+            loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
+            carried, origin = live.carried, "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {task.key} resumes from {point} but has no checkpoint store")
-        try:
-            saved = self.store.load(identity, node, step)
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        return _Loaded(member, saved["trainer"], saved["rng"], step), [
-            member.event("load", node, step, origin="storage")
-        ]
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(self.store.load(identity, node, step))
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            loaded, origin = _Loaded(member, trainer_state, rng_state, step), "storage"
+        events = [member.event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            member.carried = list(carried)
+            events.extend(member.event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(member.event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return loaded, events
 
     def _acquire(self) -> list[dict]:
         """Load every member's state and form the cohorts; the first round's events."""
@@ -355,10 +371,11 @@ class FusedPathRunner:
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
         if wanted or last or diverging or n % task.eval_every == 0:
-            metrics = self._evaluate(member, group, k)
-            events.append(member.event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+            metrics = {**train_metrics, **self._evaluate(member, group, k)}
+            member.carried.append((segment.node, n, metrics))
+            events.append(member.event("metrics", segment.node, n, metrics=metrics))
         if wanted and self.store is not None:
-            state = {"trainer": group.state_dict(k), "rng": capture_rng()}
+            state = checkpoint_state(group.state_dict(k), member.carried)
             info = self.store.save(task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -32,7 +32,7 @@ from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._identity import model_identity
@@ -367,12 +367,15 @@ class Study:
         return config
 
     def _take_restored(self, config: Config, steps: int) -> Trial | None:
-        """A trial restored from an earlier session with this config and steps, not handed
-        to an algorithm yet (it is removed from the restored ones)."""
+        """A trial restored from an earlier session, or left pending by an interrupted run,
+        with this config and steps, not handed to an algorithm since (it is removed from the
+        restored ones); an interrupted one is requested again."""
         text = config_dumps(config)
-        for i, trial in enumerate(self._restored):
-            if trial.steps == steps and config_dumps(trial.config) == text:
-                return self._restored.pop(i)
+        with self._lock:
+            for i, trial in enumerate(self._restored):
+                if trial.steps == steps and config_dumps(trial.config) == text:
+                    self.coordinator.resume(trial.id)
+                    return self._restored.pop(i)
         return None
 
     @property
@@ -455,8 +458,11 @@ class Study:
     def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
         """Run a tuning algorithm to its end and return its `Result`.
 
-        If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
-        stopped (what they trained stays in the plan) and the error is raised."""
+        If the algorithm raises, `timeout` seconds pass or the run is interrupted (Ctrl-C),
+        the error is raised and the run's pending trials stop training but stay pending, in
+        storage too: they are not the algorithm's `Stop`. Running the same algorithm again,
+        in this process or after opening the study again, continues each from its latest
+        committed checkpoint."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         session = Session(self.coordinator, algorithm, self._check_config, self._take_restored)
@@ -482,10 +488,8 @@ class Study:
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
-                if not session.finished:  # an error, a timeout or an interrupt: nobody waits for them
-                    for trial in session.trials.values():
-                        self.coordinator.stop(trial.id)
-                    self.coordinator.schedule()
+                if not session.finished:  # an error, a timeout or an interrupt: not a stop
+                    self._interrupt(session.trials.values())
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
@@ -494,6 +498,18 @@ class Study:
         if session.error is not None:
             raise session.error
         return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
+
+    def _interrupt(self, trials: Iterable[Trial]) -> None:
+        """A run ended before its algorithm did: its pending trials stop training but stay
+        pending (in storage too), so the same run again continues each from its latest
+        checkpoint, in this process or the next one (`_take_restored`)."""
+        kept = {trial.id for trial in self._restored}
+        for trial in trials:
+            if trial.status == PENDING:
+                self.coordinator.interrupt(trial.id)
+                if trial.id not in kept:
+                    self._restored.append(trial)
+        self.coordinator.schedule()
 
     @property
     def report(self) -> dict:
@@ -516,12 +532,20 @@ class Study:
             if getattr(self, "coordinator", None) is not None:
                 with self._lock:
                     try:
+                        self._take_arrived_events()
                         self._collect_when_due()
                     finally:  # the last work, journal lines and results; the lease goes
                         if self._persistence is not None:
                             self._persistence.close(self.coordinator)
         finally:
             self._stop_execution()
+
+    def _take_arrived_events(self) -> None:
+        """Handle the events that arrived after the driver's last round (an interrupted run
+        closes at once): the plan keeps the checkpoints and metrics they report."""
+        if not self._virtual:  # a simulation's poll would advance its virtual time
+            for event in self.executor.poll(0):
+                self.coordinator.handle(event)
 
     def _stop_execution(self) -> None:
         if getattr(self, "_dashboard", None) is not None:
@@ -571,8 +595,15 @@ class TrialHandle:
 
     def result(self, timeout: float | None = None) -> dict[str, float]:
         """The final metrics (waits for them). A stopped or diverged trial returns its last
-        metrics; a failed one raises `TrialError`."""
-        self._study._wait(lambda: self.trial.done, timeout)
+        metrics; a failed one raises `TrialError`, one whose run was interrupted (pending, no
+        longer training) a RuntimeError."""
+        interrupted = self._study.coordinator.interrupted
+        self._study._wait(lambda: self.trial.done or self.trial.id in interrupted, timeout)
+        if self.trial.id in interrupted:
+            raise RuntimeError(
+                f"trial {self.trial.id} is pending but its run was interrupted: run the algorithm again, "
+                "or submit its config and steps, to continue it"
+            )
         if self.trial.status == FAILED:
             raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
         return dict(self.trial.metrics or {})
