@@ -4,6 +4,7 @@
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
+                                   [--retry-failed] [--step-timeout SECONDS]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
@@ -279,6 +280,18 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
     help="Train trials of a FusibleTrainer that differ only in fusible hyper-parameters as fused "
     "tasks of up to N (no N: as many as memory allows); after TARGET.",
 )
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Fail a step (train(), evaluation, checkpoint) still running after SECONDS, and restart its worker.",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Train the study's failed trials again, from their latest checkpoints (those that failed "
+    "outside the trainer, in storage or with their workers, are retried anyway).",
+)
 @_user_errors
 @_terminate_as_interrupt
 def run(
@@ -295,6 +308,8 @@ def run(
     tls_cert: str | None,
     tls_key: str | None,
     fuse: str | None,
+    step_timeout: float | None,
+    retry_failed: bool,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
 
@@ -323,6 +338,10 @@ def run(
         options["fuse"] = fused
     if parsed:
         options["resources"] = parsed
+    if retry_failed:
+        options["retry_failed"] = True
+    if step_timeout is not None:
+        options["step_timeout"] = step_timeout
     if client is None and security is not None:
         options["security"] = security
     shown: list[dt.Study] = []  # the studies opened (both halves of a surrogate study)
@@ -350,7 +369,12 @@ def run(
             f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
             "every study of this model",
         )
-        with study, contextlib.ExitStack() as watching, expired:
+        lost = _mistake(  # every worker died and none came back
+            dt.study.NoWorkersError,
+            str,
+            "see the workers' logs for why they died; the same command continues the pending trials",
+        )
+        with study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             result = study.run(algorithm, timeout=timeout)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DemandAdaptive",
     "DemandPublisher",
+    "close_embedded",
     "dask_setup",
     "slow_allocator_workers",
     "slurm",
@@ -498,6 +499,61 @@ def embedded_cluster(
         cluster = SpecCluster(workers={}, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
         cluster.worker_spec.update(specs)  # `_start_workers` starts them
         return _start_workers(cluster, len(specs))
+
+
+#: how long the embedded cluster may take to close before its workers are killed
+CLOSE_SECONDS = 20.0
+
+
+def close_embedded(client: Any, cluster: Any, seconds: float | None = None) -> None:
+    """Close `client` and the embedded `cluster`, never raising: the study's work is saved
+    by then, and a cluster that fails to stop (distributed's nanny gives up on a worker
+    that does not exit in time, more often under load or after a worker was killed) must
+    not cost the caller its results. What does not close within about `seconds` (default
+    `CLOSE_SECONDS`) is killed (the worker processes, SIGKILL) and logged. distributed's own
+    errors while it closes (a hung worker it can't reach) are not shown: this function
+    reports what happened."""
+    from distributed.core import Status
+
+    seconds = CLOSE_SECONDS if seconds is None else seconds
+    pids = {nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)}
+    with _distributed_quiet():
+        try:
+            client.close(timeout=seconds)
+        except Exception:
+            log.debug("dagtune: closing the embedded cluster's client failed", exc_info=True)
+        try:
+            cluster.close(timeout=seconds)
+            return
+        except Exception as error:
+            problem = f"{type(error).__name__}: {error}".rstrip(": ")
+        killed = 0
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        log.warning(
+            "dagtune: the embedded cluster did not close within %g s (%s); killed %d worker process(es)",
+            seconds,
+            problem,
+            killed,
+        )
+        with contextlib.suppress(Exception):  # what is left: the scheduler, the nannies
+            cluster.close(timeout=min(seconds, 5.0))
+        # whatever still hangs is given up for good: distributed's exit hook would try again
+        cluster.status = Status.closed
+
+
+@contextlib.contextmanager
+def _distributed_quiet() -> Iterator[None]:
+    """distributed logs nothing below CRITICAL while the block runs."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 QUIET_WORKERS = "dagtune.worker_preload"  # the embedded cluster's workers ignore SIGINT and SIGTERM

@@ -51,8 +51,13 @@ __all__ = [
     "CheckpointBackend",
     "LiveTrainers",
     "PathRunner",
+    "StepTimeoutError",
+    "StorageFailedError",
     "checkpoint_parts",
     "checkpoint_state",
+    "failure_fields",
+    "through_storage",
+    "timeout_fields",
     "to_metrics",
 ]
 
@@ -189,6 +194,57 @@ def _carried(entries: Any) -> Carried:
 _NODE = re.compile(r"^[0-9a-f]{16}$")  # a node id (`dagtune.records.node_id`)
 
 
+class StorageFailedError(Exception):
+    """Reading or writing a checkpoint failed in storage itself (a full disk, an unreachable
+    object store): not the trainer's failure, nor a corrupt checkpoint (`CheckpointError`).
+    A trial it fails is retried when its study is opened again (`dagtune.records.CAUSES`)."""
+
+
+def through_storage(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, a checkpoint store's method: what storage raises becomes a
+    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is."""
+    try:
+        return call(*args)
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise StorageFailedError(f"{type(error).__name__}: {error}") from error
+
+
+class StepTimeoutError(Exception):
+    """A step did not finish within the study's ``step_timeout`` (a hanging ``train()``)."""
+
+
+def failure_fields(error: BaseException) -> dict[str, str]:
+    """The fields an ``error`` event gives a failure: `error` (one line), `traceback` and
+    `cause` (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`,
+    else ``trainer``)."""
+    if isinstance(error, StorageFailedError):
+        cause = "storage"
+    elif isinstance(error, StepTimeoutError):
+        cause = "timeout"
+    else:
+        cause = "trainer"
+    return {
+        "error": str(error) if cause == "storage" else f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+        "cause": cause,
+    }
+
+
+def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
+    """`failure_fields` of step `step` given up after `seconds`, with `stack` (where its
+    thread was) as the traceback."""
+    fields = failure_fields(
+        StepTimeoutError(
+            f"step {step} did not finish within step_timeout={seconds:g} s; its worker is replaced"
+        )
+    )
+    if stack:
+        fields["traceback"] = f"{fields['error']}\nWhere the step was when it was given up:\n{stack}"
+    return fields
+
+
 class _CorruptError(Exception):
     """The checkpoint at ``(node, step)`` failed verification."""
 
@@ -231,6 +287,7 @@ class PathRunner:
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.halted = False  # set by `halt`: no further step, whatever later directives say
         self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
+        self.current: int | None = None  # the step being trained (None: acquiring the trainer)
 
     def update(self, directive: Directive) -> list[dict]:
         """Take a new directive; returns ``declined`` events for wanted checkpoints already
@@ -261,7 +318,7 @@ class PathRunner:
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = self.store.info(identity, node, step)
+                        committed = through_storage(self.store.info, identity, node, step)
                     except CheckpointError as error:  # a malformed commit marker
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
@@ -285,7 +342,7 @@ class PathRunner:
         else:
             try:
                 trainer_state, rng_state, carried = checkpoint_parts(
-                    self.store.load(spec.identity, node, step)
+                    through_storage(self.store.load, spec.identity, node, step)
                 )
             except CheckpointError as error:
                 raise _CorruptError(node, step, error) from error
@@ -318,6 +375,7 @@ class PathRunner:
         )
         values: dict | None = None
         for segment, t in self._schedule():
+            self.current = t
             if values is None:
                 values = config_values(segment.config, t)
                 trainer.setup(dict(values))
@@ -342,7 +400,7 @@ class PathRunner:
                 events.append(self._event("metrics", segment.node, n, metrics=metrics))
             if wanted and self.store is not None:
                 state = checkpoint_state(trainer.state_dict(), self.carried)
-                info = self.store.save(task.trainer.identity, segment.node, n, state)
+                info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
                 )
@@ -414,8 +472,21 @@ class PathRunner:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
+        )
+
+    def timeout_event(self, seconds: float, stack: str = "") -> dict:
+        """The ``error`` event of a step that has not finished `seconds` after it began
+        (`StepTimeoutError`; `stack`: where the step was then, for the traceback)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self._event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
         )
 
     def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:

@@ -43,7 +43,8 @@ class PathTask:
     points other paths branch from, periodic saves); metrics are evaluated every
     `eval_every` steps and always at checkpoints and at the path's end. Each worker checks
     its first `check_evaluate` evaluations of the model for changing the training state
-    (`dagtune.evalcheck`).
+    (`dagtune.evalcheck`). `step_timeout` (seconds, None: no limit) is how long the task may
+    go without finishing a step before the worker gives it up (`dagtune.graph`).
     """
 
     key: str
@@ -54,6 +55,7 @@ class PathTask:
     eval_every: int = 1
     topic: str = ""
     check_evaluate: int = 0
+    step_timeout: float | None = None
 
     @property
     def start(self) -> int:

@@ -75,6 +75,7 @@ class Coordinator:
         check_evaluate: int = 0,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         gpus_per_task: float = 1.0,
         cost: CostModel | None = None,
         topic: str = "",
@@ -91,6 +92,7 @@ class Coordinator:
         self.check_evaluate = check_evaluate
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
+        self.step_timeout = step_timeout
         self.gpus_per_task = gpus_per_task
         self.cost = cost or CostModel()
         self.topic = topic
@@ -174,10 +176,13 @@ class Coordinator:
         self._request(trial)
         return trial
 
-    def restore(self, states: Iterable[TrialState]) -> list[Trial]:
+    def restore(
+        self, states: Iterable[TrialState], retry: Callable[[TrialState], bool] | None = None
+    ) -> list[Trial]:
         """Rebuild trials from what an earlier session's records say (`dagtune.records`):
         finished trials come back with their status and metrics, pending ones are requested
-        again and resume from the latest committed checkpoint the plan knows."""
+        again and resume from the latest committed checkpoint the plan knows, and so are the
+        failed ones `retry` says to retry (recorded: a ``retry`` record)."""
         restored = []
         for state in sorted(states, key=lambda s: s.id):
             trial = Trial(state.id, state.config, state.steps, state.tag, submitted_at=self.executor.now())
@@ -186,7 +191,10 @@ class Coordinator:
             self.trials[trial.id] = trial
             self._next_id = max(self._next_id, trial.id + 1)
             restored.append(trial)
-            if state.status == PENDING:
+            retried = state.status == FAILED and retry is not None and retry(state)
+            if retried:
+                self._record({"r": "retry", "trial": trial.id})
+            if state.status == PENDING or retried:
                 self._request(trial)
                 continue
             trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
@@ -194,7 +202,7 @@ class Coordinator:
             known = self.plan.curve(trial.node, trial.steps)
             trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
-            trial.status, trial.error = state.status, state.error
+            trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
         return restored
 
@@ -292,19 +300,22 @@ class Coordinator:
             listener.on_result(trial, step, metrics)
         return trial.status == PENDING
 
-    def _finish(self, trial: Trial, status: str, error: str | None = None) -> None:
-        trial.status, trial.error = status, error
+    def _finish(self, trial: Trial, status: str, error: str | None = None, cause: str | None = None) -> None:
+        """End `trial` with `status` (a failed one with its `error` and `cause`, one of
+        `dagtune.records.CAUSES`)."""
+        trial.status, trial.error, trial.cause = status, error, cause
         trial.finished_at = self.executor.now()
-        self._record(
-            {
-                "r": "end",
-                "trial": trial.id,
-                "status": status,
-                "steps": trial.reached,
-                "metrics": trial.metrics,
-                "error": error,
-            }
-        )
+        record = {
+            "r": "end",
+            "trial": trial.id,
+            "status": status,
+            "steps": trial.reached,
+            "metrics": trial.metrics,
+            "error": error,
+        }
+        if cause is not None:
+            record["cause"] = cause
+        self._record(record)
         if status == COMPLETED:
             self.branches.pause(trial)
         for listener in list(self.listeners):
@@ -439,6 +450,8 @@ class Coordinator:
             return
         if running.worker is not None:
             self._hold(running.worker, None)
+        if event.get("cause") == "timeout":  # its step hangs: the task still runs there
+            self.executor.abandon(key, running.worker)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -447,6 +460,7 @@ class Coordinator:
                 **event,
                 "node": first.node,
                 "step": running.task.start + 1,
+                "cause": "workers",
                 "traceback": f"{event.get('error')}\nThe Dask workers running this stage died; the "
                 "trainer may exhaust the worker's memory or crash in native code.",
             }
@@ -459,7 +473,8 @@ class Coordinator:
                 trial = self.trials[trial_id]
                 if trial.status == PENDING and _covers(trial, *point):
                     self._forget_request(trial)
-                    self._finish(trial, FAILED, event.get("traceback") or event.get("error"))
+                    error = event.get("traceback") or event.get("error")
+                    self._finish(trial, FAILED, error, event.get("cause", "trainer"))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -620,6 +635,7 @@ class Coordinator:
             eval_every=self.eval_every,
             topic=self.topic,
             check_evaluate=self.check_evaluate,
+            step_timeout=self.step_timeout,
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,9 @@ from dagtune.runner import (
     LiveTrainers,
     checkpoint_parts,
     checkpoint_state,
+    failure_fields,
+    through_storage,
+    timeout_fields,
     to_metrics,
 )
 from dagtune.sequences import same_value
@@ -78,6 +80,7 @@ class MemberPath:
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.values: dict[str, Any] | None = None
         self.carried: Carried = []  # what its next checkpoint carries (`dagtune.runner`)
+        self.current: int | None = None  # the step being trained (None: loading its state)
 
     def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
         return {
@@ -132,7 +135,7 @@ class MemberPath:
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = store.info(self.task.trainer.identity, node, step)
+                        committed = through_storage(store.info, self.task.trainer.identity, node, step)
                     except CheckpointError as error:
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
@@ -155,6 +158,19 @@ class MemberPath:
             time=self.wallclock(),
         )
 
+    def timeout_event(self, seconds: float, stack: str) -> dict:
+        """The ``error`` event of its step given up after `seconds` (`PathRunner.timeout_event`)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self.event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
+        )
+
     def error_event(self, error: BaseException) -> dict:
         step = self.position if self.evaluating else min(self.position + 1, self.task.end)
         return self.event(
@@ -163,8 +179,7 @@ class MemberPath:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
         )
 
 
@@ -251,7 +266,9 @@ class FusedPathRunner:
             raise RuntimeError(f"task {task.key} resumes from {point} but has no checkpoint store")
         else:
             try:
-                trainer_state, rng_state, carried = checkpoint_parts(self.store.load(identity, node, step))
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    through_storage(self.store.load, identity, node, step)
+                )
             except CheckpointError as error:
                 raise _CorruptError(node, step, error) from error
             loaded, origin = _Loaded(member, trainer_state, rng_state, step), "storage"
@@ -341,6 +358,8 @@ class FusedPathRunner:
             restore_rng(cohort.rng)
             cohort.restore = False
         group = cohort.group
+        for _, member, (_, t) in staying:
+            member.current = t
         group.setup([member.changes(*step) for _, member, step in staying])
         began = self.clock()
         metrics = group.train()
@@ -376,7 +395,7 @@ class FusedPathRunner:
             events.append(member.event("metrics", segment.node, n, metrics=metrics))
         if wanted and self.store is not None:
             state = checkpoint_state(group.state_dict(k), member.carried)
-            info = self.store.save(task.trainer.identity, segment.node, n, state)
+            info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
@@ -395,6 +414,11 @@ class FusedPathRunner:
             self.checks.verify(identity, limit, before, training_state(group.host))
         member.evaluating = False
         return metrics
+
+    def timeout_events(self, seconds: float, stack: str = "") -> list[dict]:
+        """The ``error`` events of the round given up after `seconds`, one for every task
+        still training (`PathRunner.timeout_event`)."""
+        return [member.timeout_event(seconds, stack) for member in self.members.values() if not member.done]
 
     def error_events(self, error: BaseException) -> list[dict]:
         """An ``error`` event for every task still training when `error` stopped the run."""

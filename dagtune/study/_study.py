@@ -15,7 +15,9 @@ its in-memory store keeps nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -38,6 +40,7 @@ from dagtune.study._alone import check_evaluate_count
 from dagtune.study._identity import model_identity
 from dagtune.study._results import Result, TrialError
 from dagtune.study._session import Session
+from dagtune.study._workers import NoWorkersError, WorkerWatch
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer
 
@@ -81,6 +84,18 @@ class Study:
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
 
+    A trial of an earlier session that failed outside its trainer (reading or writing a
+    checkpoint, its workers dying: `dagtune.records.OUTSIDE_THE_TRAINER`) is pending again
+    when the study is opened again, and trains on from its latest checkpoint;
+    `retry_failed=True` does that for every failed trial (a trainer fixed since).
+
+    `step_timeout` (seconds; None: no limit) bounds each step on Dask: a step (``train()``
+    and the evaluation and checkpoint after it; a task's first step also builds or loads the
+    trainer) still running that long after it began fails with ``StepTimeoutError: step N
+    did not finish within step_timeout=S s``, its worker is restarted (a running task can't
+    be cancelled otherwise), and the failure counts as the trainer's: retried `max_retries`
+    times, then the trials that need that step fail.
+
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
 
@@ -115,6 +130,7 @@ class Study:
         check_evaluate: int = 3,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         workers: int | None = None,
         executor: Executor | None = None,
         gc: GcPolicy | None = None,
@@ -122,6 +138,7 @@ class Study:
         security: bool | Security | None = None,
         fuse: bool | int = False,
         link: StudyLink | None = None,
+        retry_failed: bool = False,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -134,6 +151,16 @@ class Study:
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
         check_fuse(fuse, trainer)
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, (int, float))
+            or not 0 < step_timeout < math.inf
+        ):
+            raise ValueError(
+                f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}"
+            )
+        if not isinstance(retry_failed, bool):
+            raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}")
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -163,6 +190,8 @@ class Study:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._failure: BaseException | None = None
+        self._no_workers: NoWorkersError | None = None  # set while the cluster has none too long
+        self._workers: WorkerWatch | None = None
         self._closed = False
         self._gc_at = time.monotonic()
         self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
@@ -205,6 +234,7 @@ class Study:
             check_evaluate=check_evaluate,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
+            step_timeout=None if step_timeout is None else float(step_timeout),
             gpus_per_task=gpus,
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
@@ -212,7 +242,7 @@ class Study:
         )
         self._restored: list[Trial] = []
         if self._persistence is not None:
-            self._restored = self._persistence.attach(self.coordinator)
+            self._restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
             if self._restored:
                 self._names = tuple(self._restored[0].config)
         self._metric: tuple[str | None, str] = (None, "max")
@@ -272,7 +302,7 @@ class Study:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import embedded_cluster, slow_allocator_workers  # both load distributed
+        from dagtune.cluster import adapts, embedded_cluster, slow_allocator_workers  # all load distributed
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
@@ -280,6 +310,7 @@ class Study:
             client = Client(cluster)  # with the cluster's security
             self._owned_cluster = (client, cluster)
         self.client = client
+        self._workers = WorkerWatch(self.name, functools.partial(adapts, client))
         check_resources(client, self.resources)
         self._check_shared_storage(client)
         slow = slow_allocator_workers(client)
@@ -291,7 +322,8 @@ class Study:
                 len(slow),
                 ", ".join(sorted({str(v) for v in slow.values()})),
             )
-        return DaskExecutor(client, self.store, f"dagtune-{self.name}-{self._token}", self.resources)
+        topic = f"dagtune-{self.name}-{self._token}"
+        return DaskExecutor(client, self.store, topic, self.resources, withdraw=self._owned_cluster is None)
 
     # ------------------------------------------------------------------ driving
 
@@ -306,9 +338,19 @@ class Study:
                     self._tick()
                     if not self._in_burst():  # else the next round plans the whole burst
                         self.coordinator.schedule()
+                    self._no_workers = self._check_workers()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _check_workers(self) -> NoWorkersError | None:
+        """On Dask, whether the study has waited too long without any worker (reported live
+        meanwhile: `dagtune.study._workers`)."""
+        if self._workers is None:
+            return None
+        slots = self.executor.slots()
+        waiting = 0 if slots else sum(len(waiters) for waiters in self.coordinator.plan.active.values())
+        return self._workers.check(slots, waiting)
 
     def _in_burst(self) -> bool:
         """Trials were submitted less than `SUBMIT_QUIET_SECONDS` ago (more may follow)."""
@@ -340,6 +382,8 @@ class Study:
             while not done():
                 if self._failure is not None:
                     raise RuntimeError("the dagtune coordinator failed") from self._failure
+                if self._no_workers is not None:
+                    raise NoWorkersError(str(self._no_workers))
                 if self._virtual:
                     self._tick()
                     if self.coordinator.pump() == 0 and not self.coordinator.running:
@@ -548,17 +592,34 @@ class Study:
                 self.coordinator.handle(event)
 
     def _stop_execution(self) -> None:
-        if getattr(self, "_dashboard", None) is not None:
-            self._dashboard.close()  # sends the final snapshot
-        if getattr(self, "_demand", None) is not None:
-            self._demand.close()  # withdraws the demand
-        if getattr(self, "executor", None) is not None:
-            self.executor.close()
+        """Stop the dashboard feed, the demand, the executor and the embedded cluster. The
+        study's work is saved by now, so nothing here raises: each part that fails is
+        logged, and the cluster is killed if it does not close in time
+        (`dagtune.cluster.close_embedded`)."""
+        parts = [
+            ("the dashboard feed", getattr(self, "_dashboard", None)),  # sends the final snapshot
+            ("the published demand", getattr(self, "_demand", None)),  # withdraws the demand
+            ("the executor", getattr(self, "executor", None)),
+        ]
+        for what, part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as error:
+                log.warning(
+                    "dagtune: closing %s of study %r failed: %s: %s",
+                    what,
+                    self.name,
+                    type(error).__name__,
+                    error,
+                )
         if self._owned_cluster is not None:
+            from dagtune.cluster import close_embedded  # loads distributed: a study on Dask only
+
             client, cluster = self._owned_cluster
-            client.close()
-            cluster.close()
             self._owned_cluster = None
+            close_embedded(client, cluster)
 
     def __enter__(self) -> Study:
         return self
