@@ -545,8 +545,8 @@ class Study:
 
     def _interrupt(self, trials: Iterable[Trial]) -> None:
         """A run ended before its algorithm did: its pending trials stop training but stay
-        pending (in storage too), so the same run again continues each from its latest
-        checkpoint, in this process or the next one (`_take_restored`)."""
+        pending (in storage too, written at once), so the same run again continues each from
+        its latest checkpoint, in this process or the next one (`_take_restored`)."""
         kept = {trial.id for trial in self._restored}
         for trial in trials:
             if trial.status == PENDING:
@@ -554,6 +554,10 @@ class Study:
                 if trial.id not in kept:
                     self._restored.append(trial)
         self.coordinator.schedule()
+        try:  # storage says now what the run left (the error on its way is the one to raise)
+            self._tick(force=True)
+        except Exception as error:
+            log.warning("dagtune: writing study %r after its run ended early failed: %r", self.name, error)
 
     @property
     def report(self) -> dict:
