@@ -201,6 +201,15 @@ def test_an_interrupted_run_leaves_its_trials_pending_and_the_same_run_continues
             assert not study.coordinator.plan.active  # nothing trains for them meanwhile
         records = load_study(open_storage(storage), "again")
         assert {t.status for t in records.trials} == {PENDING}
+
+        def resume_points() -> set:
+            with study._lock:
+                return {study.plan.latest_checkpoint(t.trial.node, t.trial.steps) for t in study.trials}
+
+        before = resume_points()
+        assert before != {None}  # they trained past a checkpoint
+        study.gc(dt.GcPolicy(keep_best=0, keep_latest=False, budget_bytes=0, orphan_seconds=None))
+        assert resume_points() == before  # collection keeps where they resume
         result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=steps))
         trials = {config_dumps(t.config): t for t in study.coordinator.trials.values()}
     assert len(trials) == len(space) == len(result.trials)  # the same trials, none added

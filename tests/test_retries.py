@@ -18,9 +18,11 @@ from dagtune.catalog import load_study, open_storage
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.cli import main
 from dagtune.config import config_to_json, normalize_config
+from dagtune.durable import records_header
+from dagtune.plan import Journal
 from dagtune.records import RecordError, parse_trial_record, read_study_records
 from dagtune.runner import PathRunner, checkpoint_parts
-from dagtune.sim import SyntheticTrainer
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, TrialError, run_alone
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import capture_rng
@@ -76,6 +78,50 @@ def test_an_unknown_failure_cause_is_refused(cause):
         RecordError, match="end record field 'cause' must be one of trainer, timeout, workers, storage"
     ):
         parse_trial_record(record)
+
+
+@pytest.mark.parametrize(
+    ("cause", "retry_failed", "retried"),
+    [
+        ("workers", False, True),
+        ("storage", False, True),
+        ("trainer", False, False),
+        (None, False, False),  # written before causes were
+        ("trainer", True, True),
+        ("timeout", True, True),
+    ],
+)
+def test_opening_a_study_again_retries_the_failures_outside_the_trainer(
+    tmp_path, cause, retry_failed, retried
+):
+    path = str(tmp_path / "runs")
+    store = CheckpointStore(path)
+
+    def study(**options) -> Study:
+        return Study(
+            SyntheticTrainer,
+            name="again",
+            storage=path,
+            executor=SimulatedExecutor(1, store=store),
+            **options,
+        )
+
+    with study() as first:
+        first.submit(CONFIG, 4).result()
+    ended = {"r": "end", "trial": 1, "status": "failed", "steps": 0, "metrics": None, "error": "it failed"}
+    journal = Journal(store.fs, f"{store.root}/studies/again/journal", header=records_header("again"))
+    journal.append(
+        {"r": "submit", "trial": 1, "config": config_to_json(normalize_config(CONFIG)), "steps": 6}
+    )
+    journal.append({**ended, **({"cause": cause} if cause else {})}, sync=True)
+    with study(retry_failed=retry_failed) as second:
+        trial = second.trials[1]
+        if retried:
+            assert trial.result() == run_alone(SyntheticTrainer, CONFIG, 6)[-1]
+        else:
+            assert (trial.status, trial.trial.cause) == ("failed", cause)
+    (_, stored) = load_study(open_storage(path), "again").trials
+    assert stored.status == ("completed" if retried else "failed")
 
 
 # --------------------------------------------------------------------------- carried metrics
@@ -155,7 +201,9 @@ FLAKY = textwrap.dedent(
     import dagtune as dt
     from dagtune.algos import GridSearch
     from dagtune.launch import StudySetup
-    from dagtune.sim import SyntheticTrainer
+    from dagtune.durable import records_header
+from dagtune.plan import Journal
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 
     class Flaky(SyntheticTrainer):

@@ -676,9 +676,14 @@ class Coordinator:
 
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
-        or may resume from, and the latest checkpoint before each waiting request."""
+        or may resume from, and the latest checkpoint before each waiting request and before
+        each interrupted trial's point (where it resumes)."""
         points = self.running.needed_points()
-        for node, step in self.plan.active:
+        waiting = [
+            *self.plan.active,
+            *((self.trials[i].node, self.trials[i].steps) for i in self.interrupted),
+        ]
+        for node, step in waiting:
             latest = self.plan.latest_checkpoint(node, step)
             if latest is not None:
                 points.add(latest)
