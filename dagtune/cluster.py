@@ -560,6 +560,8 @@ QUIET_WORKERS = "dagtune.worker_preload"  # the embedded cluster's workers ignor
 
 #: how long the embedded cluster's workers may take to start (import torch, connect)
 WORKER_START_SECONDS = 300.0
+#: the longest SIGINT and SIGTERM are ignored while they are spawned (`_start_workers`)
+SPAWN_SECONDS = 30.0
 
 
 def _start_workers(cluster: Any, count: int) -> Any:
@@ -569,16 +571,20 @@ def _start_workers(cluster: Any, count: int) -> Any:
 
     The workers leave Ctrl-C and SIGTERM to the study (`dagtune.worker_preload` says why).
     Their preload ignores them only once the worker is built, after seconds of imports, so
-    this process ignores them for the instants it takes to spawn the workers: a process
-    inherits an ignored signal from its first instruction. A Ctrl-C at one of those
-    instants is lost; while the workers then start, it interrupts this wait and the
-    cluster is closed."""
+    this process ignores them for the instants it takes to spawn the workers (until as many
+    new child processes exist, at most `SPAWN_SECONDS`): a process inherits an ignored
+    signal from its first instruction. A Ctrl-C at one of those instants is lost; while
+    the workers then start, it interrupts this wait and the cluster is closed."""
     try:
         with _interrupts_ignored():
-            before = _spawned_children()
+            before = _children()
             cluster.scale(count)
-            deadline = time.monotonic() + WORKER_START_SECONDS
-            while len(_spawned_children() - before) < count and time.monotonic() < deadline:
+            deadline = time.monotonic() + SPAWN_SECONDS
+            while (
+                len(_children() - before) < count
+                and len(cluster.scheduler_info.get("workers", {})) < count
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
         cluster.wait_for_workers(count, timeout=WORKER_START_SECONDS)
     except BaseException:
@@ -588,17 +594,11 @@ def _start_workers(cluster: Any, count: int) -> Any:
     return cluster
 
 
-def _spawned_children() -> set[int]:
-    """The pids of this process's children started by multiprocessing's spawn (as nannies
-    start their workers)."""
+def _children() -> set[int]:
+    """The pids of this process's children (nannies start their workers as such)."""
     import psutil
 
-    pids = set()
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            if "--multiprocessing-fork" in child.cmdline():
-                pids.add(child.pid)
-    return pids
+    return {child.pid for child in psutil.Process().children()}
 
 
 @contextlib.contextmanager

@@ -231,3 +231,14 @@ def test_step_timeout_is_checked(value):
             executor=SimulatedExecutor(1),
             step_timeout=value,
         )
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_dagtune_run_checks_step_timeout(value):
+    from click.testing import CliRunner
+
+    from dagtune.cli import main
+
+    out = CliRunner().invoke(main, ["run", "examples/digits.py", "--step-timeout", value])
+    assert out.exit_code == 2
+    assert "Invalid value for '--step-timeout'" in out.output and value in out.output
