@@ -184,23 +184,42 @@ def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(
     assert best_lines(output) == best_lines(reference_output)
 
 
+class CutShortError(Exception):
+    """What cuts `CutGrid`'s run short (as Ctrl-C would: the run raises it)."""
+
+
+class CutGrid(GridSearch):
+    """`GridSearch` whose run is cut short at its `results`-th result."""
+
+    def __init__(self, *args, results: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.left = results
+
+    def on_result(self, trial, step, metrics):
+        self.left -= 1
+        if self.left == 0:
+            raise CutShortError()
+        return super().on_result(trial, step, metrics)
+
+
 def test_an_interrupted_run_leaves_its_trials_pending_and_the_same_run_continues_them(client, tmp_path):
-    """In one process: a run cut short (here by its timeout; Ctrl-C takes the same way out)
-    stops training its trials but keeps them pending, in storage too; running the same
-    algorithm again continues each from its latest checkpoint."""
+    """In one process: a run cut short (its algorithm raising, as Ctrl-C, a timeout or a
+    bug do) stops training its trials but keeps them pending, in storage too; running the
+    same algorithm again continues each from its latest checkpoint."""
     space = dt.Grid({"lr": [dt.Constant(0.1), dt.MultiStep(0.1, [6], 0.1)], "batch_size": [128, 256]})
     steps = 12
     storage = str(tmp_path / "runs")
     with Study(
         SlowTrainer, {"delay": 0.1}, name="again", storage=storage, client=client, checkpoint_every=2
     ) as study:
-        with pytest.raises(TimeoutError):
-            study.run(GridSearch(space, metric="val_loss", mode="min", steps=steps), timeout=1.5)
-        assert {t.status for t in study.trials} == {PENDING}
+        with pytest.raises(CutShortError):
+            study.run(CutGrid(space, metric="val_loss", mode="min", steps=steps, results=6))
+        statuses = {t.id: t.status for t in study.trials}
+        assert set(statuses.values()) == {PENDING}  # none reached 12 steps in 6 results
         with study._lock:
             assert not study.coordinator.plan.active  # nothing trains for them meanwhile
         records = load_study(open_storage(storage), "again")
-        assert {t.status for t in records.trials} == {PENDING}
+        assert {t.id: t.status for t in records.trials} == statuses
 
         def resume_points() -> set:
             with study._lock:
