@@ -60,7 +60,7 @@ def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[di
         return [runner.timeout_event(seconds, stack)]
 
     with _StepWatch(worker, task.topic, task.step_timeout, give_up) as watch:
-        return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}, watch.restart))
+        return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}, watch))
 
 
 def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
@@ -72,14 +72,15 @@ def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) ->
     )
     updates = {key: functools.partial(runner.update, key) for key in runner.members}
     with _StepWatch(worker, tasks[0].topic, tasks[0].step_timeout, runner.timeout_events) as watch:
-        return runner.run(_relay(worker, tasks[0].topic, directives, updates, watch.restart))
+        return runner.run(_relay(worker, tasks[0].topic, directives, updates, watch))
 
 
 class _StepWatch:
-    """The worker's side of a study's ``step_timeout``: when the task's thread goes `seconds`
-    without finishing a step (from the task's start, which includes building or loading the
-    trainer, then from the end of each step), send the error events `give_up` makes (given
-    the seconds and where that thread is) and watch no more. The task can't be cancelled:
+    """The worker's side of a study's ``step_timeout``: when the task's thread spends
+    `seconds` on one step (the first from the task's start, which includes building or
+    loading the trainer; the others from when the step before was sent and the directives
+    read: dagtune's own messages are not the step's), send the error events `give_up` makes
+    (given the seconds and where that thread is) and watch no more. The task can't be cancelled:
     the coordinator fails the step and replaces this worker (`DaskExecutor.abandon`). A
     thread that holds the interpreter lock (a hang in native code that never releases it)
     stops the watch too; Dask's own heartbeats then remove the worker."""
@@ -108,8 +109,16 @@ class _StepWatch:
             if self._timer is not None:
                 self._timer.cancel()
 
+    def pause(self) -> None:
+        """A step ended: nothing is watched until `restart`."""
+        with self._lock:
+            self._round += 1
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
     def restart(self) -> None:
-        """A step ended (or the task began): the next one has `seconds` from now."""
+        """A step begins (or the task): it has `seconds` from now."""
         if self.seconds is None:
             return
         with self._lock:
@@ -146,28 +155,29 @@ def _relay(
     topic: str,
     directives: str,
     updates: dict[str, Callable[[Directive], list[dict]]],
-    stepped: Callable[[], None],
+    watch: _StepWatch,
 ) -> Callable[[list[dict]], None]:
     """What a runner calls after each step: send the step's events as one message (so they
     arrive together), then read the current directives and hand each task's to its `updates`
-    entry, sending back the checkpoints it declines; then the next step begins (`stepped`)."""
+    entry, sending back the checkpoints it declines; `watch` times the steps, not this."""
     variable = Variable(directives)
 
     def relay(events: list[dict]) -> None:
+        watch.pause()
         worker.log_event(topic, events)
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
-            stepped()
-            return
-        declined = [
-            event
-            for key, update in updates.items()
-            for event in update(Directive.from_dict(current.get(key)))
-        ]
-        if declined:
-            worker.log_event(topic, declined)
-        stepped()
+            current = None
+        if current is not None:
+            declined = [
+                event
+                for key, update in updates.items()
+                for event in update(Directive.from_dict(current.get(key)))
+            ]
+            if declined:
+                worker.log_event(topic, declined)
+        watch.restart()
 
     return relay
 
