@@ -252,3 +252,25 @@ def test_dagtune_run_checks_step_timeout(value):
     out = CliRunner().invoke(main, ["run", "examples/digits.py", "--step-timeout", value])
     assert out.exit_code == 2
     assert "Invalid value for '--step-timeout'" in out.output and value in out.output
+
+
+def test_a_fused_task_given_up_fails_each_member():
+    from fusion_helpers import task
+
+    from dagtune.fusion import FusedPathRunner
+
+    members = [
+        task("a", {"lr": 0.1, "batch_size": 32}, 4),
+        task("b", {"lr": 0.05, "batch_size": 32}, 6, node=10),
+    ]
+    runner = FusedPathRunner(members, None)  # given up while building: before the first step
+    events = runner.timeout_events(7.0, "  File ...")
+    assert [(e["kind"], e["task"], e["step"], e["cause"]) for e in events] == [
+        ("error", "a", 1, "timeout"),
+        ("error", "b", 1, "timeout"),
+    ]
+    assert (
+        events[1]["error"]
+        == "StepTimeoutError: step 0 did not finish within step_timeout=7 s; its worker is replaced"
+    )
+    assert events[1]["traceback"].endswith("Where the step was when it was given up:\n  File ...")
