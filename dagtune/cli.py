@@ -367,7 +367,7 @@ def run(
                 f"the study did not finish within --timeout {timeout:g} s ({_completed(shown[0])} trials completed)"
             ),
             f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
-            "every study of this model",
+            "every study of this model, and the same command continues the pending trials",
         )
         lost = _mistake(  # every worker died and none came back
             dt.study.NoWorkersError,
