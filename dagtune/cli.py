@@ -5,6 +5,7 @@
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
                                    [--tensorboard DIR]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
+                                   [--retry-failed] [--step-timeout SECONDS]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
@@ -21,9 +22,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import shlex
+import signal
 import sys
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -43,7 +47,7 @@ from dagtune.coordinator import check_fuse
 from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
-from dagtune.records import COMPLETED
+from dagtune.records import COMPLETED, PENDING
 from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
 from dagtune.summary import (
@@ -204,6 +208,51 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     return resources or None
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the study keeps what it trained and closes."""
+
+
+def _terminate_as_interrupt(command: Callable) -> Callable:
+    """While `command` runs (in the main thread), SIGTERM (a batch system ending the job,
+    ``kill``) interrupts it as Ctrl-C does, instead of ending the process before the study
+    writes its last records."""
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return command(*args, **kwargs)
+        previous = signal.signal(signal.SIGTERM, terminated)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return wrapper
+
+
+def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoReturn:
+    """Print the one line an interrupted run ends with (what storage keeps, the command that
+    resumes), then exit with 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as a shell
+    reports a process the signal ended)."""
+    terminated = isinstance(interrupt, _Terminated)
+    trials = [trial for study in shown for trial in study.coordinator.trials.values()]
+    command = shlex.join(["dagtune", *sys.argv[1:]])
+    if trials:
+        pending = sum(1 for trial in trials if trial.status == PENDING)
+        kept = (
+            f"{len(trials) - pending}/{len(trials)} trials finished, {pending} pending; their results and "
+            f"checkpoints are kept in {storage}. The same command resumes each pending trial from its "
+            f"latest checkpoint: {command}"
+        )
+    else:
+        kept = f"the study had not started, nothing was trained. The same command starts it: {command}"
+    click.echo(f"Interrupted ({'SIGTERM' if terminated else 'Ctrl-C'}): {kept}", err=True)
+    raise SystemExit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+
+
 @main.command()
 @click.argument("target")
 @click.option("--scheduler", metavar="ADDRESS", help="A running `dask scheduler` (default: a local cluster).")
@@ -248,7 +297,20 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     help="Train trials of a FusibleTrainer that differ only in fusible hyper-parameters as fused "
     "tasks of up to N (no N: as many as memory allows); after TARGET.",
 )
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Fail a step (train(), evaluation, checkpoint) still running after SECONDS, and restart its worker.",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Train the study's failed trials again, from their latest checkpoints (those that failed "
+    "outside the trainer, in storage or with their workers, are retried anyway).",
+)
 @_user_errors
+@_terminate_as_interrupt
 def run(
     target: str,
     scheduler: str | None,
@@ -264,6 +326,8 @@ def run(
     tls_key: str | None,
     tensorboard: str | None,
     fuse: str | None,
+    step_timeout: float | None,
+    retry_failed: bool,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
 
@@ -297,8 +361,13 @@ def run(
         options["fuse"] = fused
     if parsed:
         options["resources"] = parsed
+    if retry_failed:
+        options["retry_failed"] = True
+    if step_timeout is not None:
+        options["step_timeout"] = step_timeout
     if client is None and security is not None:
         options["security"] = security
+    shown: list[dt.Study] = []  # the studies opened (both halves of a surrogate study)
     try:
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model
@@ -314,19 +383,26 @@ def run(
         ):
             study = _open_study(setup, surrogate, name or setup.name, storage, client, workers, options)
         algorithm = setup.algorithm
-        shown = [study] if isinstance(study, dt.Study) else [study.surrogate_study, study.target_study]
+        shown.extend([study] if isinstance(study, dt.Study) else [study.surrogate_study, study.target_study])
         expired = _mistake(
             TimeoutError,
             lambda _: (
                 f"the study did not finish within --timeout {timeout:g} s ({_completed(shown[0])} trials completed)"
             ),
             f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
-            "every study of this model",
+            "every study of this model, and the same command continues the pending trials",
         )
-        with study, contextlib.ExitStack() as watching, expired:
+        lost = _mistake(  # every worker died and none came back
+            dt.study.NoWorkersError,
+            str,
+            "see the workers' logs for why they died; the same command continues the pending trials",
+        )
+        with study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             result = study.run(algorithm, timeout=timeout)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`_terminate_as_interrupt`)
+        _interrupted(shown, storage, interrupt)
     finally:
         if client is not None:
             client.close()

@@ -28,7 +28,16 @@ from typing import Any
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
-from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, is_study_name, read_study_records
+from dagtune.records import (
+    COMPLETED,
+    OUTSIDE_THE_TRAINER,
+    PENDING,
+    StudyRecords,
+    Trial,
+    TrialState,
+    is_study_name,
+    read_study_records,
+)
 from dagtune.results import ResultsWriter, results_url
 
 __all__ = [
@@ -203,13 +212,19 @@ class Persistence:
                     "and version; give a new study another name."
                 )
 
-    def attach(self, coordinator: Coordinator) -> list[Trial]:
+    def attach(self, coordinator: Coordinator, *, retry_failed: bool = False) -> list[Trial]:
         """Record the coordinator's trial changes from now on and restore the trials of
-        earlier sessions; returns the restored trials."""
+        earlier sessions (what restoring changes is recorded too: a pending trial whose
+        results are known ends); returns the restored trials. A failed trial is pending
+        again if it failed outside the trainer (`dagtune.records.OUTSIDE_THE_TRAINER`), or
+        whatever failed it with `retry_failed`."""
         coordinator.store = self.store
-        restored = coordinator.restore(self.earlier.trials.values())
         coordinator.recorders.append(self._record)
-        return restored
+
+        def retry(state: TrialState) -> bool:
+            return retry_failed or state.cause in OUTSIDE_THE_TRAINER
+
+        return coordinator.restore(self.earlier.trials.values(), retry)
 
     def _record(self, record: dict) -> None:
         if record["r"] == "end":  # a finished trial: what it needs from the plan goes first

@@ -16,6 +16,14 @@ A checkpoint that fails verification (`CheckpointError`: missing marker, bad che
 truncated file, or a committed state that is not a trainer state and RNG states as this
 module saves them) is never used: the task ends with a ``corrupt`` event naming the point,
 and the coordinator plans the work again from an earlier one.
+
+A checkpoint also carries the metrics of the steps it covers that the coordinator may not
+have recorded: those evaluated since the point the task was given (its source, which the
+coordinator knew with its metrics). A task resumes from the latest checkpoint of its path
+that storage holds, which may be one the coordinator never heard of (it died, or the
+worker died, between the commit and the events); the task then sends those metrics and
+that checkpoint first, so a step's metrics reach the search plan no later than any
+checkpoint that covers it, and a learning curve is complete after any crash.
 """
 
 from __future__ import annotations
@@ -23,12 +31,13 @@ from __future__ import annotations
 import functools
 import io
 import math
+import re
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -67,7 +76,20 @@ from dagtune.trainer import (
     torch_threads,
 )
 
-__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "checkpoint_parts", "to_metrics"]
+__all__ = [
+    "Carried",
+    "CheckpointBackend",
+    "LiveTrainers",
+    "PathRunner",
+    "StepTimeoutError",
+    "StorageFailedError",
+    "checkpoint_parts",
+    "checkpoint_state",
+    "failure_fields",
+    "through_storage",
+    "timeout_fields",
+    "to_metrics",
+]
 
 
 class CheckpointBackend(Protocol):
@@ -80,6 +102,11 @@ class CheckpointBackend(Protocol):
     def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None: ...
 
 
+#: metrics a checkpoint carries: ``(node, step, metrics)`` of each step evaluated on its path
+#: since the point its task was given (see the module docstring)
+Carried = list[tuple[str, int, dict[str, float]]]
+
+
 @dataclass
 class _Live:
     identity: str
@@ -87,6 +114,7 @@ class _Live:
     step: int
     trainer: Trainer
     rng: dict
+    carried: Carried = field(default_factory=list)
 
 
 class LiveTrainers:
@@ -142,9 +170,19 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     return metrics
 
 
-def checkpoint_parts(state: Any) -> tuple[Any, Any]:
-    """The trainer's state and the RNG states of a loaded checkpoint; a `CheckpointError` if
-    it holds anything else (committed and intact, but not a state this module saved)."""
+def checkpoint_state(trainer_state: Any, carried: Carried) -> dict:
+    """What a checkpoint holds: the trainer's state, the RNG states now, the carried metrics."""
+    return {
+        "trainer": trainer_state,
+        "rng": capture_rng(),
+        "metrics": [[node, step, dict(metrics)] for node, step, metrics in carried],
+    }
+
+
+def checkpoint_parts(state: Any) -> tuple[Any, Any, Carried]:
+    """The trainer's state, the RNG states and the carried metrics of a loaded checkpoint (none
+    in one saved before checkpoints carried them); a `CheckpointError` if it holds anything
+    else (committed and intact, but not a state this module saved)."""
     if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a training state: it needs 'trainer' and 'rng', it holds {found}")
@@ -152,7 +190,89 @@ def checkpoint_parts(state: Any) -> tuple[Any, Any]:
         check_rng_state(state["rng"])
     except ValueError as error:
         raise CheckpointError(f"not a training state: {error}") from None
-    return state["trainer"], state["rng"]
+    return state["trainer"], state["rng"], _carried(state.get("metrics", []))
+
+
+def _carried(entries: Any) -> Carried:
+    """A checkpoint's carried metrics, checked (`CheckpointError` names what is wrong)."""
+    if not isinstance(entries, list):
+        raise CheckpointError(
+            f"not a training state: its 'metrics' is a {type(entries).__name__}, not a list"
+        )
+    carried = []
+    for entry in entries:
+        try:
+            node, step, metrics = entry
+            valid = (
+                isinstance(node, str)
+                and _NODE.match(node) is not None
+                and type(step) is int
+                and step >= 1
+                and isinstance(metrics, dict)
+                and all(isinstance(k, str) and type(v) is float for k, v in metrics.items())
+            )
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError(
+                f"not a training state: its 'metrics' hold {str(entry)[:80]!r}, not [node, step, {{name: float}}]"
+            )
+        carried.append((node, step, metrics))
+    return carried
+
+
+_NODE = re.compile(r"^[0-9a-f]{16}$")  # a node id (`dagtune.records.node_id`)
+
+
+class StorageFailedError(Exception):
+    """Reading or writing a checkpoint failed in storage itself (a full disk, an unreachable
+    object store): not the trainer's failure, nor a corrupt checkpoint (`CheckpointError`).
+    A trial it fails is retried when its study is opened again (`dagtune.records.CAUSES`)."""
+
+
+def through_storage(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, a checkpoint store's method: what storage raises becomes a
+    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is."""
+    try:
+        return call(*args)
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise StorageFailedError(f"{type(error).__name__}: {error}") from error
+
+
+class StepTimeoutError(Exception):
+    """A step did not finish within the study's ``step_timeout`` (a hanging ``train()``)."""
+
+
+def failure_fields(error: BaseException) -> dict[str, str]:
+    """The fields an ``error`` event gives a failure: `error` (one line), `traceback` and
+    `cause` (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`,
+    else ``trainer``)."""
+    if isinstance(error, StorageFailedError):
+        cause = "storage"
+    elif isinstance(error, StepTimeoutError):
+        cause = "timeout"
+    else:
+        cause = "trainer"
+    return {
+        "error": str(error) if cause == "storage" else f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+        "cause": cause,
+    }
+
+
+def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
+    """`failure_fields` of step `step` given up after `seconds`, with `stack` (where its
+    thread was) as the traceback."""
+    fields = failure_fields(
+        StepTimeoutError(
+            f"step {step} did not finish within step_timeout={seconds:g} s; its worker is replaced"
+        )
+    )
+    if stack:
+        fields["traceback"] = f"{fields['error']}\nWhere the step was when it was given up:\n{stack}"
+    return fields
 
 
 class _CorruptError(Exception):
@@ -167,8 +287,10 @@ class PathRunner:
     """Trains one `PathTask`, one step at a time, producing events.
 
     Iterate `steps()`: each item is the list of events of one step (``metrics``,
-    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``; the last item
-    carries ``end``. `update` applies a directive between steps.
+    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``
+    (and, resuming from a checkpoint the coordinator may not know, the metrics it carries and
+    its ``checkpoint``); the last item carries ``end``. `update` applies a directive between
+    steps.
     """
 
     def __init__(
@@ -198,6 +320,8 @@ class PathRunner:
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
         self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
         self.halted = False  # set by `halt`: no further step, whatever later directives say
+        self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
+        self.current: int | None = None  # the step being trained (None: acquiring the trainer)
 
     def update(self, directive: Directive) -> list[dict]:
         """Take a new directive; returns ``declined`` events for wanted checkpoints already
@@ -218,45 +342,54 @@ class PathRunner:
 
     # ------------------------------------------------------------------ acquiring the trainer
 
-    def _resume_point(self) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path (a rerun after a lost worker resumes
-        from it), else the task's own source."""
+    def _resume_point(self) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
+        coordinator resumes from it) with its commit info, else the task's own source (None:
+        the coordinator knows it)."""
         if self.store is not None:
             identity = self.task.trainer.identity
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = self.store.info(identity, node, step)
+                        committed = through_storage(self.store.info, identity, node, step)
                     except CheckpointError as error:  # a malformed commit marker
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def _acquire(self) -> tuple[Trainer, list[dict]]:
         spec = self.task.trainer
-        point = self._resume_point()
+        point, found = self._resume_point()
         if point is None:
             self.position = 0
             return build_trainer(spec.cls, spec.kwargs, spec.seed), []
         node, step = point
         self.position = step
-        if self.live is not None:
-            live = self.live.take(spec.identity, node, step)
-            if live is not None:
-                restore_rng(live.rng)
-                return live.trainer, [self._event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(spec.identity, node, step)
+        if live is not None:
+            trainer, rng_state, carried = live.trainer, live.rng, live.carried
+            origin = "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
-        try:
-            trainer_state, rng_state = checkpoint_parts(self.store.load(spec.identity, node, step))
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-        trainer.load_state_dict(trainer_state)
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    through_storage(self.store.load, spec.identity, node, step)
+                )
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
+            trainer.load_state_dict(trainer_state)
+            origin = "storage"
         restore_rng(rng_state)
-        return trainer, [self._event("load", node, step, origin="storage")]
+        events = [self._event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            self.carried = list(carried)
+            events.extend(self._event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(self._event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return trainer, events
 
     # ------------------------------------------------------------------ the loop
 
@@ -293,6 +426,7 @@ class PathRunner:
             if self._after_checkpoint is not None:  # its events are out: probe the step after it
                 events.extend(self._resumed_next(*self._after_checkpoint))
                 self._after_checkpoint = None
+            self.current = t
             if values is None:
                 values = config_values(segment.config, t)
                 recording = RecordingValues(values)
@@ -318,12 +452,13 @@ class PathRunner:
             last = n == task.end or n == self.directive.stop_at
             diverging = not all(math.isfinite(v) for v in train_metrics.values())
             if wanted or last or diverging or n % task.eval_every == 0:
-                metrics = self._evaluate(trainer)
                 # training metrics go with the step's validation metrics (which win a name clash)
-                events.append(self._event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+                metrics = {**train_metrics, **self._evaluate(trainer)}
+                self.carried.append((segment.node, n, metrics))
+                events.append(self._event("metrics", segment.node, n, metrics=metrics))
             if wanted and self.store is not None:
-                state = {"trainer": trainer.state_dict(), "rng": capture_rng()}
-                info = self.store.save(task.trainer.identity, segment.node, n, state)
+                state = checkpoint_state(trainer.state_dict(), self.carried)
+                info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
                 )
@@ -351,7 +486,9 @@ class PathRunner:
                 events.extend(self._check_at_the_end(trainer, values or {}))
                 keep = False
         if self.live is not None and end_node is not None and keep:
-            self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
+            self.live.put(
+                _Live(task.trainer.identity, end_node, self.position, trainer, capture_rng(), self.carried)
+            )
         reason = "done" if self.position >= task.end else "stopped"
         events.append(
             self._event(
@@ -422,7 +559,7 @@ class PathRunner:
         changes: the random generators are put back."""
         spec = self.task.trainer
         try:
-            trainer_state, rng_state = checkpoint_parts(load())
+            trainer_state, rng_state, _ = checkpoint_parts(load())
         except CheckpointError:
             return None
         with isolated_rng():
@@ -541,8 +678,21 @@ class PathRunner:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
+        )
+
+    def timeout_event(self, seconds: float, stack: str = "") -> dict:
+        """The ``error`` event of a step that has not finished `seconds` after it began
+        (`StepTimeoutError`; `stack`: where the step was then, for the traceback)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self._event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
         )
 
     def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:

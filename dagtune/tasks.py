@@ -47,7 +47,8 @@ class PathTask:
     exactly (`dagtune.resumecheck`). The trainer's code runs with torch's thread count set
     to `torch_threads` (None: as the worker has it). A fused group whose task has a
     `fusion_check` (``"probe"`` or ``"agreement"``, `dagtune.fusion.check_fusion`) checks its
-    trainer before training.
+    trainer before training. `step_timeout` (seconds, None: no limit) is how long the task
+    may go without finishing a step before the worker gives it up (`dagtune.graph`).
     """
 
     key: str
@@ -61,6 +62,7 @@ class PathTask:
     fusion_check: str | None = None
     check_resume: int = 0
     torch_threads: int | None = None
+    step_timeout: float | None = None
 
     @property
     def start(self) -> int:

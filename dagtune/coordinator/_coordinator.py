@@ -80,6 +80,7 @@ class Coordinator:
         torch_threads: int | None = None,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         gpus_per_task: float = 1.0,
         cost: CostModel | None = None,
         topic: str = "",
@@ -99,6 +100,7 @@ class Coordinator:
         self.torch_threads = torch_threads
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
+        self.step_timeout = step_timeout
         self.gpus_per_task = gpus_per_task
         self.cost = cost or CostModel()
         self.topic = topic
@@ -109,6 +111,7 @@ class Coordinator:
         self.notices = Notices()  # warnings about the trainer its workers sent, each shown once
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
+        self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self._next_id = 0
         self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
@@ -185,10 +188,13 @@ class Coordinator:
         self._request(trial)
         return trial
 
-    def restore(self, states: Iterable[TrialState]) -> list[Trial]:
+    def restore(
+        self, states: Iterable[TrialState], retry: Callable[[TrialState], bool] | None = None
+    ) -> list[Trial]:
         """Rebuild trials from what an earlier session's records say (`dagtune.records`):
         finished trials come back with their status and metrics, pending ones are requested
-        again and resume from the latest committed checkpoint the plan knows."""
+        again and resume from the latest committed checkpoint the plan knows, and so are the
+        failed ones `retry` says to retry (recorded: a ``retry`` record)."""
         restored = []
         for state in sorted(states, key=lambda s: s.id):
             trial = Trial(state.id, state.config, state.steps, state.tag, submitted_at=self.executor.now())
@@ -197,7 +203,10 @@ class Coordinator:
             self.trials[trial.id] = trial
             self._next_id = max(self._next_id, trial.id + 1)
             restored.append(trial)
-            if state.status == PENDING:
+            retried = state.status == FAILED and retry is not None and retry(state)
+            if retried:
+                self._record({"r": "retry", "trial": trial.id})
+            if state.status == PENDING or retried:
                 self._request(trial)
                 continue
             trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
@@ -205,7 +214,7 @@ class Coordinator:
             known = self.plan.curve(trial.node, trial.steps)
             trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
-            trial.status, trial.error = state.status, state.error
+            trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
         return restored
 
@@ -240,6 +249,22 @@ class Coordinator:
             self._forget_request(trial)
             self._finish(trial, STOPPED)
 
+    def interrupt(self, trial_id: int) -> None:
+        """Withdraw a pending trial's requests without ending it: an interrupted run is not an
+        algorithm's `stop`. Nothing is recorded, so storage keeps the trial pending (as it does
+        when the process is killed), and `resume`, or the study opened again, continues it
+        from its latest committed checkpoint."""
+        trial = self.trials[trial_id]
+        if trial.status == PENDING and trial_id not in self.interrupted:
+            self._forget_request(trial)
+            self.interrupted.add(trial_id)
+
+    def resume(self, trial_id: int) -> None:
+        """Request an interrupted trial again (nothing if it was not interrupted)."""
+        if trial_id in self.interrupted:
+            self.interrupted.discard(trial_id)
+            self._request(self.trials[trial_id])
+
     def expect(self, configs: Iterable[Config]) -> None:
         """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
         step where one of them would branch off its path saves a checkpoint there, so the later
@@ -264,6 +289,9 @@ class Coordinator:
         self._dirty = True
 
     def _forget_request(self, trial: Trial) -> None:
+        if trial.id in self.interrupted:  # its requests are withdrawn already
+            self.interrupted.discard(trial.id)
+            return
         self.plan.remove_request(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
             watchers = self._watchers.get(node)
@@ -284,19 +312,22 @@ class Coordinator:
             listener.on_result(trial, step, metrics)
         return trial.status == PENDING
 
-    def _finish(self, trial: Trial, status: str, error: str | None = None) -> None:
-        trial.status, trial.error = status, error
+    def _finish(self, trial: Trial, status: str, error: str | None = None, cause: str | None = None) -> None:
+        """End `trial` with `status` (a failed one with its `error` and `cause`, one of
+        `dagtune.records.CAUSES`)."""
+        trial.status, trial.error, trial.cause = status, error, cause
         trial.finished_at = self.executor.now()
-        self._record(
-            {
-                "r": "end",
-                "trial": trial.id,
-                "status": status,
-                "steps": trial.reached,
-                "metrics": trial.metrics,
-                "error": error,
-            }
-        )
+        record = {
+            "r": "end",
+            "trial": trial.id,
+            "status": status,
+            "steps": trial.reached,
+            "metrics": trial.metrics,
+            "error": error,
+        }
+        if cause is not None:
+            record["cause"] = cause
+        self._record(record)
         if status == COMPLETED:
             self.branches.pause(trial)
         for listener in list(self.listeners):
@@ -442,6 +473,8 @@ class Coordinator:
             # the resume check's second trainer may be what took the worker down (memory):
             # whatever trains these stages again does without it
             self._unchecked.update(segment.node for segment in running.task.segments)
+        if event.get("cause") == "timeout":  # its step hangs: the task still runs there
+            self.executor.abandon(key, running.worker)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -450,6 +483,7 @@ class Coordinator:
                 **event,
                 "node": first.node,
                 "step": running.task.start + 1,
+                "cause": "workers",
                 "traceback": f"{event.get('error')}\nThe Dask workers running this stage died; the "
                 "trainer may exhaust the worker's memory or crash in native code.",
             }
@@ -462,7 +496,8 @@ class Coordinator:
                 trial = self.trials[trial_id]
                 if trial.status == PENDING and _covers(trial, *point):
                     self._forget_request(trial)
-                    self._finish(trial, FAILED, event.get("traceback") or event.get("error"))
+                    error = event.get("traceback") or event.get("error")
+                    self._finish(trial, FAILED, error, event.get("cause", "trainer"))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -633,6 +668,7 @@ class Coordinator:
             check_evaluate=self.check_evaluate,
             check_resume=0 if any(s.node in self._unchecked for s in segments) else self.check_resume,
             torch_threads=self.torch_threads,
+            step_timeout=self.step_timeout,
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:
@@ -675,9 +711,14 @@ class Coordinator:
 
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
-        or may resume from, and the latest checkpoint before each waiting request."""
+        or may resume from, and the latest checkpoint before each waiting request and before
+        each interrupted trial's point (where it resumes)."""
         points = self.running.needed_points()
-        for node, step in self.plan.active:
+        waiting = [
+            *self.plan.active,
+            *((self.trials[i].node, self.trials[i].steps) for i in self.interrupted),
+        ]
+        for node, step in waiting:
             latest = self.plan.latest_checkpoint(node, step)
             if latest is not None:
                 points.add(latest)

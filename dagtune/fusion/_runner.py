@@ -33,7 +33,6 @@ import copy
 import functools
 import math
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
+from dagtune.records import CheckpointInfo
 from dagtune.resumecheck import (
     ResumeChangedTrainingError,
     ResumeChecks,
@@ -60,7 +60,17 @@ from dagtune.resumecheck import (
     out_of_memory,
     step_outcome,
 )
-from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
+from dagtune.runner import (
+    Carried,
+    CheckpointBackend,
+    LiveTrainers,
+    checkpoint_parts,
+    checkpoint_state,
+    failure_fields,
+    through_storage,
+    timeout_fields,
+    to_metrics,
+)
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import (
@@ -110,6 +120,8 @@ class MemberPath:
         self.done = False
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.values: dict[str, Any] | None = None
+        self.carried: Carried = []  # what its next checkpoint carries (`dagtune.runner`)
+        self.current: int | None = None  # the step being trained (None: loading its state)
 
     def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
         return {
@@ -154,19 +166,22 @@ class MemberPath:
         self.values = now
         return changes
 
-    def resume_point(self, store: CheckpointBackend | None) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path, else the task's source."""
+    def resume_point(
+        self, store: CheckpointBackend | None
+    ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path with its commit info, else the task's
+        source (None: the coordinator knows it)."""
         if store is not None:
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = store.info(self.task.trainer.identity, node, step)
+                        committed = through_storage(store.info, self.task.trainer.identity, node, step)
                     except CheckpointError as error:
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def owner(self, step: int) -> str | None:
         if step > self.task.start:
@@ -184,6 +199,19 @@ class MemberPath:
             time=self.wallclock(),
         )
 
+    def timeout_event(self, seconds: float, stack: str) -> dict:
+        """The ``error`` event of its step given up after `seconds` (`PathRunner.timeout_event`)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self.event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
+        )
+
     def error_event(self, error: BaseException) -> dict:
         step = self.position if self.evaluating else min(self.position + 1, self.task.end)
         return self.event(
@@ -192,8 +220,7 @@ class MemberPath:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
         )
 
 
@@ -303,27 +330,33 @@ class FusedPathRunner:
 
     def _load(self, member: MemberPath, host_state: dict, host_rng: dict) -> tuple[_Loaded, list[dict]]:
         task = member.task
-        point = member.resume_point(self.store)
+        point, found = member.resume_point(self.store)
         if point is None:
             member.position = 0
             return _Loaded(member, host_state, host_rng, 0), []
         node, step = point
         member.position = step
         identity = task.trainer.identity
-        if self.live is not None:
-            live = self.live.take(identity, node, step)
-            if live is not None:
-                loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
-                return loaded, [member.event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(identity, node, step)
+        if live is not None:
+            loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
+            carried, origin = live.carried, "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {task.key} resumes from {point} but has no checkpoint store")
-        try:
-            saved = self.store.load(identity, node, step)
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        return _Loaded(member, saved["trainer"], saved["rng"], step), [
-            member.event("load", node, step, origin="storage")
-        ]
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    through_storage(self.store.load, identity, node, step)
+                )
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            loaded, origin = _Loaded(member, trainer_state, rng_state, step), "storage"
+        events = [member.event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            member.carried = list(carried)
+            events.extend(member.event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(member.event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return loaded, events
 
     def _acquire(self) -> list[dict]:
         """Load every member's state and form the cohorts; the first round's events."""
@@ -459,6 +492,8 @@ class FusedPathRunner:
             restore_rng(cohort.rng)
             cohort.restore = False
         group = cohort.group
+        for _, member, (_, t) in staying:
+            member.current = t
         group.setup([member.changes(*step) for _, member, step in staying])
         began = self.clock()
         try:
@@ -494,11 +529,12 @@ class FusedPathRunner:
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
         if wanted or last or diverging or n % task.eval_every == 0:
-            metrics = self._evaluate(member, group, k)
-            events.append(member.event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+            metrics = {**train_metrics, **self._evaluate(member, group, k)}
+            member.carried.append((segment.node, n, metrics))
+            events.append(member.event("metrics", segment.node, n, metrics=metrics))
         if wanted and self.store is not None:
-            state = {"trainer": group.state_dict(k), "rng": capture_rng()}
-            info = self.store.save(task.trainer.identity, segment.node, n, state)
+            state = checkpoint_state(group.state_dict(k), member.carried)
+            info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
             events.extend(self._check_resume(member, group, state, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
@@ -602,6 +638,11 @@ class FusedPathRunner:
             self.checks.verify(identity, limit, before, training_state(group.host))
         member.evaluating = False
         return metrics
+
+    def timeout_events(self, seconds: float, stack: str = "") -> list[dict]:
+        """The ``error`` events of the round given up after `seconds`, one for every task
+        still training (`PathRunner.timeout_event`)."""
+        return [member.timeout_event(seconds, stack) for member in self.members.values() if not member.done]
 
     def error_events(self, error: BaseException) -> list[dict]:
         """An ``error`` event for every task still training when `error` stopped the run."""

@@ -1,7 +1,8 @@
-"""A study's trial records (``open``, ``submit``, ``extend``, ``end``, ``work``), checked
-one by one (`parse_trial_record`) and folded into trials (`read_study_records`), with the
-checks that span records: an ``end`` for a trial never submitted, an ``extend`` that does
-not extend, a session of another model.
+"""A study's trial records (``open``, ``submit``, ``extend``, ``end``, ``retry``,
+``work``), checked one by one (`parse_trial_record`) and folded into trials
+(`read_study_records`), with the checks that span records: an ``end`` for a trial never
+submitted, an ``extend`` that does not extend, a ``retry`` of a trial that did not fail, a
+session of another model.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 
 from dagtune.config import Config, check_config_finite
 from dagtune.records._checks import Fields, RecordError, is_int, is_number, is_study_name, shown
-from dagtune.records._trial import COMPLETED, DIVERGED, PENDING, STATUSES
+from dagtune.records._trial import CAUSES, COMPLETED, DIVERGED, FAILED, PENDING, STATUSES
 
 __all__ = [
     "Ended",
     "Extended",
     "Opened",
+    "Retried",
     "StudyLink",
     "StudyRecords",
     "Submitted",
@@ -107,13 +109,22 @@ class Extended:
 
 @dataclass(frozen=True)
 class Ended:
-    """A trial finished (``end``) with `status` after `reached` steps."""
+    """A trial finished (``end``) with `status` after `reached` steps (a failed one says why:
+    `cause`, one of `CAUSES`; None in records written before causes were)."""
 
     trial: int
     status: str
     reached: int
     metrics: dict[str, float] | None
     error: str | None
+    cause: str | None = None
+
+
+@dataclass(frozen=True)
+class Retried:
+    """A failed trial is pending again (``retry``): a session retries it."""
+
+    trial: int
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,7 @@ class Worked:
     gpu_seconds: float
 
 
-TrialRecord = Opened | Submitted | Extended | Ended | Worked
+TrialRecord = Opened | Submitted | Extended | Ended | Retried | Worked
 
 
 def parse_trial_record(record: Mapping[str, Any]) -> TrialRecord:
@@ -196,7 +207,14 @@ def _ended(fields: Fields) -> Ended:
         error=fields.get(
             "error", lambda v: v is None or isinstance(v, str), "a string or null", optional=True
         ),
+        cause=fields.get(
+            "cause", lambda v: v is None or v in CAUSES, f"one of {', '.join(CAUSES)}", optional=True
+        ),
     )
+
+
+def _retried(fields: Fields) -> Retried:
+    return Retried(fields.trial())
 
 
 def _worked(fields: Fields) -> Worked:
@@ -215,6 +233,7 @@ _TRIAL_RECORDS: dict[str, Callable[[Fields], TrialRecord]] = {
     "submit": _submitted,
     "extend": _extended,
     "end": _ended,
+    "retry": _retried,
     "work": _worked,
 }
 
@@ -236,6 +255,7 @@ class TrialState:
     reached: int = 0
     metrics: dict[str, float] | None = None
     error: str | None = None
+    cause: str | None = None
 
 
 @dataclass
@@ -273,6 +293,8 @@ class StudyRecords:
                 raise RecordError(f"trial {record.trial} was never submitted")
             if isinstance(record, Extended):
                 _extend(state, record)
+            elif isinstance(record, Retried):
+                _retry(state)
             else:
                 _end(state, record)
 
@@ -325,7 +347,14 @@ def _end(state: TrialState, record: Ended) -> None:
             f"trial {state.id} of {state.steps} steps cannot be {record.status} after {record.reached} steps"
         )
     state.status, state.reached = record.status, record.reached
-    state.metrics, state.error = record.metrics, record.error
+    state.metrics, state.error, state.cause = record.metrics, record.error, record.cause
+
+
+def _retry(state: TrialState) -> None:
+    if state.status != FAILED:
+        raise RecordError(f"trial {state.id} is {state.status}: only a failed trial is retried")
+    state.status, state.reached = PENDING, 0
+    state.metrics, state.error, state.cause = None, None, None
 
 
 def read_study_records(entries: Iterable[tuple[Mapping[str, Any], str]]) -> StudyRecords:

@@ -12,9 +12,11 @@ from dagtune.study._alone import run_alone
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._study import Study, TrialHandle
 from dagtune.study._surrogate import NOT_TRANSFERRED, Surrogate, SurrogateResult, SurrogateStudy
+from dagtune.study._workers import NoWorkersError
 
 __all__ = [
     "NOT_TRANSFERRED",
+    "NoWorkersError",
     "Result",
     "Study",
     "Surrogate",

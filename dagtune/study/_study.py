@@ -15,13 +15,15 @@ its in-memory store keeps nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -37,12 +39,13 @@ from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
+from dagtune.study._workers import NoWorkersError, WorkerWatch
 from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
@@ -86,6 +89,18 @@ class Study:
     `gc` (a `GcPolicy`) collects checkpoints automatically; `Study.gc` does it on demand.
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
+
+    A trial of an earlier session that failed outside its trainer (reading or writing a
+    checkpoint, its workers dying: `dagtune.records.OUTSIDE_THE_TRAINER`) is pending again
+    when the study is opened again, and trains on from its latest checkpoint;
+    `retry_failed=True` does that for every failed trial (a trainer fixed since).
+
+    `step_timeout` (seconds; None: no limit) bounds each step on Dask: a step (``train()``
+    and the evaluation and checkpoint after it; a task's first step also builds or loads the
+    trainer) still running that long after it began fails with ``StepTimeoutError: step N
+    did not finish within step_timeout=S s``, its worker is restarted (a running task can't
+    be cancelled otherwise), and the failure counts as the trainer's: retried `max_retries`
+    times, then the trials that need that step fail.
 
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
@@ -143,6 +158,7 @@ class Study:
         torch_threads: int | None = 1,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         workers: int | None = None,
         executor: Executor | None = None,
         gc: GcPolicy | None = None,
@@ -152,6 +168,7 @@ class Study:
         fusion_check: bool = True,
         link: StudyLink | None = None,
         loggers: Sequence[Logger] | None = None,
+        retry_failed: bool = False,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -167,6 +184,16 @@ class Study:
         check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
         loggers = check_loggers(loggers)
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, (int, float))
+            or not 0 < step_timeout < math.inf
+        ):
+            raise ValueError(
+                f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}"
+            )
+        if not isinstance(retry_failed, bool):
+            raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}")
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -199,6 +226,8 @@ class Study:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._failure: BaseException | None = None
+        self._no_workers: NoWorkersError | None = None  # set while the cluster has none too long
+        self._workers: WorkerWatch | None = None
         self._closed = False
         self._gc_at = time.monotonic()
         self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
@@ -247,6 +276,7 @@ class Study:
             torch_threads=torch_threads,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
+            step_timeout=None if step_timeout is None else float(step_timeout),
             gpus_per_task=gpus,
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
@@ -259,7 +289,7 @@ class Study:
         )
         self._restored: list[Trial] = []
         if self._persistence is not None:
-            self._restored = self._persistence.attach(self.coordinator)
+            self._restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
             if self._restored:
                 self._names = tuple(self._restored[0].config)
         self._logging: Logging | None = None
@@ -324,7 +354,7 @@ class Study:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import embedded_cluster, slow_allocator_workers  # both load distributed
+        from dagtune.cluster import adapts, embedded_cluster, slow_allocator_workers  # all load distributed
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
@@ -332,6 +362,7 @@ class Study:
             client = Client(cluster)  # with the cluster's security
             self._owned_cluster = (client, cluster)
         self.client = client
+        self._workers = WorkerWatch(self.name, functools.partial(adapts, client))
         check_resources(client, self.resources)
         self._check_shared_storage(client)
         slow = slow_allocator_workers(client)
@@ -343,7 +374,8 @@ class Study:
                 len(slow),
                 ", ".join(sorted({str(v) for v in slow.values()})),
             )
-        return DaskExecutor(client, self.store, f"dagtune-{self.name}-{self._token}", self.resources)
+        topic = f"dagtune-{self.name}-{self._token}"
+        return DaskExecutor(client, self.store, topic, self.resources, withdraw=self._owned_cluster is None)
 
     # ------------------------------------------------------------------ driving
 
@@ -358,9 +390,19 @@ class Study:
                     self._tick()
                     if not self._in_burst():  # else the next round plans the whole burst
                         self.coordinator.schedule()
+                    self._no_workers = self._check_workers()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _check_workers(self) -> NoWorkersError | None:
+        """On Dask, whether the study has waited too long without any worker (reported live
+        meanwhile: `dagtune.study._workers`)."""
+        if self._workers is None:
+            return None
+        slots = self.executor.slots()
+        waiting = 0 if slots else sum(len(waiters) for waiters in self.coordinator.plan.active.values())
+        return self._workers.check(slots, waiting)
 
     def _in_burst(self) -> bool:
         """Trials were submitted less than `SUBMIT_QUIET_SECONDS` ago (more may follow)."""
@@ -392,6 +434,8 @@ class Study:
             while not done():
                 if self._failure is not None:
                     raise RuntimeError("the dagtune coordinator failed") from self._failure
+                if self._no_workers is not None:
+                    raise NoWorkersError(str(self._no_workers))
                 if self._virtual:
                     self._tick()
                     if self.coordinator.pump() == 0 and not self.coordinator.running:
@@ -419,12 +463,15 @@ class Study:
         return config
 
     def _take_restored(self, config: Config, steps: int) -> Trial | None:
-        """A trial restored from an earlier session with this config and steps, not handed
-        to an algorithm yet (it is removed from the restored ones)."""
+        """A trial restored from an earlier session, or left pending by an interrupted run,
+        with this config and steps, not handed to an algorithm since (it is removed from the
+        restored ones); an interrupted one is requested again."""
         text = config_dumps(config)
-        for i, trial in enumerate(self._restored):
-            if trial.steps == steps and config_dumps(trial.config) == text:
-                return self._restored.pop(i)
+        with self._lock:
+            for i, trial in enumerate(self._restored):
+                if trial.steps == steps and config_dumps(trial.config) == text:
+                    self.coordinator.resume(trial.id)
+                    return self._restored.pop(i)
         return None
 
     @property
@@ -507,8 +554,11 @@ class Study:
     def run(self, algorithm: Algorithm, timeout: float | None = None, *, progress: bool = True) -> Result:
         """Run a tuning algorithm to its end and return its `Result`.
 
-        If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
-        stopped (what they trained stays in the plan) and the error is raised.
+        If the algorithm raises, `timeout` seconds pass or the run is interrupted (Ctrl-C),
+        the error is raised and the run's pending trials stop training but stay pending, in
+        storage too: they are not the algorithm's `Stop`. Running the same algorithm again,
+        in this process or after opening the study again, continues each from its latest
+        committed checkpoint.
 
         With `progress`, the run shows itself while it waits: a live view in Jupyter, a
         progress line on stderr when it is a terminal (trials finished, steps trained and
@@ -541,10 +591,8 @@ class Study:
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
-                if not session.finished:  # an error, a timeout or an interrupt: nobody waits for them
-                    for trial in session.trials.values():
-                        self.coordinator.stop(trial.id)
-                    self.coordinator.schedule()
+                if not session.finished:  # an error, a timeout or an interrupt: not a stop
+                    self._interrupt(session.trials.values())
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
@@ -593,6 +641,22 @@ class Study:
                 self._model_of,
             )
 
+    def _interrupt(self, trials: Iterable[Trial]) -> None:
+        """A run ended before its algorithm did: its pending trials stop training but stay
+        pending (in storage too, written at once), so the same run again continues each from
+        its latest checkpoint, in this process or the next one (`_take_restored`)."""
+        kept = {trial.id for trial in self._restored}
+        for trial in trials:
+            if trial.status == PENDING:
+                self.coordinator.interrupt(trial.id)
+                if trial.id not in kept:
+                    self._restored.append(trial)
+        self.coordinator.schedule()
+        try:  # storage says now what the run left (the error on its way is the one to raise)
+            self._tick(force=True)
+        except Exception as error:
+            log.warning("dagtune: writing study %r after its run ended early failed: %r", self.name, error)
+
     @property
     def report(self) -> dict:
         """Trial/unique/executed steps, merge rate, reuse, GPU-seconds and makespan so far:
@@ -614,6 +678,7 @@ class Study:
             if getattr(self, "coordinator", None) is not None:
                 with self._lock:
                     try:
+                        self._take_arrived_events()
                         self._collect_when_due()
                     finally:  # the last work, journal lines and results; the lease goes
                         if self._persistence is not None:
@@ -621,20 +686,43 @@ class Study:
         finally:
             self._stop_execution()
 
+    def _take_arrived_events(self) -> None:
+        """Handle the events that arrived after the driver's last round (an interrupted run
+        closes at once): the plan keeps the checkpoints and metrics they report."""
+        if not self._virtual:  # a simulation's poll would advance its virtual time
+            for event in self.executor.poll(0):
+                self.coordinator.handle(event)
+
     def _stop_execution(self) -> None:
-        if getattr(self, "_logging", None) is not None:
-            self._logging.close()  # writes what is left
-        if getattr(self, "_dashboard", None) is not None:
-            self._dashboard.close()  # sends the final snapshot
-        if getattr(self, "_demand", None) is not None:
-            self._demand.close()  # withdraws the demand
-        if getattr(self, "executor", None) is not None:
-            self.executor.close()
+        """Stop the loggers (writing what is left), the dashboard feed, the demand, the
+        executor and the embedded cluster. The study's work is saved by now, so nothing here
+        raises: each part that fails is logged, and the cluster is killed if it does not
+        close in time (`dagtune.cluster.close_embedded`)."""
+        parts = [
+            ("the loggers", getattr(self, "_logging", None)),  # writes what is left
+            ("the dashboard feed", getattr(self, "_dashboard", None)),  # sends the final snapshot
+            ("the published demand", getattr(self, "_demand", None)),  # withdraws the demand
+            ("the executor", getattr(self, "executor", None)),
+        ]
+        for what, part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as error:
+                log.warning(
+                    "dagtune: closing %s of study %r failed: %s: %s",
+                    what,
+                    self.name,
+                    type(error).__name__,
+                    error,
+                )
         if self._owned_cluster is not None:
+            from dagtune.cluster import close_embedded  # loads distributed: a study on Dask only
+
             client, cluster = self._owned_cluster
-            client.close()
-            cluster.close()
             self._owned_cluster = None
+            close_embedded(client, cluster)
 
     def __enter__(self) -> Study:
         return self
@@ -685,8 +773,15 @@ class TrialHandle:
 
     def result(self, timeout: float | None = None) -> dict[str, float]:
         """The final metrics (waits for them). A stopped or diverged trial returns its last
-        metrics; a failed one raises `TrialError`."""
-        self._study._wait(lambda: self.trial.done, timeout)
+        metrics; a failed one raises `TrialError`, one whose run was interrupted (pending, no
+        longer training) a RuntimeError."""
+        interrupted = self._study.coordinator.interrupted
+        self._study._wait(lambda: self.trial.done or self.trial.id in interrupted, timeout)
+        if self.trial.id in interrupted:
+            raise RuntimeError(
+                f"trial {self.trial.id} is pending but its run was interrupted: run the algorithm again, "
+                "or submit its config and steps, to continue it"
+            )
         if self.trial.status == FAILED:
             raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
         return dict(self.trial.metrics or {})
