@@ -591,12 +591,35 @@ def _start_workers(cluster: Any, count: int) -> Any:
                 and time.monotonic() < deadline
             ):
                 time.sleep(0.01)
-        cluster.wait_for_workers(count, timeout=WORKER_START_SECONDS)
+        _wait_for_workers(cluster, count, WORKER_START_SECONDS)
     except BaseException:
         with contextlib.suppress(Exception):
             cluster.close(timeout=10)
         raise
     return cluster
+
+
+def _wait_for_workers(cluster: Any, count: int, timeout: float) -> None:
+    """Wait until `count` workers of `cluster` run; a RuntimeError as soon as one of them
+    failed to start (its process printed why), a TimeoutError after `timeout` seconds.
+    (Dask's `wait_for_workers` would wait out the timeout for a worker that already died:
+    `scale` starts them in the background, where a failure is only logged.)"""
+    from distributed.core import Status  # loads distributed: the embedded cluster only
+
+    ended = (Status.failed, Status.closing, Status.closed)
+    deadline = time.monotonic() + timeout
+    while len(cluster.scheduler_info.get("workers", {})) < count:
+        failed = sorted(str(name) for name, worker in cluster.workers.items() if worker.status in ended)
+        if failed:
+            raise RuntimeError(
+                f"worker(s) {', '.join(failed)} of the embedded Dask cluster failed to start; "
+                "what each printed is above"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the embedded Dask cluster's {count} worker(s) did not start within {timeout:.0f} s"
+            )
+        time.sleep(0.05)
 
 
 def _children() -> set[int]:
