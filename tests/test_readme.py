@@ -24,11 +24,22 @@ from dagtune.algos import GridSearch
 from dagtune.sim import SimulatedExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
 QUICKSTART = BLOCKS[0]
 GUARD = 'if __name__ == "__main__":'
 #: snippets that need what this machine does not have, by a line they contain
 ELSEWHERE = ('Client("tcp://login:8786")', "cluster = slurm(")
+
+
+def section(title: str) -> str:
+    """The text of the README section `title`, up to the next section."""
+    start = README.index(f"\n## {title}\n")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+#: the "After a study" section's scripts run as their own files in tests/test_readme_after.py
+AFTER_A_STUDY = section("After a study")
 
 
 def prelude(script: str) -> str:
@@ -48,6 +59,8 @@ def kind(block: str) -> str:
         return "quickstart"
     if any(marker in block for marker in ELSEWHERE):
         return "elsewhere"
+    if f"```python\n{block}```" in AFTER_A_STUDY:
+        return "after a study"
     if "Study(" in block:
         return "continues the quickstart"
     if "dt.open_results(" in block:
