@@ -32,6 +32,7 @@ BENCHMARKS = (
     ("surrogate", "8. Hyper-parameter transfer across width (muP surrogates)"),
     ("scale", "9. Coordinator at scale"),
     ("resume_check", "10. The resume check's cost"),
+    ("all_three", "11. All three together: surrogate, fusion and prefix sharing against Ray Tune"),
 )
 
 
