@@ -5,7 +5,10 @@ completed trials; stopped, failed and diverged ones are left out), each with its
 Each hyper-parameter is one variable: a constant's value (numeric, on a log scale when all
 its values are positive and span more than a factor of 10; strings and bools as categories),
 or, where it is a schedule in some trial, the schedule itself as a category (its text). A
-hyper-parameter with one value over those trials explains nothing and gets 0.
+hyper-parameter with one value over those trials explains nothing and gets 0; one that alone
+varies explains all that varies and gets 1 without an evaluator (Optuna's fANOVA takes time
+exponential in a category's number of values: a grid of 22 learning-rate schedules took 92 s,
+36 would take days).
 
 With Optuna installed (``pip install 'dagtune[optuna]'``), the trials become Optuna trials
 and Optuna's evaluator scores them: fANOVA (`optuna.importance.FanovaImportanceEvaluator`,
@@ -76,7 +79,9 @@ def hyperparameter_importance(
     values = [float(t.metrics[metric]) for t in used]
     varying = [name for name, column in columns.items() if len(set(map(json.dumps, column))) > 1]
     scores = dict.fromkeys(columns, 0.0)
-    if varying:
+    if len(varying) == 1:
+        scores[varying[0]] = 1.0
+    elif varying:
         try:
             import optuna  # noqa: F401
         except ImportError:
