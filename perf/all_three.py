@@ -36,11 +36,12 @@ do in every Ray Tune study); dagtune's `SurrogateStudy` from construction to its
 target, each run with its own empty storage. Not timed: ``ray.init`` and the Dask cluster's
 start (both reported), and one untimed warm-up surrogate study of 2 configs x 1 epoch on the
 Dask workers (imports, first fused calls), as a long-lived cluster has them done. The two
-arms alternate (Ray Tune, dagtune, dagtune, Ray Tune in quick mode), so whatever else the
-machine runs falls on both. Then each arm's chosen configuration trains at full width with
-several seeds (`dt.run_alone`, unfused, on the Dask workers; other initial weights and data
-order per seed): the mean ± standard deviation of its final ``val_loss`` compares the two
-choices without the luck of one seed, the standard deviation is the noise.
+arms alternate (dagtune, Ray Tune, dagtune in quick mode: Ray Tune's long run between two of
+dagtune's), so whatever else the machine runs falls on both. Then each arm's chosen
+configuration trains at full width with several seeds (`dt.run_alone`, unfused, on the Dask
+workers; other initial weights and data order per seed): the mean ± standard deviation of its
+final ``val_loss`` compares the two choices without the luck of one seed, the standard
+deviation is the noise.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ import dagtune as dt  # noqa: E402
 from dagtune.algos import GridSearch  # noqa: E402
 from dagtune.config import config_dumps, config_from_json, normalize_config  # noqa: E402
 from perf import raytune  # noqa: E402
+from perf.machine import describe  # noqa: E402
 
 WORKERS = 2
 SCALE = 8  # the surrogate's width divisor
@@ -411,6 +413,8 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
             }
         )
     result: dict[str, Any] = {
+        "commit": _commit(),
+        "machine": describe(),
         "sizes": {**size, "trials": len(configs)},
         "trial_steps": len(configs) * size["epochs"],
         "unique_steps": dt.unique_steps(steps),
@@ -427,6 +431,17 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         result["noise"] = max(ray["std"], ours["std"])
         result["difference"] = ours["mean"] - ray["mean"]
     return result
+
+
+def _commit() -> str:
+    """The commit of the code that ran (with ``+changes`` when the work tree differs from it)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 # --------------------------------------------------------------------------- the report
@@ -459,6 +474,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['merge_rate']:.2f}; {WORKERS} single-threaded worker slots for each system. "
         f"`ScaledCNN` against `examples/scaled_digits.py` (largest val_loss difference over 3 epochs): {check}.",
     ]
+    if "commit" in result:
+        machine = result["machine"]
+        parts.append(
+            f"Run at commit {result['commit']} on {machine['cores']} cores of {machine['cpu']} "
+            f"({machine['memory']}; torch {machine['torch']}, distributed {machine['distributed']}, "
+            f"{result['ray']}), shared with other work: the load average of each run is in the table "
+            "(above 2, the workers of both systems got only part of a core each)."
+        )
     if "speedup" not in result:
         parts.append(f"**Ray Tune {result['ray']}.** Only dagtune's rows ran.")
     parts.append(
@@ -495,7 +518,30 @@ def markdown(result: dict[str, Any]) -> str:
             f"from its first submission to its last trial's end, the target {ours['target_makespan_seconds']:.1f} s "
             f"(eager restarts: {ours['restarts']})."
         )
+        parts.append(_where_the_time_goes(result))
     return "\n\n".join(parts)
+
+
+def _where_the_time_goes(result: dict[str, Any]) -> str:
+    """What dominates dagtune's wall time, from the figures of its first run and Ray Tune's."""
+    ray, ours = result["arms"][0], result["arms"][1]
+    first = ours["walls"][0]
+    search, target = ours["search_makespan_seconds"], ours["target_makespan_seconds"]
+    ray_epoch = WORKERS * ray["wall_seconds"] / ray["search_steps"]
+    search_epoch = WORKERS * search / ours["search_steps"]
+    return (
+        f"Where dagtune's time goes (its first run, {first:.1f} s): the search {search:.1f} s "
+        f"({100 * search / first:.0f}%), the target {target:.1f} s ({100 * target / first:.0f}%; "
+        f"{ours['target_steps']} full-width epochs on one slot, {target / ours['target_steps']:.2f} s each), "
+        f"overlapping by {search + target - first:.1f} s. The target alone bounds the ratio at Ray "
+        f"Tune's mean wall / target = {ray['wall_seconds'] / target:.1f}x. The search's "
+        f"{ours['search_steps']} surrogate epochs took {search_epoch:.2f} slot-seconds each "
+        f"({WORKERS} x the search's time / its epochs: idle slots, dispatch, checkpoints, the checks and "
+        "the target's slot while they overlap included) against "
+        f"{ray_epoch:.2f} for Ray Tune's full-width epochs ({WORKERS} x wall / {ray['search_steps']} "
+        f"epochs): {ray_epoch / search_epoch:.1f}x cheaper each, and {ray['search_steps'] / ours['search_steps']:.2f}x "
+        "fewer of them (prefix sharing)."
+    )
 
 
 def _fused(arm: dict[str, Any]) -> str:
