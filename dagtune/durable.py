@@ -7,6 +7,7 @@ Layout under the storage URL (a directory, ``s3://bucket/prefix``, any fsspec UR
     {identity}/plan/{writer}-{seq:08d}.jsonl       (object stores: numbered segments instead)
     studies/{name}/journal/...                     the study's trial records, same format
     studies/{name}/results.zarr                    trials and learning curves (dagtune.results)
+    studies/{name}/lease/{generation}.json         the study's writer lease (dagtune.study_lease)
     {identity}/leases/{writer}.json                checkpoints a live study needs (Leases)
 
 Every study of one model identity (trainer, its arguments, seed, version) shares the plan:
@@ -14,6 +15,8 @@ what any of them trained, the next one reuses. A study's own records (one ``open
 per session, then ``submit`` / ``extend`` / ``end`` per trial) let the same study resume:
 same name and storage. `Persistence` ties these to a study; the study calls `tick` from its
 driver loop for the periodic work (flushes, picking up other writers' plan events, results).
+A session writes its study's records and results only while it holds the study's writer
+lease (`dagtune.study_lease`): every such write checks it first.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dagtune.coordinator import Coordinator
 from dagtune.plan import Journal, PlanJournal, SearchPlan
 from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, is_study_name, read_study_records
 from dagtune.results import ResultsWriter, results_url
+from dagtune.storage_retry import RetryingFileSystem, StorageRetry
+from dagtune.study_lease import StudyLease
 
 __all__ = [
     "Leases",
@@ -161,6 +166,8 @@ class Persistence:
     """The durable side of one study session (see the module docstring).
 
     `describe` is the study's identity record (trainer, seed, version; never credentials).
+    `lease` is the study's writer lease, held (`StudyLease.acquire`): its session is the
+    records journal's writer, and every write of the records and results checks it.
     Raises ValueError if the study `name` already exists in storage for another identity.
     """
 
@@ -171,6 +178,7 @@ class Persistence:
         identity: str,
         describe: Mapping[str, Any],
         *,
+        lease: StudyLease,
         refresh_seconds: float = 2.0,
         results_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -182,15 +190,29 @@ class Persistence:
         self.results_seconds = results_seconds
         self.clock = clock
         root = store.root
-        self.records = Journal(store.fs, f"{root}/studies/{name}/journal", header=records_header(name))
+        self.lease = lease
+        guarded = store.fs.with_guard(lease.ensure) if isinstance(store.fs, RetryingFileSystem) else store.fs
+        self.records = Journal(
+            guarded,
+            f"{root}/studies/{name}/journal",
+            header=records_header(name),
+            writer=lease.session,
+            guard=lease.ensure,
+        )
         self.earlier = read_records(self.records)
+        self._submitters = {t.id: t.submitted_by for t in self.earlier.trials.values()}
         self._check_identity(describe)
         self.plan_journal = PlanJournal(
             SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
         )
         self.plan_journal.load()
         self.results = ResultsWriter(
-            results_url(store.url, name), store.storage_options, study=name, identity=identity
+            results_url(store.url, name),
+            store.storage_options,
+            study=name,
+            identity=identity,
+            retry=StorageRetry(store.url, store.retry_seconds),
+            guard=lease.ensure,
         )
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
@@ -221,9 +243,16 @@ class Persistence:
         return restored
 
     def _record(self, record: dict) -> None:
-        if record["r"] == "end":  # a finished trial: what it needs from the plan goes first
+        kind = record["r"]
+        if kind == "submit":
+            self._submitters[record["trial"]] = self.records.writer
+        if kind in ("submit", "extend", "end"):  # whose trial it is (`dagtune.records`)
+            submitter = self._submitters.get(record["trial"])
+            if submitter is not None:
+                record = {**record, "submitted_by": submitter}
+        if kind == "end":  # a finished trial: what it needs from the plan goes first
             self.plan_journal.journal.flush()
-        self.records.append(record, sync=record["r"] == "end")
+        self.records.append(record, sync=kind == "end")
 
     @property
     def incidents(self) -> list[str]:
@@ -233,6 +262,7 @@ class Persistence:
         """Periodic work: flush what waited long enough, bring in other writers' plan events
         every `refresh_seconds`, write results every `results_seconds` (all of it with
         `force`)."""
+        self.lease.ensure()  # a session that lost its lease stops here, whatever is due
         now = self.clock()
         if force or now - self._refreshed >= self.refresh_seconds:
             self._refreshed = now
@@ -292,8 +322,8 @@ class Persistence:
 
     def close(self, coordinator: Coordinator) -> None:
         """The study ends: its last work and results are written, both journals flushed and
-        its lease released (what it keeps is in its trial records). The journals and the
-        lease are seen to whatever fails before them; the first failure is raised after."""
+        its leases released (what it keeps is in its trial records). The journals and the
+        leases are seen to whatever fails before them; the first failure is raised after."""
         try:
             self.tick(coordinator, force=True)
         finally:
@@ -301,4 +331,7 @@ class Persistence:
                 self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()
             finally:
-                self.leases.release()
+                try:
+                    self.leases.release()
+                finally:
+                    self.lease.release()

@@ -34,10 +34,12 @@ from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
 from dagtune.scheduling import policy_named
+from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._identity import model_identity
 from dagtune.study._results import Result, TrialError
 from dagtune.study._session import Session
+from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer
 
@@ -81,6 +83,17 @@ class Study:
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
 
+    One process at a time writes a study (`dagtune.study_lease`): opening a study that another
+    live process holds raises `StudyInUseError` naming it (host, pid, session) and when its
+    lease lapses, or with `wait_for_lease` waits up to that many seconds for it. A holder
+    renews its lease every `lease_ttl` / 3 seconds; a killed one's lease lapses `lease_ttl`
+    seconds after its last renewal (at once for a process of this machine that is gone).
+
+    `storage_retry_seconds`: storage that can't be reached (connection refused or reset,
+    timeouts, throttling, server errors) is retried with backoff for up to this long, by the
+    study and its workers, before the study fails (`dagtune.storage_retry`); other storage
+    errors fail at once.
+
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
 
@@ -122,6 +135,9 @@ class Study:
         security: bool | Security | None = None,
         fuse: bool | int = False,
         link: StudyLink | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        wait_for_lease: float = 0.0,
+        storage_retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -134,6 +150,9 @@ class Study:
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
         check_fuse(fuse, trainer)
+        lease_ttl = check_lease_ttl(lease_ttl)
+        wait_for_lease = check_retry_seconds(wait_for_lease, "wait_for_lease")
+        storage_retry_seconds = check_retry_seconds(storage_retry_seconds)
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -166,18 +185,28 @@ class Study:
         self._closed = False
         self._gc_at = time.monotonic()
         self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
+        self._lease: StudyLease | None = None
+        self._persistence: Persistence | None = None
         if executor is None:
-            self.store = self._open_storage(storage_options)
+            self.store = self._open_storage(storage_options, storage_retry_seconds)
             if client is None:  # the embedded cluster's workers are processes of their own
                 self._check_shared_storage(None)
-            executor = self._dask_executor(client, workers, security)
+            self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(
+                wait_for_lease
+            )  # before a cluster starts
+            try:
+                executor = self._dask_executor(client, workers, security)
+            except BaseException:
+                self._lease.release()
+                raise
         else:
             self.store = getattr(executor, "store", None)
+            if isinstance(self.store, CheckpointStore):
+                self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
         self.executor = executor
         spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
         gpus = float((self.resources or {}).get("GPU", 1.0))
-        self._persistence: Persistence | None = None
-        if isinstance(self.store, CheckpointStore):
+        if self._lease is not None:
             self.storage = self.store.url
             describe = {
                 "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
@@ -187,7 +216,12 @@ class Study:
             }
             try:
                 self._persistence = Persistence(
-                    self.store, name, self.identity, describe, refresh_seconds=refresh_seconds
+                    self.store,
+                    name,
+                    self.identity,
+                    describe,
+                    lease=self._lease,
+                    refresh_seconds=refresh_seconds,
                 )
             except BaseException:
                 self.close()
@@ -236,12 +270,15 @@ class Study:
 
         return DemandPublisher(self).start()
 
-    def _open_storage(self, storage_options: Mapping[str, Any] | None) -> CheckpointStore:
+    def _open_storage(
+        self, storage_options: Mapping[str, Any] | None, retry_seconds: float
+    ) -> CheckpointStore:
         """The checkpoint store, its filesystem opened and its root made: a storage URL that
-        can't be used fails here, naming it, before any cluster starts."""
+        can't be used fails here, naming it, before any cluster starts (storage that can't be
+        reached is waited for up to 30 s: more often a wrong endpoint than an outage)."""
         try:
-            store = CheckpointStore(self.storage, storage_options)
-            store.fs.makedirs(store.root, exist_ok=True)
+            store = CheckpointStore(self.storage, storage_options, retry_seconds=retry_seconds)
+            store.make_root(wait=30.0)
         except (ValueError, ImportError, OSError) as error:
             raise ValueError(
                 f"storage={self.storage!r} cannot be used: {type(error).__name__}: {error}"
@@ -517,11 +554,15 @@ class Study:
                 with self._lock:
                     try:
                         self._collect_when_due()
-                    finally:  # the last work, journal lines and results; the lease goes
+                    finally:  # the last work, journal lines and results; the leases go
                         if self._persistence is not None:
                             self._persistence.close(self.coordinator)
         finally:
-            self._stop_execution()
+            try:
+                self._stop_execution()
+            finally:
+                if self._persistence is None and self._lease is not None:
+                    self._lease.release()  # opening failed before its records were read
 
     def _stop_execution(self) -> None:
         if getattr(self, "_dashboard", None) is not None:
