@@ -24,6 +24,7 @@ from dagtune.sequences import (
     Warmup,
 )
 from dagtune.space import Grid, Random
+from dagtune.storage_retry import StorageUnavailableError
 from dagtune.study import (
     Result,
     Study,
@@ -35,6 +36,7 @@ from dagtune.study import (
     TrialResult,
     run_alone,
 )
+from dagtune.study_lease import StudyInUseError, StudyLeaseLostError
 from dagtune.trainer import (
     ResumableBatches,
     ResumableBatchSampler,
@@ -68,7 +70,10 @@ __all__ = [
     "ResumableBatches",
     "Sequence",
     "Steps",
+    "StorageUnavailableError",
     "Study",
+    "StudyInUseError",
+    "StudyLeaseLostError",
     "StudyResults",
     "Surrogate",
     "SurrogateResult",

@@ -4,6 +4,7 @@
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
+                                   [--wait-for-lease SECONDS] [--storage-retry SECONDS]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
@@ -27,14 +28,16 @@ import click
 
 import dagtune as dt
 from dagtune.catalog import (
+    NotDagtuneStorageError,
     StorageError,
+    StorageReadError,
     StoredStudy,
     StudyNameError,
     check_study_name,
     collect_garbage,
-    list_studies,
     load_study,
     open_storage,
+    stored_studies,
 )
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import check_fuse
@@ -43,6 +46,7 @@ from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
 from dagtune.records import COMPLETED
 from dagtune.security import tls_from_files
+from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import UNKNOWN_FROM_STORAGE, trials_frame
 
 __all__ = ["main"]
@@ -91,6 +95,17 @@ def _user_errors(command: Callable) -> Callable:
             raise UserError(str(error), error.hint) from None
         except StudyNameError as error:
             raise UserError(f"--study {error}", "`dagtune status STORAGE` lists the studies there") from None
+        except StorageReadError as error:
+            raise UserError(
+                str(error),
+                "dagtune reads every file under STORAGE: check its permissions (this user must be able to "
+                "read them; gc also deletes) and that nothing replaced a file or folder; "
+                "`dagtune --debug ...` shows the traceback",
+            ) from None
+        except NotDagtuneStorageError as error:
+            raise UserError(
+                str(error), "give the directory or URL a study wrote to (its storage=..., or --storage)"
+            ) from None
         except StorageError as error:
             raise UserError(
                 str(error), "give a directory or fsspec URL (s3://bucket/prefix) that a study wrote to"
@@ -231,6 +246,19 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     help="Train trials of a FusibleTrainer that differ only in fusible hyper-parameters as fused "
     "tasks of up to N (no N: as many as memory allows); after TARGET.",
 )
+@click.option(
+    "--wait-for-lease",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="If another process has the study open, wait this long for it to close (or for its lease "
+    "to lapse, if it was killed) instead of failing at once.",
+)
+@click.option(
+    "--storage-retry",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="How long to retry storage that can't be reached before the study fails (default 300).",
+)
 @_user_errors
 def run(
     target: str,
@@ -246,6 +274,8 @@ def run(
     tls_cert: str | None,
     tls_key: str | None,
     fuse: str | None,
+    wait_for_lease: float | None,
+    storage_retry: float | None,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
 
@@ -274,12 +304,22 @@ def run(
         options["fuse"] = fused
     if parsed:
         options["resources"] = parsed
+    if wait_for_lease is not None:
+        options["wait_for_lease"] = wait_for_lease
+    if storage_retry is not None:
+        options["storage_retry_seconds"] = storage_retry
     if client is None and security is not None:
         options["security"] = security
     try:
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model
                 ValueError, str, "see `dagtune status STORAGE` for the studies already there"
+            ),
+            _mistake(  # another process has the study open
+                StudyInUseError,
+                str,
+                "stop that process, or wait for it with --wait-for-lease SECONDS (a killed one's lease "
+                "lapses after its ttl; one that ran on this machine is taken over at once)",
             ),
             _mistake(  # a scheduler no worker joined
                 TimeoutError,
@@ -423,11 +463,12 @@ def _studies(storage: str, study: str | None) -> list[StoredStudy]:
     if study is not None:
         check_study_name(study)
     store = open_storage(storage)
-    names = [study] if study else list_studies(store)
+    names = stored_studies(store)
     if not names:
         raise UserError(
             f"no studies in {store.url}", "run one first: `dagtune run SCRIPT --storage " + storage + "`"
         )
+    names = [study] if study else names
     plans: dict = {}
     return [load_study(store, name, plans) for name in names]
 
@@ -499,8 +540,19 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
+        _print_writer(console, open_storage(storage), stored.name)
         for incident in stored.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
+
+
+def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
+    """Which process has the study open, from its writer lease (`dagtune.study_lease`)."""
+    try:
+        status = writer_status(store, name)
+    except OSError as error:
+        status = f"unknown (its lease can't be read: {type(error).__name__}: {error})"
+    if status is not None:
+        console.print(f"writer: {_escape(status)}")
 
 
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:

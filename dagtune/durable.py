@@ -127,14 +127,15 @@ def read_records(journal: Journal) -> StudyRecords:
 
 
 def list_studies(store: CheckpointStore) -> list[str]:
-    """The names of the studies kept in `store`, sorted."""
+    """The names of the studies kept in `store` (directories ``studies/NAME`` with a records
+    journal), sorted."""
     base = f"{store.root}/studies"
     store.fs.invalidate_cache(base)
     try:
         paths = store.fs.ls(base, detail=False)
     except FileNotFoundError:
         return []
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(f"{p.rstrip('/')}/journal"))
     return sorted(name for name in names if is_study_name(name))  # no study has another name
 
 

@@ -85,8 +85,8 @@ __all__ = [
     "StudyLease",
     "StudyLeaseLostError",
     "check_lease_ttl",
-    "read_holder",
     "suspend_aware_clock",
+    "writer_status",
 ]
 
 log = logging.getLogger("dagtune")
@@ -560,13 +560,23 @@ def _create_local(path: str, payload: bytes) -> bool:
             os.unlink(tmp)
 
 
-def read_holder(store: CheckpointStore, name: str) -> tuple[LeaseHolder, float | None] | None:
-    """Who holds study `name`'s writer lease (its latest generation, released or not) and
-    how old that is by the storage's clock, if it can be told; None if it never had one.
-    For views (``dagtune status``); reading writes nothing."""
-    lease = StudyLease(store, name, session="0" * 32)
-    top = lease._top()
-    if top is None or top.holder is None:
+def writer_status(store: CheckpointStore, name: str) -> str | None:
+    """Who writes study `name` now, as a line for views (``dagtune status``): its holder and
+    when it renewed its lease, or that it was closed or its holder stopped without closing;
+    None if the study never had a lease. The age is measured against this machine's clock,
+    so it is approximate. Reading writes nothing."""
+    top = StudyLease(store, name, session="0" * 32)._top()
+    if top is None:
         return None
+    holder = top.holder
+    if holder is None:
+        return f"unknown (its lease {top.generation:012d}.json is not one dagtune wrote)"
+    if holder.released:
+        return f"none (last closed by {holder.describe()})"
     age = None if top.stamp is None else max(0.0, time.time() - top.stamp)
-    return top.holder, age
+    if age is not None and age > holder.ttl + STAMP_SLACK:
+        return (
+            f"none (the lease of {holder.describe()} lapsed {age - holder.ttl:.0f} s ago: that process "
+            "stopped without closing the study)"
+        )
+    return f"open in {holder.describe()}" + ("" if age is None else f", lease renewed {age:.0f} s ago")
