@@ -379,6 +379,7 @@ class StudyLease:
         deadline = self.clock() + wait
         seen: dict[int, float] = {}  # generation -> when first seen at the top (monotonic)
         poll = max(0.2, min(1.0, self.ttl / 10))
+        announced = False
         while True:
             top = self._top()
             began, began_wall = self.clock(), time.time()
@@ -394,6 +395,15 @@ class StudyLease:
             left = deadline - self.clock()
             if left <= 0:
                 raise self._in_use(top)
+            if not announced:
+                announced = True
+                holder = "a lease dagtune can't read" if top.holder is None else top.holder.describe()
+                log.warning(
+                    "dagtune: study %r is open in %s; waiting up to %.0f s for it (wait_for_lease)",
+                    self.name,
+                    holder,
+                    left,
+                )
             self.sleep(min(poll, left))
 
     def _free(self, top: _Top, seen: dict[int, float]) -> bool:
@@ -421,6 +431,13 @@ class StudyLease:
                 f"{where} has a writer lease dagtune can't read ({self._path(top.generation)}); it is "
                 f"treated as held until it is {self.ttl:g} s old. {hint}",
                 None,
+            )
+        if holder.pid == os.getpid() and holder.machine is not None and holder.machine == _machine():
+            return StudyInUseError(
+                f"{where} is already open in this process ({holder.describe()}, since "
+                f"{_clock(holder.since)}): close that Study first (study.close(), or open studies with "
+                "`with dt.Study(...) as study:`), then open it again",
+                holder,
             )
         age = None
         if top.stamp is not None:

@@ -109,6 +109,7 @@ BREAKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["status", "tree", "gc"])
 @pytest.mark.parametrize("broken", sorted(BREAKS))
 def test_a_file_that_cannot_be_read_is_one_error_line_and_a_hint(runs, command, broken):
@@ -122,6 +123,7 @@ def test_a_file_that_cannot_be_read_is_one_error_line_and_a_hint(runs, command, 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["status", "tree", "gc"])
 def test_a_directory_where_a_journal_file_belongs_is_one_error_line(runs, command):
     path = journal_file(runs)
@@ -131,6 +133,7 @@ def test_a_directory_where_a_journal_file_belongs_is_one_error_line(runs, comman
     assert_one_error(result, "the records of study 'sim'", "IsADirectoryError", path.name)
 
 
+@pytest.mark.slow
 def test_a_looping_link_where_the_studies_belong_is_one_error_line_and_debug_shows_the_traceback(runs):
     studies = runs / "studies"
     shutil.rmtree(studies)
@@ -166,6 +169,7 @@ def test_a_study_folder_without_readable_records_says_so(runs):
     assert "not a dagtune journal line" in error and "no study 'sim'" not in error
 
 
+@pytest.mark.slow
 def test_run_on_a_study_open_in_another_process_is_one_error_line(tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text(
@@ -177,18 +181,39 @@ def test_run_on_a_study_open_in_another_process_is_one_error_line(tmp_path):
         "    algorithm = GridSearch(dt.Grid({'lr': [0.1]}), metric='val_loss', mode='min', steps=2)\n"
         "    return StudySetup(trainer=SyntheticTrainer, algorithm=algorithm, name='tiny')\n"
     )
-    store = CheckpointStore(str(tmp_path / "runs"))
-    held = StudyLease(store, "tiny").acquire()
+    holder = subprocess.Popen(  # another process has the study open
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from dagtune.checkpoints import CheckpointStore\n"
+            "from dagtune.study_lease import StudyLease\n"
+            "lease = StudyLease(CheckpointStore(sys.argv[1]), 'tiny').acquire()\n"
+            "print(lease.session, flush=True)\n"
+            "time.sleep(120)\n",
+            str(tmp_path / "runs"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    )
     try:
+        session = holder.stdout.readline().strip()
         out = CliRunner().invoke(main, ["run", str(script), "--storage", str(tmp_path / "runs")])
         error = [line for line in out.output.splitlines() if line.startswith("Error: ")]
         assert out.exit_code == 2 and len(error) == 1, out.output
         assert "study 'tiny'" in error[0] and "is open for writing in another process" in error[0]
-        assert f"pid {os.getpid()}" in error[0] and f"session {held.session[:12]}" in error[0]
+        assert f"pid {holder.pid}" in error[0] and f"session {session[:12]}" in error[0]
         assert "Hint: stop that process, or wait for it with --wait-for-lease SECONDS" in out.output
         assert "Traceback" not in out.output
     finally:
-        held.release()
+        holder.kill()
+        holder.wait(30)
+    # its process is gone: the study is taken over at once
+    out = CliRunner().invoke(
+        main, ["run", str(script), "--storage", str(tmp_path / "runs"), "--workers", "1"]
+    )
+    assert out.exit_code == 0, out.output
 
 
 def test_status_of_a_study_says_which_process_has_it_open(runs):

@@ -17,7 +17,8 @@ from forwarder import Forwarder
 
 import dagtune as dt
 from dagtune.checkpoints import CheckpointStore
-from dagtune.results import open_results
+from dagtune.records import Trial
+from dagtune.results import ResultsWriter, open_results
 from dagtune.sim import SyntheticTrainer
 from dagtune.storage_retry import StorageRetry, StorageUnavailableError, is_transient
 
@@ -141,6 +142,23 @@ def test_a_checkpoint_saved_during_an_outage_is_written_when_storage_is_back(cut
     info = store.save("0123456789abcdef", "fedcba9876543210", 2, state)
     assert store.load("0123456789abcdef", "fedcba9876543210", 2) == state
     assert store.info("0123456789abcdef", "fedcba9876543210", 2) == info
+
+
+def test_results_written_during_an_outage_are_written_when_storage_is_back(cuttable):
+    options, bucket, forwarder = cuttable
+    url = f"s3://{bucket}/runs/studies/r/results.zarr"
+    writer = ResultsWriter(url, options, study="r", identity="x", retry=StorageRetry(url, 60))
+    trial = Trial(0, {"lr": dt.Constant(0.1)}, 3, status="completed")
+    trial.curve = [(s, {"loss": 1.0 / s}) for s in (1, 2, 3)]
+    trial.metrics, trial.reported = {"loss": 1 / 3}, 3
+    writer.write({0: trial})  # the group exists; the outage comes with the next write
+    trial.curve.append((4, {"loss": 0.25}))
+    trial.steps, trial.reported, trial.metrics = 4, 4, {"loss": 0.25}
+    forwarder.cut()
+    threading.Timer(12, forwarder.restore).start()
+    assert writer.write({0: trial})
+    read = open_results(f"s3://{bucket}/runs", "r", options)
+    assert list(read.curve("loss").loc[0]) == [1.0, 0.5, 1 / 3, 0.25]
 
 
 def test_errors_that_waiting_does_not_cure_fail_at_once(cuttable):

@@ -240,9 +240,19 @@ def test_a_released_study_is_opened_at_once_and_a_held_one_is_refused_in_process
     config = normalize_config({"lr": 0.1})
     with dt.Study(SyntheticTrainer, name="shared", executor=executor) as study:
         study.submit(config, STEPS).result()
-        with pytest.raises(StudyInUseError, match="is open for writing in another process"):
+        with pytest.raises(
+            StudyInUseError, match=r"is already open in this process .* close that Study first"
+        ):
             dt.Study(SyntheticTrainer, name="shared", executor=SimulatedExecutor(2, store=store))
     began = time.monotonic()
     with dt.Study(SyntheticTrainer, name="shared", executor=SimulatedExecutor(2, store=store)) as again:
         assert [config_dumps(t.config) for t in again.coordinator.trials.values()] == [config_dumps(config)]
     assert time.monotonic() - began < 30  # released: no lease to wait out
+
+
+def test_lease_settings_are_checked_first(tmp_path):
+    for field, value in (("lease_ttl", 0), ("lease_ttl", float("nan")), ("wait_for_lease", -1)):
+        with pytest.raises(ValueError, match=f"{field} must be"):
+            dt.Study(SyntheticTrainer, name="x", storage=str(tmp_path), **{field: value})
+    with pytest.raises(ValueError, match="storage_retry_seconds must be a finite number of seconds >= 0"):
+        dt.Study(SyntheticTrainer, name="x", storage=str(tmp_path), storage_retry_seconds=float("inf"))
