@@ -305,6 +305,8 @@ class RetryingFileSystem:
         return RetryingFileSystem(self.fs, self.retry, guard)
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("fs", "retry", "guard"):  # not set yet (an object being copied): no recursion
+            raise AttributeError(name)
         attribute = getattr(self.fs, name)
         if name.startswith("_") or name in _LOCAL_ONLY or not callable(attribute):
             return attribute

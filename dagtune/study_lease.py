@@ -195,6 +195,11 @@ def _machine() -> str | None:
         return None
 
 
+def _uid() -> int | None:
+    getuid = getattr(os, "getuid", None)  # POSIX only
+    return None if getuid is None else getuid()
+
+
 def _process_start(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, Linux); None if there is no such
     process; raises OSError if it can't be told."""
@@ -211,7 +216,7 @@ def _gone(holder: LeaseHolder) -> bool:
     user (whose processes this one can see), and its pid runs no process, or another one."""
     if holder.machine is None or holder.process is None or holder.machine != _machine():
         return False
-    if holder.uid != os.getuid():
+    if holder.uid != _uid():
         return False
     try:
         return _process_start(holder.pid) != holder.process
@@ -333,7 +338,7 @@ class StudyLease:
             written=time.time(),
             released=released,
             machine=_machine(),
-            uid=os.getuid(),
+            uid=_uid(),
             process=_process_start_or_none(os.getpid()),
         )
 

@@ -191,9 +191,8 @@ class Study:
             self.store = self._open_storage(storage_options, storage_retry_seconds)
             if client is None:  # the embedded cluster's workers are processes of their own
                 self._check_shared_storage(None)
-            self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(
-                wait_for_lease
-            )  # before a cluster starts
+            # the lease first: a study another process has open is refused before a cluster starts
+            self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
             try:
                 executor = self._dask_executor(client, workers, security)
             except BaseException:
