@@ -4,11 +4,19 @@ Trials whose hyper-parameter sequences agree on a prefix share its training thro
 of stages and checkpoints (the Hippo design), scheduled by critical path on Dask.
 """
 
-from dagtune import algos, fusion, mup
+from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
-from dagtune.distributions import choice, loguniform, randint, uniform
-from dagtune.fusion import SGD, AdamW, FusibleTrainer
+from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
+from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
 from dagtune.gc import GcPolicy
+from dagtune.lightning import LightningTrainer
+from dagtune.mainguard import UnguardedMainError
+from dagtune.notices import (
+    NondeterministicTrainingWarning,
+    ResumeCheckSkippedWarning,
+    TrialsFailedWarning,
+    UnreadHyperparameterWarning,
+)
 from dagtune.plan import merge_rate, unique_steps
 from dagtune.results import StudyResults, open_results
 from dagtune.sequences import (
@@ -59,15 +67,19 @@ __all__ = [
     "Cyclic",
     "Exponential",
     "FusibleTrainer",
+    "FusionWarning",
     "GcPolicy",
     "Grid",
+    "LightningTrainer",
     "Linear",
     "MultiStep",
+    "NondeterministicTrainingWarning",
     "Piecewise",
     "Random",
     "Result",
     "ResumableBatchSampler",
     "ResumableBatches",
+    "ResumeCheckSkippedWarning",
     "Sequence",
     "Steps",
     "StorageUnavailableError",
@@ -82,16 +94,23 @@ __all__ = [
     "TrialError",
     "TrialHandle",
     "TrialResult",
+    "TrialsFailedWarning",
+    "UnguardedMainError",
+    "UnreadHyperparameterWarning",
     "Warmup",
     "algos",
     "capture_rng",
     "choice",
     "fusion",
     "isolated_rng",
+    "loggers",
     "loguniform",
     "merge_rate",
     "mup",
+    "normal",
     "open_results",
+    "qloguniform",
+    "quniform",
     "randint",
     "restore_rng",
     "run_alone",

@@ -187,6 +187,7 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
         "seed": opened.seed,
         "version": opened.version,
         "link": opened.link,
+        "gpus": opened.gpus,
     }
     plans = {} if plans is None else plans
     if opened.identity not in plans:
@@ -203,7 +204,9 @@ def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
     """Trials as a resumed coordinator would rebuild them, with their curves from the plan."""
     trials = []
     for state in sorted(states, key=lambda s: s.id):
-        trial = Trial(state.id, state.config, state.steps, status=state.status, error=state.error)
+        trial = Trial(
+            state.id, state.config, state.steps, status=state.status, error=state.error, cause=state.cause
+        )
         trial.node = plan.locate(state.config, state.steps, salt=state.salt) or ""  # reading writes nothing
         trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []
         known = plan.curve(trial.node, trial.steps) if trial.node else []

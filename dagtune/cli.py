@@ -3,11 +3,14 @@
 ::
 
     dagtune run examples/digits.py [--scheduler ADDRESS] [--storage URL] [--workers N] [--surrogate S]
+                                   [--tensorboard DIR]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
+                                   [--retry-failed] [--step-timeout SECONDS]
                                    [--wait-for-lease SECONDS] [--storage-retry SECONDS]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
+    dagtune export STORAGE --study NAME [--trial N] -o FILE
     dagtune dashboard STORAGE [--port PORT]
 
 A user's mistake (a bad storage URL, an unreachable scheduler, a script that can't give a
@@ -20,9 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import shlex
+import signal
 import sys
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -44,10 +50,20 @@ from dagtune.coordinator import check_fuse
 from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
-from dagtune.records import COMPLETED
+from dagtune.records import COMPLETED, PENDING
+from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
 from dagtune.study_lease import StudyInUseError, writer_status
-from dagtune.summary import UNKNOWN_FROM_STORAGE, trials_frame
+from dagtune.summary import (
+    UNKNOWN_FROM_STORAGE,
+    best_of,
+    error_line,
+    failures,
+    metric_of,
+    reuse_text,
+    seconds_label,
+    trials_frame,
+)
 
 __all__ = ["main"]
 
@@ -126,7 +142,7 @@ def _console():
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=160)
+    return console if console.is_terminal else Console(width=200)
 
 
 @click.group()
@@ -207,6 +223,51 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     return resources or None
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the study keeps what it trained and closes."""
+
+
+def _terminate_as_interrupt(command: Callable) -> Callable:
+    """While `command` runs (in the main thread), SIGTERM (a batch system ending the job,
+    ``kill``) interrupts it as Ctrl-C does, instead of ending the process before the study
+    writes its last records."""
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return command(*args, **kwargs)
+        previous = signal.signal(signal.SIGTERM, terminated)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return wrapper
+
+
+def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoReturn:
+    """Print the one line an interrupted run ends with (what storage keeps, the command that
+    resumes), then exit with 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as a shell
+    reports a process the signal ended)."""
+    terminated = isinstance(interrupt, _Terminated)
+    trials = [trial for study in shown for trial in study.coordinator.trials.values()]
+    command = shlex.join(["dagtune", *sys.argv[1:]])
+    if trials:
+        pending = sum(1 for trial in trials if trial.status == PENDING)
+        kept = (
+            f"{len(trials) - pending}/{len(trials)} trials finished, {pending} pending; their results and "
+            f"checkpoints are kept in {storage}. The same command resumes each pending trial from its "
+            f"latest checkpoint: {command}"
+        )
+    else:
+        kept = f"the study had not started, nothing was trained. The same command starts it: {command}"
+    click.echo(f"Interrupted ({'SIGTERM' if terminated else 'Ctrl-C'}): {kept}", err=True)
+    raise SystemExit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+
+
 @main.command()
 @click.argument("target")
 @click.option("--scheduler", metavar="ADDRESS", help="A running `dask scheduler` (default: a local cluster).")
@@ -239,6 +300,11 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
 )
 @click.option("--tls-key", metavar="PATH", help="Its private key (PEM), unless --tls-cert holds it.")
 @click.option(
+    "--tensorboard",
+    metavar="DIR",
+    help="Log every trial to TensorBoard in DIR (a run per trial: `tensorboard --logdir DIR`).",
+)
+@click.option(
     "--fuse",
     is_flag=False,
     flag_value="memory",
@@ -259,7 +325,20 @@ def _parse_resources(values: tuple[str, ...]) -> dict[str, float] | None:
     metavar="SECONDS",
     help="How long to retry storage that can't be reached before the study fails (default 300).",
 )
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Fail a step (train(), evaluation, checkpoint) still running after SECONDS, and restart its worker.",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Train the study's failed trials again, from their latest checkpoints (those that failed "
+    "outside the trainer, in storage or with their workers, are retried anyway).",
+)
 @_user_errors
+@_terminate_as_interrupt
 def run(
     target: str,
     scheduler: str | None,
@@ -273,9 +352,12 @@ def run(
     tls_ca_file: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    tensorboard: str | None,
     fuse: str | None,
     wait_for_lease: float | None,
     storage_retry: float | None,
+    step_timeout: float | None,
+    retry_failed: bool,
 ) -> None:
     """Run the study that TARGET sets up (script.py, script.py:func or module:func).
 
@@ -299,6 +381,11 @@ def run(
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
+    if tensorboard:
+        with _mistake(
+            ImportError, str, "pip install tensorboard (or 'dagtune[tensorboard]'), or drop --tensorboard"
+        ):
+            options["loggers"] = [*options.get("loggers", ()), dt.loggers.TensorBoard(tensorboard)]
     if fused is not None:
         _check_fuse(fused, setup.trainer)
         options["fuse"] = fused
@@ -308,8 +395,13 @@ def run(
         options["wait_for_lease"] = wait_for_lease
     if storage_retry is not None:
         options["storage_retry_seconds"] = storage_retry
+    if retry_failed:
+        options["retry_failed"] = True
+    if step_timeout is not None:
+        options["step_timeout"] = step_timeout
     if client is None and security is not None:
         options["security"] = security
+    shown: list[dt.Study] = []  # the studies opened (both halves of a surrogate study)
     try:
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model
@@ -331,27 +423,36 @@ def run(
         ):
             study = _open_study(setup, surrogate, name or setup.name, storage, client, workers, options)
         algorithm = setup.algorithm
-        shown = [study] if isinstance(study, dt.Study) else [study.surrogate_study, study.target_study]
+        shown.extend([study] if isinstance(study, dt.Study) else [study.surrogate_study, study.target_study])
         expired = _mistake(
             TimeoutError,
             lambda _: (
                 f"the study did not finish within --timeout {timeout:g} s ({_completed(shown[0])} trials completed)"
             ),
             f"raise --timeout (or drop it); what was trained is kept in {storage} and reused by "
-            "every study of this model",
+            "every study of this model, and the same command continues the pending trials",
         )
-        with study, contextlib.ExitStack() as watching, expired:
+        lost = _mistake(  # every worker died and none came back
+            dt.study.NoWorkersError,
+            str,
+            "see the workers' logs for why they died; the same command continues the pending trials",
+        )
+        with study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             result = study.run(algorithm, timeout=timeout)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`_terminate_as_interrupt`)
+        _interrupted(shown, storage, interrupt)
     finally:
         if client is not None:
             client.close()
     if isinstance(result, dt.SurrogateResult):
-        _print_result(result.surrogate)
+        failed = _print_result(result.surrogate)
         _print_target(result)
     else:
-        _print_result(result)
+        failed = _print_result(result)
+    if failed:
+        sys.exit(1)
 
 
 def _open_study(
@@ -421,7 +522,8 @@ def _completed(study: Any) -> str:
     return f"{sum(1 for t in trials if t.status == COMPLETED)}/{len(trials)}"
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any) -> bool:
+    """The run's best trial and figures, then its failed trials; whether any failed."""
     from rich.table import Table
 
     console = _console()
@@ -439,8 +541,21 @@ def _print_result(result: Any) -> None:
     console.print(
         f"{report['trials']} trials: trained {report['executed_steps']} steps for {report['trial_steps']} "
         f"trial steps (unique {report['unique_steps']}, merge rate {report['merge_rate']:.2f}, "
-        f"reuse {report['reuse']:.2f}x) in {report['makespan_seconds']:.1f} s"
+        f"reuse {reuse_text(report)}) in {report['makespan_seconds']:.1f} s"
     )
+    failed = result.failed
+    if failed:
+        console.print(f"[red]{len(failed)} of {report['trials']} trials failed:[/]")
+        for trial in failed[:_FAILURES_SHOWN]:
+            console.print(f"  trial {trial.id}: {_escape(error_line(trial.error))}")
+        if len(failed) > _FAILURES_SHOWN:
+            console.print(
+                f"  and {len(failed) - _FAILURES_SHOWN} more (`dagtune status STORAGE --study NAME`)"
+            )
+    return bool(failed)
+
+
+_FAILURES_SHOWN = 10  # failed trials listed after a run
 
 
 def _print_target(result: Any) -> None:
@@ -494,7 +609,8 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         "trials",
         "completed",
         "pending",
-        "stopped/failed",
+        "stopped/diverged",
+        "failed",
         "best",
         "trial steps",
         "unique steps",
@@ -514,14 +630,21 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             str(c["trials"]),
             str(c["completed"]),
             str(c["pending"]),
-            str(c["stopped"] + c["failed"] + c["diverged"]),
-            "—" if best is None else f"{_escape(snapshot['metric'])} {best['value']:.4g}",
+            str(c["stopped"] + c["diverged"]),
+            f"[red]{c['failed']}[/]" if c["failed"] else "0",
+            "—" if best is None else f"{_escape(snapshot['metric'])} {best['value']:.4g}{_running(best)}",
             str(c["trial_steps"]),
             str(c["unique_steps"]),
-            f"{c['merge_rate']:.2f}",
+            "–" if c["merge_rate_ended"] is None else f"{c['merge_rate_ended']:.2f}",
             *(["" if link is None else _escape(str(link))] if any(links.values()) else []),
         )
     console.print(table)
+    if any(c["pending"] and c["ended"] for c in (snap["counters"] for snap in snapshots.values())):
+        console.print(
+            "[dim]merge rate: over the trials that have ended (a pending trial counts once it ends)[/]"
+        )
+    for stored in studies:
+        _print_failures(console, stored, storage, limit=None if study else 1)
     if study:
         (stored,) = studies
         snapshot = snapshots[stored.name]
@@ -535,7 +658,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         if "executed_steps" in report:
             console.print(
                 f"trained: {report['executed_steps']} steps executed by this study's sessions, "
-                f"{report['gpu_seconds']:.1f} GPU-seconds"
+                f"{report['gpu_seconds']:.1f} {seconds_label(stored.describe.get('gpus'))}"
             )
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
@@ -555,16 +678,36 @@ def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
         console.print(f"writer: {_escape(status)}")
 
 
+def _running(best: dict) -> str:
+    """`` (at step 18, running)`` when the best value is a pending trial's (it may still change)."""
+    return f" (at step {best['steps']}, running)" if best["status"] == "pending" else ""
+
+
+def _print_failures(console: Any, stored: StoredStudy, storage: str, limit: int | None) -> None:
+    """The failed trials of `stored` with their error lines (the first `limit` of them)."""
+    failed = failures(stored.trials)
+    if not failed:
+        return
+    shown = failed if limit is None else failed[:limit]
+    head = f"{stored.name}: {len(failed)} failed trial{'s' if len(failed) > 1 else ''}"
+    if limit is not None and len(failed) > limit:
+        head += f" (the first below; `dagtune status {storage} --study {stored.name}` lists them)"
+    console.print(f"[red]{_escape(head)}[/]")
+    for trial, line in shown:
+        console.print(f"  trial {trial}: {_escape(line)}")
+
+
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
     from rich.table import Table
 
     metric = snapshot["metric"]
-    frame = trials_frame(stored.trials)
+    frame = trials_frame(stored.trials).reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
     frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
-    columns = ["trial_id", "status", "steps", metric, *(hp for hp in snapshot["hp"] if hp in frame)]
+    shown = (c for hp in snapshot["hp"] for c in (hp, f"{hp}/schedule") if c in frame)
+    columns = ["trial_id", "status", "steps", metric, *shown]
     for column in columns:
         table.add_column(_escape(column))
     for _, row in frame.iterrows():
@@ -644,6 +787,59 @@ def gc(storage: str, keep_best: int, budget_bytes: int | None, dry_run: bool) ->
             f"{s['bytes_after'] / 1e6:.1f}",
         )
     _console().print(table)
+
+
+@main.command()
+@click.argument("storage")
+@click.option("--study", required=True, help="The study whose trial to export.")
+@click.option("--trial", "trial_id", type=click.IntRange(min=0), help="Trial id (default: the best trial).")
+@click.option("--metric", help="Metric that ranks the best trial (default: the first val_* metric).")
+@click.option("--mode", type=click.Choice(["max", "min"]), help="Whether higher or lower is better.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write (torch.save)."
+)
+@_user_errors
+def export(
+    storage: str, study: str, trial_id: int | None, metric: str | None, mode: str | None, output: str
+) -> None:
+    """Write a trial's trainer state_dict() at its last step to OUTPUT with torch.save (read it
+    with torch.load(OUTPUT, weights_only=True)). It comes from the trial's checkpoint; if
+    garbage collection removed it, it is rebuilt by training here from the nearest one."""
+    import os
+
+    import torch
+
+    check_study_name(study)
+    store = open_storage(storage)
+    stored = load_study(store, study)
+    if trial_id is None:
+        if metric is None:
+            metric, guessed = metric_of(stored.trials)
+            mode = mode or guessed
+        best = best_of(stored.trials, metric, mode or "max")
+        if best is None:
+            raise UserError(
+                f"no trial of study {study!r} reported {metric!r}", "give --trial N, or --metric NAME"
+            )
+        trial_id = best.id
+    with _mistake(KeyError, lambda e: e.args[0], "`dagtune status STORAGE --study NAME` lists its trials"):
+        restorer, path, state = stored_model(store, study, trial_id)
+    with _mistake(
+        (ImportError, ValueError),
+        str,
+        "rebuilding the state needs the trainer: export from Python with "
+        "dt.open_results(STORAGE, NAME).state_dict(TRIAL, trainer=..., trainer_kwargs=...)",
+    ):
+        trainer_state = restorer.state(path, what=f"trial {trial_id} of study {study!r}")["trainer"]
+    partial = f"{output}.partial"
+    torch.save(trainer_state, partial)
+    os.replace(partial, output)
+    shown = (
+        "" if not state.metrics or metric not in state.metrics else f", {metric} {state.metrics[metric]:.4g}"
+    )
+    click.echo(
+        f"trial {trial_id} of study {study!r} ({state.status}, after {path.step} steps{shown}) -> {output}"
+    )
 
 
 @main.command()

@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -50,7 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
 
+from dagtune.mainguard import check_main_guard
 from dagtune.security import embedded_security, protocol_of
+from dagtune.worker_preload import LEFT_TO_THE_STUDY
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DemandAdaptive",
     "DemandPublisher",
+    "close_embedded",
     "dask_setup",
     "slow_allocator_workers",
     "slurm",
@@ -434,15 +438,20 @@ def embedded_cluster(
     With ``resources={"GPU": g}``: one worker per ``ceil(g)`` of this machine's visible GPUs,
     each offering only the GPUs it is pinned to (``CUDA_VISIBLE_DEVICES``), as
     ``dask worker --resources GPU=1`` per GPU does; a machine without GPUs is refused rather
-    than offered pretend ones."""
+    than offered pretend ones. A study started by a script's top-level code outside
+    ``if __name__ == "__main__":`` is refused before anything starts (`dagtune.mainguard`)."""
+    import dask
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
+    # its workers import the main script again: a study it starts unguarded would start again there
+    check_main_guard(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
     gpus = (resources or {}).get("GPU")
     if gpus is None:
         security = embedded_security(security)
+        count = workers or os.cpu_count() or 1
         with glibc_thresholds():
-            return LocalCluster(
-                n_workers=workers or os.cpu_count() or 1,
+            cluster = LocalCluster(
+                n_workers=0,  # `_start_workers` starts them
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
@@ -451,7 +460,9 @@ def embedded_cluster(
                 resources=resources,
                 security=security,
                 silence_logs=logging.ERROR,
+                preload=[QUIET_WORKERS],
             )
+            return _start_workers(cluster, count)
     devices = visible_gpus()
     per_worker = max(1, math.ceil(gpus))
     groups = [devices[i : i + per_worker] for i in range(0, len(devices) - per_worker + 1, per_worker)]
@@ -480,6 +491,7 @@ def embedded_cluster(
                 "resources": offered,
                 "env": {"CUDA_VISIBLE_DEVICES": ",".join(group)},
                 "silence_logs": logging.ERROR,
+                "preload": [QUIET_WORKERS],
             },
         }
         for group in groups
@@ -489,4 +501,144 @@ def embedded_cluster(
         "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **secured},
     }
     with glibc_thresholds():
-        return SpecCluster(workers=specs, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
+        cluster = SpecCluster(workers={}, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
+        cluster.worker_spec.update(specs)  # `_start_workers` starts them
+        return _start_workers(cluster, len(specs))
+
+
+#: how long the embedded cluster may take to close before its workers are killed
+CLOSE_SECONDS = 20.0
+
+
+def close_embedded(client: Any, cluster: Any, seconds: float | None = None) -> None:
+    """Close `client` and the embedded `cluster`, never raising: the study's work is saved
+    by then, and a cluster that fails to stop (distributed's nanny gives up on a worker
+    that does not exit in time, more often under load or after a worker was killed) must
+    not cost the caller its results. What does not close within about `seconds` (default
+    `CLOSE_SECONDS`) is killed (the worker processes, SIGKILL) and logged. distributed's own
+    errors while it closes (a hung worker it can't reach) are not shown: this function
+    reports what happened."""
+    from distributed.core import Status
+
+    seconds = CLOSE_SECONDS if seconds is None else seconds
+    pids = {nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)}
+    with _distributed_quiet():
+        try:
+            client.close(timeout=seconds)
+        except Exception:
+            log.debug("dagtune: closing the embedded cluster's client failed", exc_info=True)
+        try:
+            cluster.close(timeout=seconds)
+            return
+        except Exception as error:
+            problem = f"{type(error).__name__}: {error}".rstrip(": ")
+        killed = 0
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        log.warning(
+            "dagtune: the embedded cluster did not close within %g s (%s); killed %d worker process(es)",
+            seconds,
+            problem,
+            killed,
+        )
+        with contextlib.suppress(Exception):  # what is left: the scheduler, the nannies
+            cluster.close(timeout=min(seconds, 5.0))
+        # whatever still hangs is given up for good: distributed's exit hook would try again
+        cluster.status = Status.closed
+
+
+@contextlib.contextmanager
+def _distributed_quiet() -> Iterator[None]:
+    """distributed logs nothing below CRITICAL while the block runs."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+QUIET_WORKERS = "dagtune.worker_preload"  # the embedded cluster's workers ignore SIGINT and SIGTERM
+
+#: how long the embedded cluster's workers may take to start (import torch, connect)
+WORKER_START_SECONDS = 300.0
+#: the longest SIGINT and SIGTERM are ignored while they are spawned (`_start_workers`)
+SPAWN_SECONDS = 30.0
+
+
+def _start_workers(cluster: Any, count: int) -> Any:
+    """Start `count` worker processes in `cluster` (started without any), waiting until they
+    run; returns the cluster, or closes it and raises if they don't start in time or the
+    wait is interrupted.
+
+    The workers leave Ctrl-C and SIGTERM to the study (`dagtune.worker_preload` says why).
+    Their preload ignores them only once the worker is built, after seconds of imports, so
+    this process ignores them for the instants it takes to spawn the workers (until as many
+    new child processes exist, at most `SPAWN_SECONDS`): a process inherits an ignored
+    signal from its first instruction. A Ctrl-C at one of those instants is lost; while
+    the workers then start, it interrupts this wait and the cluster is closed."""
+    try:
+        with _interrupts_ignored():
+            before = _children()
+            cluster.scale(count)
+            deadline = time.monotonic() + SPAWN_SECONDS
+            while (
+                len(_children() - before) < count
+                and len(cluster.scheduler_info.get("workers", {})) < count
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
+        _wait_for_workers(cluster, count, WORKER_START_SECONDS)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=10)
+        raise
+    return cluster
+
+
+def _wait_for_workers(cluster: Any, count: int, timeout: float) -> None:
+    """Wait until `count` workers of `cluster` run; a RuntimeError as soon as one of them
+    failed to start (its process printed why), a TimeoutError after `timeout` seconds.
+    (Dask's `wait_for_workers` would wait out the timeout for a worker that already died:
+    `scale` starts them in the background, where a failure is only logged.)"""
+    from distributed.core import Status  # loads distributed: the embedded cluster only
+
+    ended = (Status.failed, Status.closing, Status.closed)
+    deadline = time.monotonic() + timeout
+    while len(cluster.scheduler_info.get("workers", {})) < count:
+        failed = sorted(str(name) for name, worker in cluster.workers.items() if worker.status in ended)
+        if failed:
+            raise RuntimeError(
+                f"worker(s) {', '.join(failed)} of the embedded Dask cluster failed to start; "
+                "what each printed is above"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the embedded Dask cluster's {count} worker(s) did not start within {timeout:.0f} s"
+            )
+        time.sleep(0.05)
+
+
+def _children() -> set[int]:
+    """The pids of this process's children (nannies start their workers as such)."""
+    import psutil
+
+    return {child.pid for child in psutil.Process().children()}
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored while the block runs (in the main thread only: nowhere
+    else can a signal handler be set, and nothing changes then)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in LEFT_TO_THE_STUDY}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Distribution", "choice", "loguniform", "randint", "sample", "uniform"]
+__all__ = [
+    "Distribution",
+    "choice",
+    "loguniform",
+    "normal",
+    "qloguniform",
+    "quniform",
+    "randint",
+    "sample",
+    "uniform",
+]
 
 
 def _finite_number(owner: str, name: str, value: Any) -> float:
@@ -114,6 +125,92 @@ class randint(Distribution):  # noqa: N801
 
     def _args(self) -> tuple:
         return (self.low, self.high)
+
+
+class _Quantized(Distribution):
+    """A continuous draw rounded to the nearest multiple of `q` in ``[low, high]`` (as
+    hyperopt and Ray Tune round): with int `low`, `high` and `q` the values are ints, else
+    floats written as the multiples read (``0.1 * 3`` is ``0.3``, not ``0.30000000000000004``),
+    so equal draws give equal values and their trials share prefixes."""
+
+    _name = ""
+
+    def _check(self, low: Any, high: Any, q: Any) -> None:
+        name = self._name
+        self.low = _finite_number(name, "low", low)
+        self.high = _finite_number(name, "high", high)
+        self.q = _finite_number(name, "q", q)
+        if self.q <= 0:
+            raise ValueError(f"{name}.q must be positive, got {q!r}")
+        if not self.low < self.high:
+            raise ValueError(f"{name}.high must be greater than low, got low={low!r}, high={high!r}")
+        self.integral = all(isinstance(v, int) for v in (self.low, self.high, self.q))
+        self.first, self.last = math.ceil(self.low / self.q), math.floor(self.high / self.q)
+        if self.first > self.last:
+            raise ValueError(
+                f"{name}: no multiple of q={q!r} lies in [low, high] = [{low!r}, {high!r}]; widen it or use a smaller q"
+            )
+
+    def multiple(self, k: int) -> float | int:
+        """The `k`-th multiple of q, as plainly as it reads."""
+        if self.integral:
+            return int(k * self.q)
+        return float(Decimal(repr(float(self.q))) * k)
+
+    def quantize(self, value: float) -> float | int:
+        """`value` rounded to the nearest multiple of q, kept within ``[low, high]``."""
+        k = min(max(round(value / self.q), self.first), self.last)
+        return self.multiple(k)
+
+    def _args(self) -> tuple:
+        return (self.low, self.high, self.q)
+
+
+class quniform(_Quantized):  # noqa: N801
+    """A value drawn uniformly from [low, high), rounded to the nearest multiple of `q` in
+    [low, high] (``quniform(32, 256, 32)``: 32, 64, ..., 256 as ints; ``quniform(0.0, 0.5,
+    0.1)``: 0.0, 0.1, ..., 0.5)."""
+
+    _name = "quniform"
+
+    def __init__(self, low: float, high: float, q: float):
+        self._check(low, high, q)
+
+    def draw(self, rng: np.random.Generator) -> float | int:
+        return self.quantize(float(rng.uniform(self.low, self.high)))
+
+
+class qloguniform(_Quantized):  # noqa: N801
+    """A value whose logarithm is uniform on [log(low), log(high)), rounded to the nearest
+    multiple of `q` in [low, high] (``qloguniform(1e-4, 1e-1, 1e-4)``)."""
+
+    _name = "qloguniform"
+
+    def __init__(self, low: float, high: float, q: float):
+        if isinstance(low, (int, float)) and not isinstance(low, bool) and low <= 0:
+            raise ValueError(f"qloguniform.low must be positive, got {low!r}")
+        self._check(low, high, q)
+
+    def draw(self, rng: np.random.Generator) -> float | int:
+        return self.quantize(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+
+
+class normal(Distribution):  # noqa: N801
+    """A float drawn from the normal distribution of mean `mean` and standard deviation `sd`
+    (Ray Tune's ``randn``); unbounded, so use it where any value is valid (a log-scale
+    exponent, a shift), not for a learning rate."""
+
+    def __init__(self, mean: float = 0.0, sd: float = 1.0):
+        self.mean = _finite_number("normal", "mean", mean)
+        self.sd = _finite_number("normal", "sd", sd)
+        if self.sd <= 0:
+            raise ValueError(f"normal.sd must be positive, got {sd!r}")
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(rng.normal(self.mean, self.sd))
+
+    def _args(self) -> tuple:
+        return (self.mean, self.sd)
 
 
 class choice(Distribution):  # noqa: N801

@@ -30,8 +30,17 @@ from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
-from dagtune.plan import Journal, PlanJournal, SearchPlan
-from dagtune.records import COMPLETED, PENDING, StudyRecords, Trial, is_study_name, read_study_records
+from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
+from dagtune.records import (
+    COMPLETED,
+    OUTSIDE_THE_TRAINER,
+    PENDING,
+    StudyRecords,
+    Trial,
+    TrialState,
+    is_study_name,
+    read_study_records,
+)
 from dagtune.results import ResultsWriter, results_url
 from dagtune.storage_retry import RetryingFileSystem, StorageRetry
 from dagtune.study_lease import StudyLease
@@ -105,16 +114,6 @@ class Leases:
             except (ValueError, KeyError, TypeError) as error:
                 log.warning("dagtune: unreadable lease %s (%r); ignored", path, error)
         return points
-
-
-def plan_header(identity: str) -> dict:
-    """The header of the search plan journal of model `identity`."""
-    return {"journal": "plan", "identity": identity}
-
-
-def records_header(name: str) -> dict:
-    """The header of study `name`'s trial records."""
-    return {"journal": "study", "name": name}
 
 
 def read_records(journal: Journal) -> StudyRecords:
@@ -215,10 +214,11 @@ class Persistence:
             retry=StorageRetry(store.url, store.retry_seconds),
             guard=lease.ensure,
         )
+        self._work: tuple[int, float] | None = None
+        self._write_work((0, 0.0))  # written with the open record: readers know it records its work
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._refreshed = self._results_at = clock()
-        self._work: tuple[int, float] = (0, 0.0)
 
     @property
     def plan(self) -> SearchPlan:
@@ -235,19 +235,25 @@ class Persistence:
                     "and version; give a new study another name."
                 )
 
-    def attach(self, coordinator: Coordinator) -> list[Trial]:
+    def attach(self, coordinator: Coordinator, *, retry_failed: bool = False) -> list[Trial]:
         """Record the coordinator's trial changes from now on and restore the trials of
-        earlier sessions; returns the restored trials."""
+        earlier sessions (what restoring changes is recorded too: a pending trial whose
+        results are known ends); returns the restored trials. A failed trial is pending
+        again if it failed outside the trainer (`dagtune.records.OUTSIDE_THE_TRAINER`), or
+        whatever failed it with `retry_failed`."""
         coordinator.store = self.store
-        restored = coordinator.restore(self.earlier.trials.values())
         coordinator.recorders.append(self._record)
-        return restored
+
+        def retry(state: TrialState) -> bool:
+            return retry_failed or state.cause in OUTSIDE_THE_TRAINER
+
+        return coordinator.restore(self.earlier.trials.values(), retry)
 
     def _record(self, record: dict) -> None:
         kind = record["r"]
         if kind == "submit":
             self._submitters[record["trial"]] = self.records.writer
-        if kind in ("submit", "extend", "end"):  # whose trial it is (`dagtune.records`)
+        if kind in ("submit", "extend", "end", "retry"):  # whose trial it is (`dagtune.records`)
             submitter = self._submitters.get(record["trial"])
             if submitter is not None:
                 record = {**record, "submitted_by": submitter}
@@ -293,7 +299,9 @@ class Persistence:
         """What this session trained so far (executed steps, GPU-seconds of finished tasks),
         when it changed: the one thing storage can't rebuild, since the plan keeps what was
         trained but not how often. Readers sum the last record of each session."""
-        work = (coordinator.executed_steps, round(coordinator.gpu_seconds, 3))
+        self._write_work((coordinator.executed_steps, round(coordinator.gpu_seconds, 3)))
+
+    def _write_work(self, work: tuple[int, float]) -> None:
         if work != self._work:
             self._work = work
             self.records.append(

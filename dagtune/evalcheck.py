@@ -2,18 +2,20 @@
 
 dagtune evaluates where metrics are needed (every `eval_every` steps, at checkpoints, at the
 end of a stage), which is not where `run_alone` or another study evaluates; and a trainer
-resumed from a checkpoint is built afresh, in training mode. So an ``evaluate`` that changes
-the training state (a model left in eval mode, batch-norm statistics updated by evaluating
-in training mode, an optimizer step, a data position moved, a private generator drawn from)
-makes results depend on where evaluations happened: silently different from training alone.
-The global random generators need no check: dagtune runs ``evaluate`` inside `isolated_rng`,
-which puts them back.
+resumed from a checkpoint is built afresh. So an ``evaluate`` that changes the training
+state (batch-norm statistics updated by evaluating in training mode, an optimizer step, a
+data position moved, a private generator drawn from) makes results depend on where
+evaluations happened: silently different from training alone. What dagtune can put back it
+puts back after every evaluation, so it needs no check: the global random generators
+(`isolated_rng`) and every module's training mode (`kept_training_modes`: PyTorch's examples
+leave the model in eval mode after evaluating). What it cannot put back is what
+``state_dict()`` holds.
 
-A worker therefore compares the training state before and after its first evaluations of
-each model (`EvaluateChecks`): a digest of every leaf of ``state_dict()`` and the training
-mode of every module the trainer holds. A difference raises `EvaluateChangedStateError`, naming
-what changed, which fails the trial. Checks stop after the first clean ones, so a correct
-trainer pays for a few digests per worker and nothing after.
+A worker therefore compares the state before and after its first evaluations of each model
+(`EvaluateChecks`): a digest of every leaf of ``state_dict()``. A difference raises
+`EvaluateChangedStateError`, naming what changed, which fails the trial. Checks stop after
+the first clean ones, so a correct trainer pays for a few digests per worker and nothing
+after.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from dagtune.trainer import Trainer
 
-__all__ = ["EvaluateChangedStateError", "EvaluateChecks", "training_state"]
+__all__ = ["EvaluateChangedStateError", "EvaluateChecks", "state_digests", "training_state"]
 
 _SHOWN = 6  # changed keys named in the message; the rest are counted
 
@@ -40,24 +42,27 @@ class EvaluateChangedStateError(RuntimeError):
         self.keys = keys
         shown = ", ".join(keys[:_SHOWN]) + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
         super().__init__(
-            f"evaluate() changed the training state: {shown}. Trainer.evaluate must leave the "
-            "training state as it found it (modules back in training mode with .train(), no "
-            "optimizer step or statistics update, data position untouched), or results depend on "
-            f"where dagtune evaluates. (The first {checks} evaluations of each worker are checked: "
-            "check_evaluate=.)"
+            f"evaluate() changed the training state: {shown}. Trainer.evaluate must leave what "
+            "state_dict() holds as it found it (no optimizer step, no batch-norm statistics "
+            "updated in training mode, data position and private generators untouched), or "
+            "results depend on where dagtune evaluates. (dagtune itself puts back the global "
+            "random generators and every module's training mode. The first "
+            f"{checks} evaluations of each worker are checked: check_evaluate=.)"
         )
 
 
 def training_state(trainer: Trainer) -> dict[str, str]:
     """What `evaluate` must leave unchanged, as a digest per key: every leaf of
-    ``trainer.state_dict()`` (``state_dict()['model']['0.weight']``) and the training mode of
-    every module the trainer holds in an attribute (``self.model.training``)."""
-    state: dict[str, str] = {}
-    _leaves(trainer.state_dict(), "state_dict()", state)
-    for name, value in vars(trainer).items():
-        if isinstance(value, torch.nn.Module):
-            state[f"self.{name}.training"] = "".join("1" if m.training else "0" for m in value.modules())
-    return state
+    ``trainer.state_dict()`` (``state_dict()['model']['0.weight']``)."""
+    return state_digests(trainer.state_dict())
+
+
+def state_digests(state: Any, root: str = "state_dict()") -> dict[str, str]:
+    """A digest of every leaf of `state` (nested dicts, lists and tuples of tensors, arrays
+    and plain values), keyed by its path from `root`: ``state_dict()['model']['0.weight']``."""
+    digests: dict[str, str] = {}
+    _leaves(state, root, digests)
+    return digests
 
 
 def _leaves(value: Any, path: str, out: dict[str, str]) -> None:

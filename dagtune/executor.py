@@ -50,5 +50,10 @@ class Executor(ABC):
     def now(self) -> float:
         """Seconds on the executor's clock (wall clock, or virtual time)."""
 
+    def abandon(self, key: str, worker: str | None) -> None:  # noqa: B027 - an optional hook
+        """Give up task `key`, still running on `worker` (a step outlasted the study's
+        ``step_timeout``, and a running task can't be cancelled): stop what runs it and
+        replace that worker. Its error event came already. A simulated task never hangs."""
+
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the executor started."""

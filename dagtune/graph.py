@@ -21,8 +21,10 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,7 @@ from dagtune.cluster import adapts, asking_for_a_worker
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
+from dagtune.resumecheck import ResumeChecks
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.worker_store import StoreRef, register, store_on, unregister
@@ -43,60 +46,152 @@ log = logging.getLogger(__name__)
 
 _LIVE: dict[str, LiveTrainers] = {}  # worker address -> the trainer it ran last (per process)
 _CHECKS: dict[str, EvaluateChecks] = {}  # worker address -> its clean evaluate checks
+_RESUME_CHECKS: dict[str, ResumeChecks] = {}  # worker address -> its passed resume checks
 _LIVE_LOCK = threading.Lock()
 
 
 def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
     streaming events and obeying directives."""
-    worker, live, checks = _this_worker()
+    worker, live, checks, resume_checks = _this_worker()
     runner = PathRunner(
-        task, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+        task,
+        None if store is None else store_on(worker, store),
+        live,
+        worker=worker.address,
+        checks=checks,
+        resume_checks=resume_checks,
     )
-    return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}))
+
+    def give_up(seconds: float, stack: str) -> list[dict]:
+        return [runner.timeout_event(seconds, stack)]
+
+    with _StepWatch(worker, task.topic, task.step_timeout, give_up) as watch:
+        return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}, watch))
 
 
 def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
     """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
     each member's events under its own key and applying each member's directive."""
-    worker, live, checks = _this_worker()
+    worker, live, checks, resume_checks = _this_worker()
     runner = FusedPathRunner(
-        tasks, None if store is None else store_on(worker, store), live, worker=worker.address, checks=checks
+        tasks,
+        None if store is None else store_on(worker, store),
+        live,
+        worker=worker.address,
+        checks=checks,
+        resume_checks=resume_checks,
     )
     updates = {key: functools.partial(runner.update, key) for key in runner.members}
-    return runner.run(_relay(worker, tasks[0].topic, directives, updates))
+    with _StepWatch(worker, tasks[0].topic, tasks[0].step_timeout, runner.timeout_events) as watch:
+        return runner.run(_relay(worker, tasks[0].topic, directives, updates, watch))
 
 
-def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks]:
-    """The worker running this task, with the trainer it ran last and its evaluate checks."""
+class _StepWatch:
+    """The worker's side of a study's ``step_timeout``: when the task's thread spends
+    `seconds` on one step (the first from the task's start, which includes building or
+    loading the trainer; the others from when the step before was sent and the directives
+    read: dagtune's own messages are not the step's), send the error events `give_up` makes
+    (given the seconds and where that thread is) and watch no more. The task can't be cancelled:
+    the coordinator fails the step and replaces this worker (`DaskExecutor.abandon`). A
+    thread that holds the interpreter lock (a hang in native code that never releases it)
+    stops the watch too; Dask's own heartbeats then remove the worker."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        topic: str,
+        seconds: float | None,
+        give_up: Callable[[float, str], list[dict]],
+    ):
+        self.worker, self.topic, self.seconds, self.give_up = worker, topic, seconds, give_up
+        self.thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._round = 0  # which step the running timer watches
+        self._done = False  # fired, or the task ended
+
+    def __enter__(self) -> _StepWatch:
+        self.restart()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def pause(self) -> None:
+        """A step ended: nothing is watched until `restart`."""
+        with self._lock:
+            self._round += 1
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def restart(self) -> None:
+        """A step begins (or the task): it has `seconds` from now."""
+        if self.seconds is None:
+            return
+        with self._lock:
+            if self._done:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._round += 1
+            self._timer = threading.Timer(self.seconds, self._fire, args=(self._round,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, watched: int) -> None:
+        with self._lock:
+            if self._done or watched != self._round:  # the step ended meanwhile
+                return
+            self._done = True
+        frame = sys._current_frames().get(self.thread)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        self.worker.log_event(self.topic, self.give_up(self.seconds, stack))
+
+
+def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks, ResumeChecks]:
+    """The worker running this task, with the trainer it ran last and its evaluate and
+    resume checks."""
     worker = get_worker()
     with _LIVE_LOCK:
         live = _LIVE.setdefault(worker.address, LiveTrainers())
         checks = _CHECKS.setdefault(worker.address, EvaluateChecks())
-    return worker, live, checks
+        resume_checks = _RESUME_CHECKS.setdefault(worker.address, ResumeChecks())
+    return worker, live, checks, resume_checks
 
 
 def _relay(
-    worker: Worker, topic: str, directives: str, updates: dict[str, Callable[[Directive], list[dict]]]
+    worker: Worker,
+    topic: str,
+    directives: str,
+    updates: dict[str, Callable[[Directive], list[dict]]],
+    watch: _StepWatch,
 ) -> Callable[[list[dict]], None]:
     """What a runner calls after each step: send the step's events as one message (so they
     arrive together), then read the current directives and hand each task's to its `updates`
-    entry, sending back the checkpoints it declines."""
+    entry, sending back the checkpoints it declines; `watch` times the steps, not this."""
     variable = Variable(directives)
 
     def relay(events: list[dict]) -> None:
+        watch.pause()
         worker.log_event(topic, events)
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
-            return
-        declined = [
-            event
-            for key, update in updates.items()
-            for event in update(Directive.from_dict(current.get(key)))
-        ]
-        if declined:
-            worker.log_event(topic, declined)
+            current = None
+        if current is not None:
+            declined = [
+                event
+                for key, update in updates.items()
+                for event in update(Directive.from_dict(current.get(key)))
+            ]
+            if declined:
+                worker.log_event(topic, declined)
+        watch.restart()
 
     return relay
 
@@ -147,12 +242,22 @@ def check_resources(client: Client, resources: dict[str, float] | None, wait: fl
 class DaskExecutor(Executor):
     """Runs path tasks as futures of `client`, `resources` per task (e.g. ``{"GPU": 1}``),
     with checkpoints in `store` (given to the workers once, as a plugin named after `topic`,
-    and withdrawn on `close`)."""
+    and withdrawn on `close` unless `withdraw` is False: a cluster that closes with the study
+    takes it with its workers, and withdrawing it waits for every worker, a hung one too)."""
 
     virtual = False
 
-    def __init__(self, client: Client, store: Any, topic: str, resources: dict[str, float] | None = None):
+    def __init__(
+        self,
+        client: Client,
+        store: Any,
+        topic: str,
+        resources: dict[str, float] | None = None,
+        *,
+        withdraw: bool = True,
+    ):
         self.client = client
+        self.withdraw = withdraw
         self.store = store
         self.topic = topic
         self.resources = dict(resources) if resources else None
@@ -165,6 +270,8 @@ class DaskExecutor(Executor):
         self._variable = Variable(f"{topic}-directives", client=client)
         self._variable.set({})
         self._slots_cache: tuple[float, int] | None = None
+        self._closed = False
+        self._replacing: set[str] = set()  # workers being restarted (`abandon`)
         client.subscribe_topic(topic, self._on_event)
 
     def _on_event(self, event: tuple[float, list[dict]]) -> None:
@@ -222,6 +329,8 @@ class DaskExecutor(Executor):
         key = future.key
         self._futures.pop(key, None)
         keys = self._members.pop(key, None) or [key]
+        if self._closed:  # cancelled by `close`: nobody reads events or directives any more
+            return
         try:
             self._events.put(future.result())
         except FutureCancelledError:
@@ -234,6 +343,40 @@ class DaskExecutor(Executor):
             with self._directives_lock:
                 if [self._directives.pop(k, None) for k in keys] != [None] * len(keys):
                     self._variable.set(dict(self._directives))
+
+    def abandon(self, key: str, worker: str | None) -> None:
+        """Cancel the future running task `key` (its fused group's, for a member) and restart
+        `worker` through its nanny, in the background: the task's thread can't be stopped
+        otherwise. A worker without a nanny can't be restarted: it is logged, and that
+        worker keeps a thread busy until the step returns, if ever."""
+        group = next((k for k, members in self._members.items() if key in members), key)
+        future = self._futures.get(group)
+        if future is not None:
+            future.cancel()
+        if worker is None or worker in self._replacing:
+            return
+        self._replacing.add(worker)
+        threading.Thread(
+            target=self._replace, args=(worker,), name="dagtune-replace-worker", daemon=True
+        ).start()
+
+    def _replace(self, worker: str) -> None:
+        try:
+            outcome = self.client.restart_workers([worker], timeout=60, raise_for_error=False)
+            if outcome.get(worker) != "OK":
+                log.warning(
+                    "dagtune: restarting worker %s after a step timeout: %s", worker, outcome.get(worker)
+                )
+        except Exception as error:
+            log.warning(
+                "dagtune: worker %s could not be restarted after a step timeout (%s: %s); it stays busy until "
+                "the step returns",
+                worker,
+                type(error).__name__,
+                error,
+            )
+        finally:
+            self._replacing.discard(worker)
 
     def direct(self, key: str, directive: Directive) -> None:
         with self._directives_lock:
@@ -256,6 +399,7 @@ class DaskExecutor(Executor):
         return time.time()
 
     def close(self) -> None:
+        self._closed = True
         try:
             self.client.unsubscribe_topic(self.topic)
         except Exception:  # the client may already be closing
@@ -266,7 +410,7 @@ class DaskExecutor(Executor):
             self._variable.delete()
         except Exception:
             log.debug("deleting the directives variable failed", exc_info=True)
-        if self._store_ref is not None:
+        if self._store_ref is not None and self.withdraw:
             unregister(self.client, self._store_ref)
 
 

@@ -17,6 +17,7 @@ from dagtune.dashboard.figures import COLORS, CRITICAL, curves_figure, tree_figu
 from dagtune.dashboard.plugin import page_url
 from dagtune.dashboard.snapshot import live_snapshot, result_snapshot
 from dagtune.dashboard.tree import STATES
+from dagtune.summary import seconds_label
 
 __all__ = [
     "LiveView",
@@ -38,29 +39,39 @@ def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
     return f"<table>{cells}</table>"
 
 
-def _summary(counters: dict) -> str:
+def _summary(snapshot: dict) -> str:
+    counters = snapshot["counters"]
     executed = counters.get("executed_steps")
+    rate = counters.get("merge_rate_ended")
     pairs = [
         (
             "trials",
             f"{counters.get('trials', 0)} ({counters.get('completed', 0)} completed, "
             f"{counters.get('pending', 0)} pending, {counters.get('stopped', 0)} stopped, "
-            f"{counters.get('failed', 0) + counters.get('diverged', 0)} failed)",
+            f"{counters.get('diverged', 0)} diverged, {counters.get('failed', 0)} failed)",
         ),
         (
             "steps",
             f"{counters.get('trial_steps', 0)} trial · {counters.get('unique_steps', 0)} unique · "
             f"{'—' if executed is None else executed} executed",
         ),
-        ("merge rate", f"{counters.get('merge_rate', 1.0):.2f}"),
+        (
+            "merge rate",
+            "– (no trial ended yet)"
+            if rate is None
+            else f"{rate:.2f} ({counters.get('ended', 0)} of {counters.get('trials', 0)} trials ended)",
+        ),
     ]
     if "gpu_seconds" in counters:
         pairs.append(
             (
-                "GPU-seconds",
+                seconds_label(snapshot.get("gpus")),
                 f"{counters['gpu_seconds']:.1f} ({counters.get('gpu_seconds_saved', 0.0):.1f} saved by reuse)",
             )
         )
+    failed = (snapshot.get("failures") or {}).get("first")
+    if failed:
+        pairs.append(("first failed trial", f"trial {failed[0]}: {failed[1]}"))
     return _rows(pairs)
 
 
@@ -68,7 +79,8 @@ def _best(snapshot: dict) -> str:
     best = snapshot.get("best")
     if best is None:
         return "<p>No result yet.</p>"
-    head = f"best {snapshot['metric']} = {best['value']:.4g} (trial {best['trial']}, {best['steps']} steps)"
+    note = best.get("note") or f"trial {best['trial']}, {best['steps']} steps"
+    head = f"best {snapshot['metric']} = {best['value']:.4g} ({note})"
     return f"<p><b>{html.escape(head)}</b></p>" + _rows(best["config"].items())
 
 
@@ -120,7 +132,7 @@ def snapshot_html(snapshot: dict, title: str, link: str | None = None) -> str:
     link_html = f' &nbsp;<a href="{html.escape(link)}" target="_blank">dashboard</a>' if link else ""
     return (
         f'<div class="dagtune">{_STYLE}<h4 style="margin:4px 0">{html.escape(title)}{link_html}</h4>'
-        f'<div style="display:flex;gap:24px;flex-wrap:wrap"><div>{_summary(snapshot["counters"])}'
+        f'<div style="display:flex;gap:24px;flex-wrap:wrap"><div>{_summary(snapshot)}'
         f"{_best(snapshot)}</div><div>{tree_svg(snapshot)}</div></div></div>"
     )
 

@@ -10,7 +10,10 @@ saved, and the best metric so far. Where it shows them:
   heartbeat at most every `heartbeat_seconds` while steps are trained but no trial finishes;
 - ``"notebook"``: a live HTML view in Jupyter (`dagtune.notebook.LiveView`), nothing
   outside Jupyter;
-- ``"auto"``: the notebook view in Jupyter, else the terminal forms.
+- ``"auto"``: the notebook view in Jupyter, else the terminal forms;
+- ``"interactive"``: the notebook view in Jupyter, the bar when the stream is a terminal,
+  nothing otherwise (what `Study.run` shows by itself: a plain script run in a terminal gets
+  a progress line, its output redirected to a file or a CI log gets none).
 
 Watches don't nest: inside a block already watching a study (``dagtune run`` around
 ``Study.run``, which watches for notebooks itself), another watch of it shows nothing.
@@ -26,10 +29,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from dagtune.records import PENDING
-from dagtune.summary import best_of, metric_of
+from dagtune.records import FAILED, PENDING
+from dagtune.summary import best_note, best_of, metric_of
 
-__all__ = ["ProgressState", "in_notebook", "read_state", "watch"]
+__all__ = ["SHOWS", "ProgressState", "in_notebook", "read_state", "watch"]
+
+#: where `watch` shows progress (the module docstring says what each means)
+SHOWS = ("auto", "terminal", "notebook", "interactive")
 
 _watched: set[int] = set()  # ids of the studies being watched
 _watched_lock = threading.Lock()
@@ -47,16 +53,25 @@ class ProgressState:
     best: float | None
     metric: str | None
     elapsed: float
+    failed: int = 0
+    best_note: str = ""  # where the best value comes from ("trial 4, at step 18, running")
 
     @property
     def saved(self) -> int:
         """Steps a trial-based system would have trained on top of what was trained."""
         return max(0, self.trial_steps - self.trained)
 
+    def best_text(self) -> str:
+        """``best val_acc 0.9312 (trial 4, at step 18, running)``, or "" without a result."""
+        if self.best is None:
+            return ""
+        return f"best {self.metric} {self.best:.4g}" + (f" ({self.best_note})" if self.best_note else "")
+
     def line(self) -> str:
-        best = f", best {self.metric} {self.best:.4g}" if self.best is not None else ""
+        best = f", {self.best_text()}" if self.best is not None else ""
+        failed = f" ({self.failed} failed)" if self.failed else ""
         return (
-            f"dagtune {self.study}: {self.finished}/{self.trials} trials finished, "
+            f"dagtune {self.study}: {self.finished}/{self.trials} trials finished{failed}, "
             f"{self.trained} steps trained, {self.saved} saved by reuse{best}, {self.elapsed:.0f} s"
         )
 
@@ -79,6 +94,8 @@ def read_state(study: Any, metric: str | None, mode: str, started: float) -> Pro
         best=None if best is None else float(best.metrics[metric]),
         metric=metric,
         elapsed=time.monotonic() - started,
+        failed=sum(1 for t in trials if t.status == FAILED),
+        best_note="" if best is None else best_note(best),
     )
 
 
@@ -136,7 +153,9 @@ class _Bar:
         self.progress.start()
 
     def show(self, state: ProgressState, final: bool = False) -> None:
-        best = f"best {state.metric} {state.best:.4g}" if state.best is not None else "no result yet"
+        best = state.best_text() or "no result yet"
+        if state.failed:
+            best += f" · [red]{state.failed} failed[/]"
         self.progress.update(
             self.task,
             description=state.study,
@@ -151,17 +170,25 @@ class _Bar:
 
 
 def _display(study: Any, show: str, stream: IO[str], log_seconds: float, heartbeat_seconds: float):
-    if show not in ("auto", "terminal", "notebook"):
-        raise ValueError(f"show must be 'auto', 'terminal' or 'notebook', got {show!r}")
-    if show in ("auto", "notebook") and in_notebook():
+    if show not in SHOWS:
+        raise ValueError(f"show must be one of {', '.join(map(repr, SHOWS))}, got {show!r}")
+    if show in ("auto", "notebook", "interactive") and in_notebook():
         from dagtune.notebook import LiveView  # loads bokeh and distributed: in Jupyter only
 
         return LiveView(study)
     if show == "notebook":
         return None
-    if stream.isatty():
+    if _is_terminal(stream):
         return _Bar(stream)
-    return _Lines(stream, log_seconds, heartbeat_seconds)
+    return None if show == "interactive" else _Lines(stream, log_seconds, heartbeat_seconds)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except ValueError:  # a closed stream
+        return False
 
 
 @contextlib.contextmanager

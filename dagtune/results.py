@@ -6,8 +6,14 @@ zarr, xarray or `open_results` (pandas). The group lives at
 
     trial_id  int64 [trial]          status  str [trial]      steps  int64 [trial] (reached)
     config    str [trial] (canonical JSON of the config)      error  str [trial] ("" if none)
-    step      int64 [step] = 1, 2, ...
+    step      int64 [step] = 0, 1, 2, ...
     final/<metric>  float64 [trial]          curve/<metric>  float64 [trial, step] (NaN: not evaluated)
+
+A step is one call of ``Trainer.train()`` counted from 0, and ``curve/<metric>[i, s]`` is the
+metric of trial ``i`` evaluated right after step ``s`` (after ``s + 1`` steps of training), as
+in every curve dagtune shows (`dagtune.frames`). Groups written before that convention
+(format ``dagtune-results/1``) numbered the same columns 1, 2, ...: they read the same, and a
+study that resumes one rewrites its ``step`` coordinate.
 
 with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
 name, since a metric name may hold characters an array name can't). There is one row per
@@ -27,13 +33,17 @@ from typing import Any
 
 import numpy as np
 
+from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
+from dagtune.frames import TrialRow, trials_table
 from dagtune.records import Trial, is_study_name
+from dagtune.restore import stored_model
 from dagtune.storage_retry import StorageRetry
+from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
-FORMAT = "dagtune-results/1"
+FORMAT = "dagtune-results/2"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _CHUNK_VALUES = 65536
 _STEP_BLOCK = 1 << 16  # step coordinates written at once
@@ -125,6 +135,7 @@ class ResultsWriter:
         keys = _array_names({m for t in ordered for _, ms in t.curve for m in ms})
         # curves are appended to; they are written whole when rows moved or a metric is new
         whole = self._rows is None or ids[: len(self._rows)] != self._rows or keys != self._keys
+        renumber = group.attrs.get("format", FORMAT) != FORMAT  # an older group's step coordinate
         group.attrs.update(
             {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
         )
@@ -133,7 +144,7 @@ class ResultsWriter:
         _put(group, "steps", np.array([t.reached for t in ordered], dtype=np.int64))
         _put(group, "config", _text([config_dumps(t.config) for t in ordered]))
         _put(group, "error", _text([t.error or "" for t in ordered]))
-        _put_steps(group, steps)
+        _put_steps(group, steps, rewrite=renumber)
         for metric, key in keys.items():
             final = [np.nan if not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
             _put(group, f"final/{key}", np.array(final, dtype=np.float64))
@@ -196,20 +207,23 @@ def _curve(group: Any, name: str, shape: tuple[int, int], *, clear: bool):
     return array
 
 
-def _put_steps(group: Any, steps: int) -> None:
-    """The ``step`` coordinate 1 .. `steps`, writing only what it lacks, a block at a time
-    (its length follows the steps trained, never the steps a trial asked for)."""
+def _put_steps(group: Any, steps: int, *, rewrite: bool = False) -> None:
+    """The ``step`` coordinate 0 .. `steps` - 1, writing only what it lacks (all of it with
+    `rewrite`), a block at a time (its length follows the steps trained, never the steps a
+    trial asked for)."""
     if "step" in group:
         array = group["step"]
         have = array.shape[0]
         if have != steps:
             array.resize((steps,))
+        if rewrite:
+            have = 0
     else:
         array = _create(group, "step", shape=(steps,), dtype="int64", chunks=(_CHUNK_VALUES,))
         have = 0
     for begin in range(have, steps, _STEP_BLOCK):
         end = min(begin + _STEP_BLOCK, steps)
-        array[begin:end] = np.arange(begin + 1, end + 1, dtype=np.int64)
+        array[begin:end] = np.arange(begin, end, dtype=np.int64)
 
 
 def _put(group: Any, name: str, values: np.ndarray) -> None:
@@ -233,48 +247,99 @@ def _put(group: Any, name: str, values: np.ndarray) -> None:
 
 
 class StudyResults:
-    """A study's results read back: `trials` (one row per trial) and `curve(metric)`."""
+    """A study's results read back: `trials` (one row per trial) and `curve(metric)`, in the
+    schema `Result` has too (`dagtune.frames`), and each trial's model (`load_trainer`,
+    `state_dict`) from the study's storage."""
 
-    def __init__(self, group: Any):
+    def __init__(
+        self,
+        group: Any,
+        storage: str | None = None,
+        name: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ):
         self.group = group
         self.metrics: dict[str, str] = dict(group.attrs.get("metrics", {}))
+        self.storage, self.name = storage, name
+        self._storage_options = dict(storage_options or {})  # may hold credentials: never shown
+
+    def __repr__(self) -> str:
+        return f"<StudyResults {self.name!r} in {self.storage!r}>"
+
+    def _model(self, trial_id: int, trainer: Any, trainer_kwargs: Mapping[str, Any] | None):
+        if self.storage is None or self.name is None:
+            raise ValueError("these results were not opened with dt.open_results: no storage to load from")
+        store = CheckpointStore(self.storage, self._storage_options)
+        return stored_model(store, self.name, trial_id, trainer=trainer, trainer_kwargs=trainer_kwargs)
+
+    def load_trainer(
+        self,
+        trial_id: int,
+        *,
+        trainer: type[Trainer] | None = None,
+        trainer_kwargs: Mapping[str, Any] | None = None,
+        rng: bool = True,
+    ) -> Trainer:
+        """Trial `trial_id`'s trainer, built here and restored at its last step, as
+        `dagtune.TrialResult.load_trainer` (checkpoint, else rebuilt by training here:
+        `dagtune.restore`). The trainer class is the one the study recorded (imported by its
+        ``module.qualname``) and its arguments the recorded ones, unless `trainer` and
+        `trainer_kwargs` are given (needed for a class defined in the script that ran the
+        study, or arguments JSON can't hold); they must make the study's model identity."""
+        restorer, path, _ = self._model(trial_id, trainer, trainer_kwargs)
+        return restorer.trainer(path, rng=rng, what=f"trial {trial_id} of study {self.name!r}")
+
+    def state_dict(
+        self,
+        trial_id: int,
+        *,
+        trainer: type[Trainer] | None = None,
+        trainer_kwargs: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Trial `trial_id`'s trainer ``state_dict()`` at its last step: read from its
+        checkpoint (no trainer class needed), else rebuilt as `load_trainer` does."""
+        restorer, path, _ = self._model(trial_id, trainer, trainer_kwargs)
+        return restorer.state(path, what=f"trial {trial_id} of study {self.name!r}")["trainer"]
+
+    def rows(self) -> list[TrialRow]:
+        """Each trial as the frames show it (config parsed back from its JSON)."""
+        group = self.group
+        finals = {metric: group[f"final/{key}"][:] for metric, key in self.metrics.items()}
+        rows = []
+        for i, (trial_id, status, steps, text, error) in enumerate(
+            zip(
+                group["trial_id"][:],
+                group["status"][:],
+                group["steps"][:],
+                group["config"][:],
+                group["error"][:],
+            )
+        ):
+            metrics = {m: float(v[i]) for m, v in finals.items() if not np.isnan(v[i])}
+            config = config_from_json(json.loads(str(text))) if text else {}
+            rows.append(TrialRow(int(trial_id), str(status), int(steps), metrics, config, str(error)))
+        return rows
 
     @property
     def trials(self):
-        """A DataFrame indexed by trial id: status, steps, final metrics, config (JSON) and
-        ``config/<name>`` columns with each sequence's JSON form."""
-        import pandas as pd
-
-        group = self.group
-        frame = pd.DataFrame(
-            {
-                "status": group["status"][:],
-                "steps": group["steps"][:],
-                "config": group["config"][:],
-                "error": group["error"][:],
-            },
-            index=pd.Index(group["trial_id"][:], name="trial_id"),
-        )
-        for metric, key in self.metrics.items():
-            frame[metric] = group[f"final/{key}"][:]
-        for name in sorted({n for text in frame["config"] if text for n in json.loads(text)}):
-            frame[f"config/{name}"] = [
-                repr(config_from_json(json.loads(text))[name]) if text else None for text in frame["config"]
-            ]
-        return frame
+        """A DataFrame indexed by trial id: status, steps, final metrics, one column per
+        hyper-parameter (a constant's value; a schedule's text, ``NAME/first`` and
+        ``NAME/last``), error and config (canonical JSON); `dagtune.frames` says exactly."""
+        return trials_table(self.rows())
 
     def curve(self, metric: str):
-        """A DataFrame of `metric`: one row per trial, one column per step (NaN: not evaluated)."""
+        """A DataFrame of `metric`: one row per trial, one column per step from 0 (column
+        ``s``: the metric right after step ``s``; NaN: not evaluated)."""
         import pandas as pd
 
         if metric not in self.metrics:
             raise KeyError(f"no metric {metric!r} in these results; there are {sorted(self.metrics)}")
         values = self.group[f"curve/{self.metrics[metric]}"][:]
-        steps = self.group["step"][:]
+        steps = self.group["step"].shape[0]
         return pd.DataFrame(
-            values[:, : len(steps)],
-            index=pd.Index(self.group["trial_id"][:], name="trial_id"),
-            columns=pd.Index(steps, name="step"),
+            values[:, :steps],
+            index=pd.Index(self.group["trial_id"][:], name="trial_id", dtype="int64"),
+            columns=pd.RangeIndex(steps, name="step"),
         )
 
 
@@ -285,4 +350,7 @@ def open_results(storage: str, name: str, storage_options: Mapping[str, Any] | N
 
     if not is_study_name(name):
         raise ValueError(f"{name!r} is not a study name (1-128 letters, digits, '.', '_' or '-')")
-    return StudyResults(_open_group(results_url(os.fspath(storage), name), "r", storage_options))
+    storage = os.fspath(storage)
+    return StudyResults(
+        _open_group(results_url(storage, name), "r", storage_options), storage, name, storage_options
+    )

@@ -5,9 +5,9 @@ so a trial trained alone and the same trial trained in shared stages see exactly
 calls: ``setup`` with every value when training starts or resumes and with the changed
 values before a later step where something changed, one ``train`` per step (its metrics go
 with the step's validation metrics; a non-finite one makes the step evaluated, so divergence
-shows at once), ``evaluate`` inside an isolated RNG so evaluating more often never changes
-training (each worker's first evaluations are checked to leave the training state alone:
-`dagtune.evalcheck`), and RNG states saved and restored with every checkpoint.
+shows at once), ``evaluate`` inside an isolated RNG and with every module's training mode put back after it,
+so evaluating more often never changes training (each worker's first evaluations are checked
+to leave the rest, ``state_dict()``, alone: `dagtune.evalcheck`), and RNG states saved and restored with every checkpoint.
 
 A worker keeps the trainer of the last path it ran (`LiveTrainers`); a path that resumes
 from exactly that point continues in memory without reading storage.
@@ -16,28 +16,80 @@ A checkpoint that fails verification (`CheckpointError`: missing marker, bad che
 truncated file, or a committed state that is not a trainer state and RNG states as this
 module saves them) is never used: the task ends with a ``corrupt`` event naming the point,
 and the coordinator plans the work again from an earlier one.
+
+A checkpoint also carries the metrics of the steps it covers that the coordinator may not
+have recorded: those evaluated since the point the task was given (its source, which the
+coordinator knew with its metrics). A task resumes from the latest checkpoint of its path
+that storage holds, which may be one the coordinator never heard of (it died, or the
+worker died, between the commit and the events); the task then sends those metrics and
+that checkpoint first, so a step's metrics reach the search plan no later than any
+checkpoint that covers it, and a learning curve is complete after any crash.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import math
+import re
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagtune.checkpoints import CheckpointError
+import torch
+
+from dagtune.checkpoints import CheckpointError, serialize_state
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
+from dagtune.hpreads import RecordingValues, unread_message
+from dagtune.notices import (
+    NondeterministicTrainingWarning,
+    ResumeCheckSkippedWarning,
+    UnreadHyperparameterWarning,
+    warning_event,
+)
 from dagtune.records import CheckpointInfo
+from dagtune.resumecheck import (
+    ResumeChangedTrainingError,
+    ResumeChecks,
+    StepOutcome,
+    differences,
+    failed_outcome,
+    likely_causes,
+    out_of_memory,
+    trainer_outcome,
+)
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
-from dagtune.trainer import Trainer, build_trainer, capture_rng, check_rng_state, isolated_rng, restore_rng
+from dagtune.trainer import (
+    Trainer,
+    build_trainer,
+    capture_rng,
+    check_rng_state,
+    isolated_rng,
+    kept_training_modes,
+    restore_rng,
+    torch_threads,
+)
 
-__all__ = ["CheckpointBackend", "LiveTrainers", "PathRunner", "to_metrics"]
+__all__ = [
+    "Carried",
+    "CheckpointBackend",
+    "LiveTrainers",
+    "PathRunner",
+    "StepTimeoutError",
+    "StorageFailedError",
+    "checkpoint_parts",
+    "checkpoint_state",
+    "failure_fields",
+    "through_storage",
+    "timeout_fields",
+    "to_metrics",
+]
 
 
 class CheckpointBackend(Protocol):
@@ -50,6 +102,11 @@ class CheckpointBackend(Protocol):
     def info(self, identity: str, node: str, step: int) -> CheckpointInfo | None: ...
 
 
+#: metrics a checkpoint carries: ``(node, step, metrics)`` of each step evaluated on its path
+#: since the point its task was given (see the module docstring)
+Carried = list[tuple[str, int, dict[str, float]]]
+
+
 @dataclass
 class _Live:
     identity: str
@@ -57,6 +114,7 @@ class _Live:
     step: int
     trainer: Trainer
     rng: dict
+    carried: Carried = field(default_factory=list)
 
 
 class LiveTrainers:
@@ -112,9 +170,19 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
     return metrics
 
 
-def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
-    """The trainer's state and the RNG states of a loaded checkpoint; a `CheckpointError` if
-    it holds anything else (committed and intact, but not a state this module saved)."""
+def checkpoint_state(trainer_state: Any, carried: Carried) -> dict:
+    """What a checkpoint holds: the trainer's state, the RNG states now, the carried metrics."""
+    return {
+        "trainer": trainer_state,
+        "rng": capture_rng(),
+        "metrics": [[node, step, dict(metrics)] for node, step, metrics in carried],
+    }
+
+
+def checkpoint_parts(state: Any) -> tuple[Any, Any, Carried]:
+    """The trainer's state, the RNG states and the carried metrics of a loaded checkpoint (none
+    in one saved before checkpoints carried them); a `CheckpointError` if it holds anything
+    else (committed and intact, but not a state this module saved)."""
     if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a training state: it needs 'trainer' and 'rng', it holds {found}")
@@ -122,7 +190,89 @@ def _checkpoint_parts(state: Any) -> tuple[Any, Any]:
         check_rng_state(state["rng"])
     except ValueError as error:
         raise CheckpointError(f"not a training state: {error}") from None
-    return state["trainer"], state["rng"]
+    return state["trainer"], state["rng"], _carried(state.get("metrics", []))
+
+
+def _carried(entries: Any) -> Carried:
+    """A checkpoint's carried metrics, checked (`CheckpointError` names what is wrong)."""
+    if not isinstance(entries, list):
+        raise CheckpointError(
+            f"not a training state: its 'metrics' is a {type(entries).__name__}, not a list"
+        )
+    carried = []
+    for entry in entries:
+        try:
+            node, step, metrics = entry
+            valid = (
+                isinstance(node, str)
+                and _NODE.match(node) is not None
+                and type(step) is int
+                and step >= 1
+                and isinstance(metrics, dict)
+                and all(isinstance(k, str) and type(v) is float for k, v in metrics.items())
+            )
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError(
+                f"not a training state: its 'metrics' hold {str(entry)[:80]!r}, not [node, step, {{name: float}}]"
+            )
+        carried.append((node, step, metrics))
+    return carried
+
+
+_NODE = re.compile(r"^[0-9a-f]{16}$")  # a node id (`dagtune.records.node_id`)
+
+
+class StorageFailedError(Exception):
+    """Reading or writing a checkpoint failed in storage itself (a full disk, an unreachable
+    object store): not the trainer's failure, nor a corrupt checkpoint (`CheckpointError`).
+    A trial it fails is retried when its study is opened again (`dagtune.records.CAUSES`)."""
+
+
+def through_storage(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, a checkpoint store's method: what storage raises becomes a
+    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is."""
+    try:
+        return call(*args)
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise StorageFailedError(f"{type(error).__name__}: {error}") from error
+
+
+class StepTimeoutError(Exception):
+    """A step did not finish within the study's ``step_timeout`` (a hanging ``train()``)."""
+
+
+def failure_fields(error: BaseException) -> dict[str, str]:
+    """The fields an ``error`` event gives a failure: `error` (one line), `traceback` and
+    `cause` (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`,
+    else ``trainer``)."""
+    if isinstance(error, StorageFailedError):
+        cause = "storage"
+    elif isinstance(error, StepTimeoutError):
+        cause = "timeout"
+    else:
+        cause = "trainer"
+    return {
+        "error": str(error) if cause == "storage" else f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+        "cause": cause,
+    }
+
+
+def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
+    """`failure_fields` of step `step` given up after `seconds`, with `stack` (where its
+    thread was) as the traceback."""
+    fields = failure_fields(
+        StepTimeoutError(
+            f"step {step} did not finish within step_timeout={seconds:g} s; its worker is replaced"
+        )
+    )
+    if stack:
+        fields["traceback"] = f"{fields['error']}\nWhere the step was when it was given up:\n{stack}"
+    return fields
 
 
 class _CorruptError(Exception):
@@ -137,8 +287,10 @@ class PathRunner:
     """Trains one `PathTask`, one step at a time, producing events.
 
     Iterate `steps()`: each item is the list of events of one step (``metrics``,
-    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``; the last item
-    carries ``end``. `update` applies a directive between steps.
+    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``
+    (and, resuming from a checkpoint the coordinator may not know, the metrics it carries and
+    its ``checkpoint``); the last item carries ``end``. `update` applies a directive between
+    steps.
     """
 
     def __init__(
@@ -150,11 +302,13 @@ class PathRunner:
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
+        resume_checks: ResumeChecks | None = None,
     ):
         self.task = task
         self.store = store
         self.live = live
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
+        self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.worker = worker
         self.clock = clock
         self.wallclock = wallclock
@@ -163,7 +317,11 @@ class PathRunner:
         self.position = task.start  # steps trained so far along the path
         self.executed = 0
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
+        self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
+        self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
         self.halted = False  # set by `halt`: no further step, whatever later directives say
+        self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
+        self.current: int | None = None  # the step being trained (None: acquiring the trainer)
 
     def update(self, directive: Directive) -> list[dict]:
         """Take a new directive; returns ``declined`` events for wanted checkpoints already
@@ -184,49 +342,70 @@ class PathRunner:
 
     # ------------------------------------------------------------------ acquiring the trainer
 
-    def _resume_point(self) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path (a rerun after a lost worker resumes
-        from it), else the task's own source."""
+    def _resume_point(self) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
+        coordinator resumes from it) with its commit info, else the task's own source (None:
+        the coordinator knows it)."""
         if self.store is not None:
             identity = self.task.trainer.identity
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = self.store.info(identity, node, step)
+                        committed = through_storage(self.store.info, identity, node, step)
                     except CheckpointError as error:  # a malformed commit marker
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def _acquire(self) -> tuple[Trainer, list[dict]]:
         spec = self.task.trainer
-        point = self._resume_point()
+        point, found = self._resume_point()
         if point is None:
             self.position = 0
             return build_trainer(spec.cls, spec.kwargs, spec.seed), []
         node, step = point
         self.position = step
-        if self.live is not None:
-            live = self.live.take(spec.identity, node, step)
-            if live is not None:
-                restore_rng(live.rng)
-                return live.trainer, [self._event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(spec.identity, node, step)
+        if live is not None:
+            trainer, rng_state, carried = live.trainer, live.rng, live.carried
+            origin = "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
-        try:
-            trainer_state, rng_state = _checkpoint_parts(self.store.load(spec.identity, node, step))
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-        trainer.load_state_dict(trainer_state)
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    through_storage(self.store.load, spec.identity, node, step)
+                )
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
+            trainer.load_state_dict(trainer_state)
+            origin = "storage"
         restore_rng(rng_state)
-        return trainer, [self._event("load", node, step, origin="storage")]
+        events = [self._event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            self.carried = list(carried)
+            events.extend(self._event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(self._event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return trainer, events
 
     # ------------------------------------------------------------------ the loop
 
     def steps(self) -> Iterator[list[dict]]:
+        """The events of each step (see the class docstring). The trainer's code (building,
+        loading, every step) runs with torch's thread count set to the task's
+        ``torch_threads``; the caller's count is back between steps."""
+        inner = self._steps()
+        while True:
+            with torch_threads(self.task.torch_threads):
+                events = next(inner, None)
+            if events is None:
+                return
+            yield events
+
+    def _steps(self) -> Iterator[list[dict]]:
         task = self.task
         try:
             trainer, events = self._acquire()
@@ -241,10 +420,17 @@ class PathRunner:
             ),
         )
         values: dict | None = None
+        recording: RecordingValues | None = None
+        keep = True  # the trainer stays live at its end (not if it trained a step past it)
         for segment, t in self._schedule():
+            if self._after_checkpoint is not None:  # its events are out: probe the step after it
+                events.extend(self._resumed_next(*self._after_checkpoint))
+                self._after_checkpoint = None
+            self.current = t
             if values is None:
                 values = config_values(segment.config, t)
-                trainer.setup(dict(values))
+                recording = RecordingValues(values)
+                trainer.setup(recording)
             else:
                 now = config_values(segment.config, t)
                 changes = {k: v for k, v in now.items() if not same_value(v, values.get(k, _MISSING))}
@@ -254,29 +440,55 @@ class PathRunner:
             began = self.clock()
             train_metrics = to_metrics(trainer.train(), "Trainer.train()")
             seconds = self.clock() - began
+            if recording is not None:  # the first setup() and train() of the task are over
+                recording.recording = False
+                events.extend(self._unread(recording))
+                recording = None
+            if self._probe is not None and self._probe.step == t:
+                events.extend(self._compare(trainer, trainer_outcome(trainer, train_metrics)))
             self.position = n = t + 1
             self.executed += 1
             wanted = n in task.checkpoints or n in self.directive.checkpoints
             last = n == task.end or n == self.directive.stop_at
             diverging = not all(math.isfinite(v) for v in train_metrics.values())
             if wanted or last or diverging or n % task.eval_every == 0:
-                metrics = self._evaluate(trainer)
                 # training metrics go with the step's validation metrics (which win a name clash)
-                events.append(self._event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+                metrics = {**train_metrics, **self._evaluate(trainer)}
+                self.carried.append((segment.node, n, metrics))
+                events.append(self._event("metrics", segment.node, n, metrics=metrics))
             if wanted and self.store is not None:
-                state = {"trainer": trainer.state_dict(), "rng": capture_rng()}
-                info = self.store.save(task.trainer.identity, segment.node, n, state)
+                state = checkpoint_state(trainer.state_dict(), self.carried)
+                info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
                 events.append(
                     self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
                 )
+                if self._probe is None and self._resume_due():
+                    load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
+                    if n < task.end:  # the next step is the path's own: probed once this one is out
+                        self._after_checkpoint = (segment, n, load)
+                    else:  # checked before the step is reported, so a failure fails the trials ending here
+                        events.extend(self._resumed_next(segment, n, load))
+                        if self._probe is not None:
+                            events.extend(self._check_at_the_end(trainer, values))
+                            keep = False
+            elif self.store is None and n == task.start + 1 and self._resume_due():  # run_alone: in memory
+                saved = serialize_state({"trainer": trainer.state_dict(), "rng": capture_rng()})
+                self._after_checkpoint = (segment, n, functools.partial(_in_memory, saved))
             # ``step`` comes last: a coordinator that has seen it has seen everything the step
             # produced, so a point it believes passed is never one whose checkpoint is on its way
             events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
             yield events
             events = []
         end_node = self._owner(self.position)
-        if self.live is not None and end_node is not None:
-            self.live.put(_Live(task.trainer.identity, end_node, self.position, trainer, capture_rng()))
+        if self._after_checkpoint is not None:  # it stopped or paused at its last checkpoint
+            events.extend(self._resumed_next(*self._after_checkpoint))
+            if self._probe is not None:
+                events.extend(self._check_at_the_end(trainer, values or {}))
+                keep = False
+        if self.live is not None and end_node is not None and keep:
+            self.live.put(
+                _Live(task.trainer.identity, end_node, self.position, trainer, capture_rng(), self.carried)
+            )
         reason = "done" if self.position >= task.end else "stopped"
         events.append(
             self._event(
@@ -286,17 +498,148 @@ class PathRunner:
         yield events
 
     def _evaluate(self, trainer: Trainer) -> dict[str, float]:
-        """The trainer's validation metrics, its random draws isolated from training; while
-        the worker's checks are due, the training state is compared before and after."""
+        """The trainer's validation metrics, its random draws isolated from training and its
+        modules' training modes put back after; while the worker's checks are due, the state
+        (``state_dict()``) is compared before and after."""
         identity, limit = self.task.trainer.identity, self.task.check_evaluate
         self.evaluating = True
         before = training_state(trainer) if self.checks.due(identity, limit) else None
-        with isolated_rng():
+        with isolated_rng(), kept_training_modes(trainer):
             metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
         if before is not None:
             self.checks.verify(identity, limit, before, training_state(trainer))
         self.evaluating = False
         return metrics
+
+    # ------------------------------------------------------------------ warnings and the resume check
+
+    def _unread(self, recording: RecordingValues) -> list[dict]:
+        """A ``warning`` event for each hyper-parameter the first setup() and train() never read."""
+        cls = self.task.trainer.cls
+        name = getattr(cls, "__qualname__", repr(cls))
+        return [
+            self._event(
+                "warning",
+                self.task.segments[0].node,
+                self.position,
+                **warning_event(
+                    UnreadHyperparameterWarning,
+                    unread_message(name, key, recording.asked),
+                    f"unread {getattr(cls, '__module__', '')}.{name} {key}",
+                ),
+            )
+            for key in recording.unread()
+        ]
+
+    def _resumed_next(self, segment: Segment, n: int, load: Callable[[], Any]) -> list[dict]:
+        """At a checkpoint at step `n` (`load` reads it back), while this worker's resume
+        checks of the model are due: train the next step on a fresh trainer loaded from it,
+        to compare with the next step of this one (`_compare`). The next step is this path's
+        (at its end: the step the last segment's values give). Returns warning events."""
+        task = self.task
+        if self._probe is not None or not self._resume_due():
+            return []
+        following = next((s for s in task.segments if s.start <= n < s.end), segment)
+        values = config_values(following.config, n)
+        try:
+            outcome = self._resumed_step(load, values)
+        except _NoRoomError as error:
+            return [self._skipped(f"a second trainer did not fit in memory ({error})")]
+        if outcome is not None:
+            self._probe = _Probe(n, values, load, outcome)
+        return []
+
+    def _resume_due(self) -> bool:
+        """Whether this worker's resume checks of the model are due."""
+        return self.resume_checks.due(self.task.trainer.identity, self.task.check_resume)
+
+    def _resumed_step(self, load: Callable[[], Any], values: dict) -> StepOutcome | None:
+        """A fresh trainer, loaded from the checkpoint `load` reads, trains one step with
+        `values`: its outcome (None if the checkpoint can't be read back). Nothing global
+        changes: the random generators are put back."""
+        spec = self.task.trainer
+        try:
+            trainer_state, rng_state, _ = checkpoint_parts(load())
+        except CheckpointError:
+            return None
+        with isolated_rng():
+            try:
+                fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
+                fresh.load_state_dict(trainer_state)
+                restore_rng(rng_state)
+                fresh.setup(dict(values))
+                return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+            except Exception as error:  # the resumed trainer's failure is what it computed
+                if out_of_memory(error):
+                    raise _NoRoomError(f"{type(error).__name__}: {error}") from error
+                return failed_outcome(error)
+
+    def _compare(self, trainer: Trainer, live: StepOutcome) -> list[dict]:
+        """Compare the step this trainer just trained after the probed checkpoint with the
+        fresh trainer's: a pass is counted; a difference raises `ResumeChangedTrainingError`,
+        unless a second fresh trainer differs from the first too (training is not
+        deterministic: a warning event, nothing counted)."""
+        probe, self._probe = self._probe, None
+        identity, limit = self.task.trainer.identity, self.task.check_resume
+        keys = differences(live, probe.outcome)
+        if not keys:
+            self.resume_checks.passed(identity)
+            return []
+        try:
+            again = self._resumed_step(probe.load, probe.values)
+        except _NoRoomError:
+            again = None
+        if again is not None and differences(again, probe.outcome):
+            return [self._nondeterministic(probe.step, keys)]
+        saved = checkpoint_parts(probe.load())[0]
+        raise ResumeChangedTrainingError(probe.step, keys, likely_causes(vars(trainer), saved, keys), limit)
+
+    def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[dict]:
+        """The path ends at the probed checkpoint (`values`: the last step's): this trainer
+        trains the probed step too (it is not kept live afterwards: a later stage loads the
+        checkpoint), and the two are compared. Its random draws are isolated; a failure of
+        that step is only compared. At the path's own end this runs before the last step is
+        reported, so that a failure fails the trials ending there."""
+        probe = self._probe
+        changes = {k: v for k, v in probe.values.items() if not same_value(v, values.get(k, _MISSING))}
+        with isolated_rng():
+            try:
+                if changes:
+                    trainer.setup(changes)
+                live = trainer_outcome(trainer, to_metrics(trainer.train(), "Trainer.train()"))
+            except Exception as error:
+                if out_of_memory(error):
+                    self._probe = None
+                    return [self._skipped(f"the step after the path's end ran out of memory ({error})")]
+                live = failed_outcome(error)
+        return self._compare(trainer, live)
+
+    def _nondeterministic(self, step: int, keys: list[str]) -> dict:
+        cls = self.task.trainer.cls
+        message = (
+            f"{getattr(cls, '__qualname__', cls)}: the same step trained twice from the checkpoint at "
+            f"step {step} gave different states ({', '.join(keys[:3])}): training is not deterministic "
+            "(e.g. GPU kernels that add in any order), so results are not bit for bit those of "
+            "run_alone, and the resume check cannot tell a resume bug from this noise."
+        )
+        return self._event(
+            "warning",
+            self.task.node_at(step) if step > self.task.start else self.task.segments[0].node,
+            step,
+            **warning_event(
+                NondeterministicTrainingWarning, message, f"nondeterministic {self.task.trainer.identity}"
+            ),
+        )
+
+    def _skipped(self, why: str) -> dict:
+        cls = self.task.trainer.cls
+        message = f"{getattr(cls, '__qualname__', cls)}: the resume check was skipped: {why}; check_resume=0 turns it off."
+        return self._event(
+            "warning",
+            self.task.segments[0].node,
+            self.position,
+            **warning_event(ResumeCheckSkippedWarning, message, f"skipped {self.task.trainer.identity}"),
+        )
 
     def _schedule(self) -> Iterator[tuple[Segment, int]]:
         """The (segment, step) pairs still to train, ending early at the directive's stop."""
@@ -335,8 +678,21 @@ class PathRunner:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
+        )
+
+    def timeout_event(self, seconds: float, stack: str = "") -> dict:
+        """The ``error`` event of a step that has not finished `seconds` after it began
+        (`StepTimeoutError`; `stack`: where the step was then, for the traceback)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self._event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
         )
 
     def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:
@@ -356,3 +712,23 @@ class PathRunner:
 
 
 _MISSING = object()
+
+
+@dataclass
+class _Probe:
+    """A fresh trainer's step `step` from the checkpoint at `step` (`load` reads it), trained
+    with `values`: what the trainer that saved it must match at its own step `step`."""
+
+    step: int
+    values: dict
+    load: Callable[[], Any]
+    outcome: StepOutcome
+
+
+class _NoRoomError(Exception):
+    """A second trainer did not fit in memory: the resume check is skipped."""
+
+
+def _in_memory(data: bytes) -> dict:
+    """A checkpoint state read back from `serialize_state`'s bytes, as a store reads it."""
+    return torch.load(io.BytesIO(data), weights_only=True)

@@ -17,20 +17,24 @@ member's step times ``1 + fused_member_seconds * (K - 1)`` for the K members tra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import heapq
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
 from dagtune.records import CheckpointInfo
+from dagtune.resumecheck import ResumeChecks
 from dagtune.runner import LiveTrainers, PathRunner
 from dagtune.tasks import Directive, PathTask
 from dagtune.trainer import Trainer
@@ -81,6 +85,7 @@ class _Slot:
     keys: set[str]  # the tasks whose end is still to come
     charged: float = 0.0  # virtual seconds of the step (the fused round) in flight
     training: int = 1  # tasks training in that step
+    rng: Any = None  # the global generators' states where its last step left them
 
 
 class SimulatedExecutor(Executor):
@@ -120,6 +125,7 @@ class SimulatedExecutor(Executor):
         self._free = list(range(workers))
         self._live = [LiveTrainers() for _ in range(workers)]
         self._checks = [EvaluateChecks() for _ in range(workers)]
+        self._resume_checks = [ResumeChecks() for _ in range(workers)]
         self._pending: list[dict] = []
 
     def slots(self) -> int:
@@ -156,6 +162,7 @@ class SimulatedExecutor(Executor):
             clock=lambda: 0.0,
             wallclock=self.now,
             checks=self._checks[worker],
+            resume_checks=self._resume_checks[worker],
         )
         keys = {task.key for task in tasks}
         slot = _Slot(runner, runner.steps(), worker, launched=self._clock, keys=keys)
@@ -233,7 +240,9 @@ class SimulatedExecutor(Executor):
     def _advance(self, key: str, slot: _Slot) -> list[dict]:
         runner = slot.runner
         try:
-            events = next(slot.steps)
+            # each virtual worker has the global random generators to itself, as a process does
+            with own_rng(slot):
+                events = next(slot.steps)
         except Exception as error:  # the trainer's failure becomes an event
             if isinstance(runner, FusedPathRunner):
                 events = runner.error_events(error)
@@ -257,6 +266,23 @@ class SimulatedExecutor(Executor):
         else:
             self._queue(key, slot)
         return events
+
+
+@contextlib.contextmanager
+def own_rng(slot: _Slot) -> Iterator[None]:
+    """Run a step of `slot` with the global random generators where its previous step left
+    them (its first step starts from whatever is there: it seeds or restores them itself),
+    and keep where this one leaves them. Virtual workers share this process, and steps of
+    different workers interleave."""
+    if slot.rng is not None:
+        python, numpy, cpu = slot.rng
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+    try:
+        yield
+    finally:
+        slot.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
 
 
 class SyntheticTrainer(Trainer):

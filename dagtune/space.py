@@ -3,6 +3,10 @@
 `Grid` is the cartesian product of lists of candidates; `Random` draws `n` configs from
 distributions with a seeded generator. Both are re-iterable and give the same configs every
 time, so algorithms and benchmarks are reproducible.
+
+A ``where=`` filter (conditional spaces) sees each config as `filter_view` gives it: the
+plain value of a constant hyper-parameter (``c["opt"] == "adam"``, ``c["lr"] < 0.1``) and
+the sequence of a schedule (``c["lr"](0)``, ``isinstance(c["lr"], dt.Cosine)``).
 """
 
 from __future__ import annotations
@@ -16,8 +20,15 @@ import numpy as np
 
 from dagtune.config import Config, normalize_config
 from dagtune.distributions import contains_distribution, sample
+from dagtune.sequences import Constant
 
-__all__ = ["Grid", "Random", "SearchSpace"]
+__all__ = ["Grid", "Random", "SearchSpace", "filter_view"]
+
+
+def filter_view(config: Config) -> dict[str, Any]:
+    """What a ``where=`` filter gets for `config`: each constant hyper-parameter (a plain
+    value or `Constant`) as its plain value, every other as its sequence."""
+    return {name: seq.value if isinstance(seq, Constant) else seq for name, seq in config.items()}
 
 
 class SearchSpace:
@@ -40,8 +51,10 @@ class SearchSpace:
 class Grid(SearchSpace):
     """Every combination of the candidates: ``Grid({"lr": [Constant(0.1), ...], "wd": [1e-4, 1e-3]})``.
 
-    `where` keeps only the configs for which it returns true (conditional spaces). Candidates
-    are sequences or plain values; a non-list value is a single candidate.
+    `where` keeps only the configs for which it returns true (conditional spaces); it gets
+    each config as `filter_view` gives it: plain values for constant hyper-parameters
+    (``where=lambda c: c["opt"] == "sgd" or c["momentum"] == 0.0``), sequences for schedules.
+    Candidates are sequences or plain values; a non-list value is a single candidate.
 
     The product is iterated lazily, in the same order every time (the last name varies
     fastest): building a grid of a million configs checks each candidate once, and iterating
@@ -51,7 +64,7 @@ class Grid(SearchSpace):
     first config it keeps.
     """
 
-    def __init__(self, candidates: Mapping[str, Any], where: Callable[[Config], bool] | None = None):
+    def __init__(self, candidates: Mapping[str, Any], where: Callable[[dict[str, Any]], bool] | None = None):
         if not isinstance(candidates, Mapping) or not candidates:
             raise ValueError(f"Grid needs a non-empty dict of name -> candidates, got {candidates!r}")
         self.candidates: dict[str, list] = {}
@@ -84,7 +97,7 @@ class Grid(SearchSpace):
         names = [given[i] for i in order]
         for combo in itertools.product(*self._sequences):
             config = {name: combo[i] for name, i in zip(names, order)}
-            if self.where is None or self.where(config):
+            if self.where is None or self.where(filter_view(config)):
                 yield config
 
     def __iter__(self) -> Iterator[Config]:
@@ -105,7 +118,8 @@ class Random(SearchSpace):
     Values may be distributions (``loguniform(1e-3, 1e-1)``), sequences whose arguments are
     distributions (``MultiStep(loguniform(1e-3, 1e-1), [30, 45], 0.1)``), `choice` among
     sequences, or plain values. `n=None` makes the space endless (for algorithms that draw as
-    they go); `where` rejects draws, which are drawn again.
+    they go); `where` rejects draws, which are drawn again (it gets each draw as
+    `filter_view` gives it: plain values for constants, sequences for schedules).
     """
 
     def __init__(
@@ -113,7 +127,7 @@ class Random(SearchSpace):
         space: Mapping[str, Any],
         n: int | None = 10,
         seed: int = 0,
-        where: Callable[[Config], bool] | None = None,
+        where: Callable[[dict[str, Any]], bool] | None = None,
         max_rejections: int = 10_000,
     ):
         if not isinstance(space, Mapping) or not space:
@@ -140,7 +154,7 @@ class Random(SearchSpace):
         rejected = 0
         while True:
             config = normalize_config(sample(self.space, rng), owner="Random")
-            if self.where is None or self.where(config):
+            if self.where is None or self.where(filter_view(config)):
                 rejected = 0
                 yield config
                 continue

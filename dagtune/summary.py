@@ -1,6 +1,7 @@
 """What every view of a study shows, defined once: trials by status, the metric to show and
-the best trial by it, the steps known trained, the GPU-seconds reuse saved, the short form
-of a sequence and the table of trials.
+the best trial by it, the steps known trained, the GPU-seconds reuse saved, the live merge
+rate, the first line of a failed trial's error, the short form of a sequence and the table
+of trials.
 
 The dashboard page, the notebook views, the progress display and the command line all take
 their figures from here, so they agree; each works on `Trial` records and plain reports,
@@ -13,16 +14,23 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagtune.records import COMPLETED, STATUSES, Trial
-from dagtune.sequences import Constant, Steps
+from dagtune.frames import readable, row_of, trials_table
+from dagtune.plan import unique_steps
+from dagtune.records import COMPLETED, FAILED, PENDING, STATUSES, Trial
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
+    "best_note",
     "best_of",
+    "error_line",
+    "failures",
+    "merge_rate_so_far",
     "metric_of",
     "pick_metric",
     "readable",
+    "reuse_text",
     "saved_seconds",
+    "seconds_label",
     "status_counts",
     "trained_from_plan",
     "trained_from_trials",
@@ -36,16 +44,6 @@ UNKNOWN_FROM_STORAGE = (
     "dagtune before those records; its search plan only tells what was trained, by every study "
     "of the model together)"
 )
-
-
-def readable(sequence: Any) -> str:
-    """A short form of a sequence for tables and labels: ``0.9``, ``64→128@18``, else repr."""
-    if isinstance(sequence, Constant):
-        return f"{sequence.value:g}" if isinstance(sequence.value, float) else repr(sequence.value)
-    if isinstance(sequence, Steps):
-        values = "→".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sequence.values)
-        return f"{values}@{','.join(str(m) for m in sequence.milestones)}"
-    return repr(sequence)
 
 
 def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
@@ -76,6 +74,71 @@ def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | N
     pool = [t for t in scored if t.status == COMPLETED] or scored
     sign = 1.0 if mode == "max" else -1.0
     return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
+
+
+def best_note(trial: Trial) -> str:
+    """Where the best trial's value comes from: ``trial 4, 30 steps`` for a completed one,
+    ``trial 4, at step 18, running`` for a pending one (its value may still change), else
+    ``trial 4, stopped at step 18``."""
+    if trial.status == COMPLETED:
+        return f"trial {trial.id}, {trial.reached} steps"
+    if trial.status == PENDING:
+        return f"trial {trial.id}, at step {trial.reached}, running"
+    return f"trial {trial.id}, {trial.status} at step {trial.reached}"
+
+
+def merge_rate_so_far(trials: Iterable[Trial]) -> tuple[float | None, int]:
+    """The live merge rate, and how many trials it is over: the merge rate of the trials that
+    have ended (completed, stopped, failed, diverged; each with the steps it reached), None
+    while none has. A pending trial counts once it ends: shared prefixes are trained first,
+    so the steps pending trials have reached are mostly shared ones, and a rate over them
+    starts high and falls as branches are trained (9.0 early in the digits grid, 2.22 at its
+    end). Once every trial has ended it is the report's merge rate."""
+    ended = [(t.config, t.reached) for t in trials if t.done and t.reached > 0]
+    if not ended:
+        return None, 0
+    return sum(steps for _, steps in ended) / unique_steps(ended), len(ended)
+
+
+def seconds_label(gpus: float | None) -> str:
+    """What the report's ``gpu_seconds`` are for a study whose stages ask for `gpus` GPUs:
+    GPU-seconds, or worker-seconds where they ask for none (they are counted per worker slot
+    then)."""
+    return "GPU-seconds" if gpus else "worker-seconds"
+
+
+def reuse_text(report: Mapping[str, Any]) -> str:
+    """The report's reuse as shown: ``2.22x``, or ``– (nothing executed)`` when every result
+    was known already (the ratio is infinite then)."""
+    if not report.get("executed_steps"):
+        return "– (nothing executed)"
+    return f"{report['reuse']:.2f}x"
+
+
+def error_line(error: str | None, limit: int = 300) -> str:
+    """The line of a failed trial's error that says what went wrong: the exception line of
+    its (last) traceback (``RuntimeError: CUDA out of memory``), else its first line; cut to
+    `limit` characters (the whole error is the trial's ``error``)."""
+    line = _error_line(error)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _error_line(error: str | None) -> str:
+    lines = (error or "").splitlines()
+    start = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+        default=None,
+    )
+    if start is not None:
+        for line in lines[start + 1 :]:
+            if line.strip() and not line.startswith(" "):
+                return line.strip()
+    return next((line.strip() for line in lines if line.strip()), "")
+
+
+def failures(trials: Iterable[Trial]) -> list[tuple[int, str]]:
+    """The failed trials, as (trial id, `error_line`), in trial order."""
+    return [(t.id, error_line(t.error)) for t in sorted(trials, key=lambda t: t.id) if t.status == FAILED]
 
 
 def status_counts(trials: Iterable[Trial]) -> dict[str, int]:
@@ -118,17 +181,6 @@ def saved_seconds(report: Mapping[str, Any]) -> float:
 
 
 def trials_frame(trials: Iterable[Trial]):
-    """One row per trial: id, status, steps reached, final metrics, then one column per
-    hyper-parameter with its sequence in readable form (``0.9``, ``64→128@18``, ...)."""
-    import pandas as pd  # loaded only for a table: most callers never ask for one
-
-    rows = []
-    for t in trials:
-        row: dict[str, Any] = {"trial_id": t.id, "status": t.status, "steps": t.reached}
-        row.update(t.metrics or {})
-        for name, seq in t.config.items():  # a name taken by a metric or a field gets a prefix
-            row[name if name not in row else f"config/{name}"] = readable(seq)
-        if t.error:
-            row["error"] = t.error
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """The trials frame of `trials` (`dagtune.frames` gives its columns: the same as
+    ``open_results(...).trials``)."""
+    return trials_table(row_of(t) for t in trials)

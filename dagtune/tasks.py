@@ -43,7 +43,12 @@ class PathTask:
     points other paths branch from, periodic saves); metrics are evaluated every
     `eval_every` steps and always at checkpoints and at the path's end. Each worker checks
     its first `check_evaluate` evaluations of the model for changing the training state
-    (`dagtune.evalcheck`).
+    (`dagtune.evalcheck`) and its first `check_resume` checkpoints of it for resuming
+    exactly (`dagtune.resumecheck`). The trainer's code runs with torch's thread count set
+    to `torch_threads` (None: as the worker has it). A fused group whose task has a
+    `fusion_check` (``"probe"`` or ``"agreement"``, `dagtune.fusion.check_fusion`) checks its
+    trainer before training. `step_timeout` (seconds, None: no limit) is how long the task
+    may go without finishing a step before the worker gives it up (`dagtune.graph`).
     """
 
     key: str
@@ -54,6 +59,10 @@ class PathTask:
     eval_every: int = 1
     topic: str = ""
     check_evaluate: int = 0
+    fusion_check: str | None = None
+    check_resume: int = 0
+    torch_threads: int | None = None
+    step_timeout: float | None = None
 
     @property
     def start(self) -> int:

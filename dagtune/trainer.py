@@ -30,9 +30,13 @@ __all__ = [
     "build_trainer",
     "capture_rng",
     "check_rng_state",
+    "check_torch_threads",
     "isolated_rng",
+    "kept_training_modes",
+    "modules_of",
     "restore_rng",
     "seed_everything",
+    "torch_threads",
 ]
 
 _MAX_SEED = 2**64
@@ -80,9 +84,11 @@ class Trainer(ABC):
     def evaluate(self) -> dict[str, float]:
         """Validation metrics of the current model, as plain Python floats (``{"val_acc": 0.93}``).
 
-        Must not change the training state: put modules back in training mode and leave the
-        optimizer and the data position alone. dagtune calls it inside `isolated_rng`, so
-        random draws made while evaluating do not shift the training run's random numbers.
+        Must not change what `state_dict` holds: no optimizer step, no batch-norm statistics
+        updated, data position untouched. dagtune puts back the rest itself: it calls
+        ``evaluate`` inside `isolated_rng` (random draws while evaluating do not shift the
+        training run's random numbers) and `kept_training_modes` (a ``model.eval()`` here
+        needs no ``model.train()`` after it, as in PyTorch's examples).
         """
 
     @abstractmethod
@@ -94,6 +100,8 @@ class Trainer(ABC):
         of those: dagtune saves it with ``torch.save`` and loads it with
         ``torch.load(weights_only=True)``, which refuses any other Python object. The global
         RNG states are saved by dagtune; a private ``torch.Generator`` must be saved here.
+        Each worker checks at its first checkpoint of a model that a trainer loaded from it
+        trains the next step exactly as this one does (`dagtune.resumecheck`).
         """
 
     @abstractmethod
@@ -242,6 +250,75 @@ def isolated_rng() -> Iterator[None]:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+# --------------------------------------------------------------------------- modes and threads
+
+
+def modules_of(trainer: Trainer) -> list[torch.nn.Module]:
+    """Every torch module `trainer` holds in an attribute, directly or in a list, tuple or
+    dict attribute (``self.model``, ``self.nets = [...]``), each once, in attribute order."""
+    found: dict[int, torch.nn.Module] = {}
+    for value in getattr(trainer, "__dict__", {}).values():
+        items = (
+            value.values()
+            if isinstance(value, dict)
+            else value
+            if isinstance(value, (list, tuple))
+            else [value]
+        )
+        for item in items:
+            if isinstance(item, torch.nn.Module):
+                found.setdefault(id(item), item)
+    return list(found.values())
+
+
+@contextmanager
+def kept_training_modes(trainer: Trainer) -> Iterator[None]:
+    """Run a block, then put every module of `trainer` (`modules_of`, with all their
+    submodules) back in the training mode each had on entry, also when the block raises.
+
+    dagtune wraps `Trainer.evaluate` in it, as it wraps it in `isolated_rng`: PyTorch's own
+    examples call ``model.eval()`` when they evaluate and ``model.train()`` only at the
+    start of training, and such an ``evaluate`` must not leave a resumed or continued
+    trainer in another mode than one that never evaluated. Each flag is set back as it was
+    (``module.training``), not through ``train()``, which a module may override.
+    """
+    modes = [(module, module.training) for top in modules_of(trainer) for module in top.modules()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run a block with torch's intra-op thread count set to `count` (None: as it is), then
+    set it back to what it was.
+
+    CPU kernels split their reductions by thread count, so the same step run with another
+    count may round differently (1e-8 apart): every worker and `run_alone` train with one
+    count so that results are bit for bit the same wherever a step runs.
+    """
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_torch_threads(value: Any) -> int | None:
+    """`torch_threads` as `Study` and `run_alone` take it: a positive int or None, else a ValueError."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(
+            f"torch_threads must be a positive int or None (leave torch's as it is), got {value!r}"
+        )
+    return value
 
 
 # --------------------------------------------------------------------------- data order

@@ -20,6 +20,7 @@ from torch import nn
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.launch import StudySetup
+from dagtune.summary import reuse_text
 
 # --------------------------------------------------------------------------- the trainer
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> dt.Result:
     print(
         f"trained {report['executed_steps']} epochs for {report['trial_steps']} trial epochs "
         f"(unique {report['unique_steps']}, merge rate {report['merge_rate']:.2f}, "
-        f"reuse {report['reuse']:.2f}x) in {report['makespan_seconds']:.1f} s"
+        f"reuse {reuse_text(report)}) in {report['makespan_seconds']:.1f} s"
     )
     return result
 

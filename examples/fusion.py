@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, dt.Result]:
         describe(label, result, seconds)
         results[label] = result
     if args.compare:
-        fused, unfused = (results[kind].trials.set_index("trial_id") for kind in ("fused", "unfused"))
+        fused, unfused = (results[kind].trials for kind in ("fused", "unfused"))
         metrics = [name for name in ("val_acc", "val_loss") if name in fused]
         difference = (fused[metrics] - unfused.loc[fused.index, metrics]).abs().max().max()
         print(f"largest difference of a final metric, fused against unfused: {difference:.1e}")

@@ -5,8 +5,10 @@ the same steps are trained (a) unfused, one trial after another in this process,
 `FusibleTrainer` trained the ordinary way (torch.optim SGD), and (b) as one `FusedGroup` of K
 members (vmap over the stacked weights, one backward, the fused SGD). Throughput is trial
 steps per second (a step is an epoch); the ratio fused / unfused is the speed-up. Models: a
-tiny MLP (30-64-2, batches of 32), the digits CNN of `examples/digits.py` (batches of 64) and
-a medium MLP (784-1024-10, batches of 128), all on synthetic or bundled data, one thread
+tiny MLP (30-64-2, batches of 32), a small CNN (the fusion tests' CNN: 3x3 convolutions of
+1 -> 4 -> 8 channels with max pooling on 8x8 images, batches of 32), the digits CNN of
+`examples/digits.py` (1 -> 16 -> 32 channels, batches of 64) and a medium MLP (784-1024-10,
+batches of 128), all on synthetic or bundled data, one thread
 (``torch.set_num_threads(1)``, as dagtune's workers run). Training time only: building the
 trainers is not timed. Each measurement is the best of its repeats (3 for the tiny MLP in
 quick mode, 1 for the others), unfused and fused interleaved; the CPU-time ratio (this
@@ -20,6 +22,13 @@ memory on CUDA, for a 1 GiB budget on a CPU. Fidelity: two members trained fused
 same trials fused alone (K = 1, bitwise) and unfused (largest absolute difference of any
 weight after the stated number of steps). On CUDA the same code runs unchanged on the GPU.
 
+The CNNs run twice: with ``fused_kernels="exact"`` (the default: convolutions one member at
+a time, every member bit for bit what it computes alone) and ``"grouped"`` (one grouped
+convolution for all members, as HFTA and Hydro fuse; a member's result then depends on K
+within rounding: the fidelity table gives the largest weight difference between a member of
+a group of 2 and the same trial alone). Both pool in the channels-last layout (bitwise the
+NCHW result, 8x faster on this CPU).
+
 Study level (`perf/fusion_study.py`): a grid of 32 schedules of the tiny MLP (4096 samples,
 128 batches a step) and the digits grid of `examples/digits.py` (36 trials, 30 epochs),
 each as a fused study (``Study(fuse=16)``) against the same study unfused, on
@@ -32,6 +41,7 @@ the worker-seconds went.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,33 +63,36 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_BUDGET = 2**30  # the memory budget F is chosen for on a CPU
 SIZES = {"smoke": (1, 2, 4), "quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32)}
 GOAL = 4.0  # fused / unfused throughput at K = 32 on the tiny MLP
+CNN_GOALS = {8: 2.0, 32: 3.0}  # the small CNN's, grouped kernels
 STUDY_MODEL = {"dims": (30, 64, 2), "samples": 4096}  # the study comparison's: 128 batches a step
 
 
-class SyntheticMlp(dt.FusibleTrainer):
-    """An MLP of layer widths `dims` on `samples` synthetic samples labelled by a random linear
-    teacher; one step is one epoch."""
+class SyntheticTask(dt.FusibleTrainer):
+    """`samples` synthetic inputs of `features` values labelled by a random linear teacher
+    with `classes` classes, inputs shaped `shape`, trained by `model`; one step is one epoch."""
 
     fusible: ClassVar[dict[str, str]] = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay"}
     batch_size_name = "batch_size"
 
     def __init__(
-        self, dims: tuple[int, ...] = (30, 64, 2), samples: int = 1024, seed: int = 0, device: str = "cpu"
+        self,
+        model: nn.Module,
+        features: int,
+        classes: int,
+        shape: tuple[int, ...],
+        samples: int,
+        seed: int,
+        device: str,
     ):
         torch.set_num_threads(1)
         rng = np.random.default_rng(12345)
-        x = rng.standard_normal((samples + 256, dims[0])).astype(np.float32)
-        y = (x @ rng.standard_normal((dims[0], dims[-1]))).argmax(1)
-        self.x, self.y = torch.from_numpy(x[:samples]).to(device), torch.from_numpy(y[:samples]).to(device)
-        self.val_x, self.val_y = (
-            torch.from_numpy(x[samples:]).to(device),
-            torch.from_numpy(y[samples:]).to(device),
-        )
-        layers: list[nn.Module] = []
-        for i, (width_in, width_out) in enumerate(itertools.pairwise(dims)):
-            layers += [nn.Linear(width_in, width_out)] + ([nn.ReLU()] if i < len(dims) - 2 else [])
+        x = rng.standard_normal((samples + 256, features)).astype(np.float32)
+        y = (x @ rng.standard_normal((features, classes))).argmax(1)
+        inputs, labels = torch.from_numpy(x).view(-1, *shape).to(device), torch.from_numpy(y).to(device)
+        self.x, self.y = inputs[:samples], labels[:samples]
+        self.val_x, self.val_y = inputs[samples:], labels[samples:]
         super().__init__(
-            model=nn.Sequential(*layers).to(device),
+            model=model.to(device),
             optimizer=dt.SGD(lr=0.05, momentum=0.9),
             batches=dt.ResumableBatches(samples, 32, seed=seed),
         )
@@ -96,11 +109,49 @@ class SyntheticMlp(dt.FusibleTrainer):
         return {"val_loss": nn.functional.cross_entropy(model(self.val_x), self.val_y).item()}
 
 
-def _digits_trainer() -> type[dt.FusibleTrainer]:
+class SyntheticMlp(SyntheticTask):
+    """An MLP of layer widths `dims` on `samples` synthetic samples."""
+
+    def __init__(
+        self, dims: tuple[int, ...] = (30, 64, 2), samples: int = 1024, seed: int = 0, device: str = "cpu"
+    ):
+        layers: list[nn.Module] = []
+        for i, (width_in, width_out) in enumerate(itertools.pairwise(dims)):
+            layers += [nn.Linear(width_in, width_out)] + ([nn.ReLU()] if i < len(dims) - 2 else [])
+        super().__init__(nn.Sequential(*layers), dims[0], dims[-1], (dims[0],), samples, seed, device)
+
+
+class SmallCnn(SyntheticTask):
+    """The fusion tests' CNN: 3x3 convolutions of 1 -> 4 -> 8 channels, each with ReLU and
+    2x2 max pooling, and a linear layer, on `samples` synthetic 8x8 images (10 classes)."""
+
+    def __init__(self, samples: int = 1024, seed: int = 0, device: str = "cpu"):
+        model = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(4, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(8 * 2 * 2, 10),
+        )
+        super().__init__(model, 64, 10, (1, 8, 8), samples, seed, device)
+
+
+class SmallCnnGrouped(SmallCnn):
+    """`SmallCnn` fused with grouped convolutions."""
+
+    fused_kernels = "grouped"
+
+
+def _digits_trainer(kernels: str = "exact") -> type[dt.FusibleTrainer]:
     from digits import DigitsTrainer
 
     class DigitsOnDevice(DigitsTrainer):
         """`examples/digits.py`'s trainer with its model and images on `device`."""
+
+        fused_kernels = kernels
 
         def __init__(self, seed: int = 0, device: str = "cpu"):
             super().__init__(seed=seed)
@@ -127,14 +178,28 @@ def models(mode: str) -> list[dict[str, Any]]:
             "steps": timed + (1 if mode != "smoke" else 0),
             "fidelity_steps": 20 if mode != "smoke" else 2,
         },
-        {
-            "model": "digits CNN",
-            "trainer": _digits_trainer(),
-            "kwargs": {},
-            "batch_size": 64,
-            "steps": max(1, timed // 2),
-            "fidelity_steps": 5 if mode != "smoke" else 1,
-        },
+        *(
+            {
+                "model": f"small CNN 1-4-8 ({kernels})",
+                "trainer": trainer,
+                "kwargs": {"samples": 1024 if mode != "smoke" else 256},
+                "batch_size": 32,
+                "steps": timed + (1 if mode != "smoke" else 0),
+                "fidelity_steps": 5 if mode != "smoke" else 1,
+            }
+            for kernels, trainer in (("exact", SmallCnn), ("grouped", SmallCnnGrouped))
+        ),
+        *(
+            {
+                "model": f"digits CNN ({kernels})",
+                "trainer": _digits_trainer(kernels),
+                "kwargs": {},
+                "batch_size": 64,
+                "steps": max(1, timed // 2),
+                "fidelity_steps": 5 if mode != "smoke" else 1,
+            }
+            for kernels in ("exact", "grouped")
+        ),
         {
             "model": "medium MLP 784-1024-10",
             "trainer": SyntheticMlp,
@@ -277,13 +342,16 @@ def fidelity(spec: dict) -> dict[str, Any]:
     group = _group(spec, values)
     for _ in range(steps):
         group.train()
-    alone_equal, weight_difference = True, 0.0
+    alone_equal, weight_difference, group_difference = True, 0.0, 0.0
     for member, hp in enumerate(values):
         fused_state = group.state_dict(member)
         alone = _group(spec, [hp])
         for _ in range(steps):
             alone.train()
         alone_equal &= same_state(fused_state, alone.state_dict(0))
+        for key, weight in alone.state_dict(0)["model"].items():
+            difference = (fused_state["model"][key].double() - weight.double()).abs().max().item()
+            group_difference = max(group_difference, difference)
         trainer = build_trainer(spec["trainer"], {**spec["kwargs"], "device": DEVICE}, 0)
         trainer.setup(hp)
         for _ in range(steps):
@@ -295,6 +363,7 @@ def fidelity(spec: dict) -> dict[str, Any]:
         "model": spec["model"],
         "steps": steps,
         "alone_equal": alone_equal,
+        "max_group_difference": group_difference,
         "max_weight_difference": weight_difference,
     }
 
@@ -303,6 +372,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     sizes = SIZES[mode]
     repeats = {"smoke": 1, "quick": 3, "full": 5}[mode]
     result: dict[str, Any] = {
+        "load": {"start": os.getloadavg()[0]},
         "device": DEVICE,
         "sizes": list(sizes),
         "throughput": [],
@@ -310,12 +380,17 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         "fidelity": [],
     }
     for spec in models(mode):
-        result["throughput"] += throughput(spec, sizes, repeats if spec["model"].startswith("tiny") else 1)
+        small = spec["model"].startswith(("tiny", "small"))
+        result["throughput"] += throughput(spec, sizes, repeats if small else 1)
         result["memory"].append({"model": spec["model"], **memory(spec, sizes)})
         result["fidelity"].append(fidelity(spec))
     tiny = [r for r in result["throughput"] if r["model"].startswith("tiny") and r["members"] == max(sizes)]
     result["tiny_speedup_at_max"] = tiny[0]["speedup"]
+    result["small_cnn_speedups"] = {
+        r["members"]: r["speedup"] for r in result["throughput"] if r["model"] == "small CNN 1-4-8 (grouped)"
+    }
     result["studies"] = fusion_study.compare(SyntheticMlp, STUDY_MODEL, mode)
+    result["load"]["end"] = os.getloadavg()[0]
     return result
 
 
@@ -325,9 +400,16 @@ def markdown(result: dict[str, Any]) -> str:
     largest = max(result["sizes"])
     speedup = result["tiny_speedup_at_max"]
     goal = "meets" if largest == 32 and speedup >= GOAL else "misses" if largest == 32 else "does not measure"
+    load = result.get("load")
+    shared = (
+        f" The machine was shared: its load average (1 minute) was {load['start']:.1f} at the start of "
+        f"the run and {load['end']:.1f} at its end, on {os.cpu_count()} cores."
+        if load
+        else ""
+    )
     parts = [
-        f"On **{result['device']}**. Trial steps per second, K trials unfused one after another against "
-        "the same K trials fused:",
+        f"On **{result['device']}**.{shared} Trial steps per second, K trials unfused one after another "
+        "against the same K trials fused:",
         table(
             result["throughput"],
             [
@@ -339,7 +421,8 @@ def markdown(result: dict[str, Any]) -> str:
                 ("cpu_speedup", "same, CPU time"),
             ],
         ),
-        f"Tiny MLP at K = {largest}: **{speedup:.2f}x** ({goal} the goal of {GOAL:.0f}x at K = 32).",
+        f"Tiny MLP at K = {largest}: **{speedup:.2f}x** ({goal} the goal of {GOAL:.0f}x at K = 32). "
+        + _cnn_verdict(result.get("small_cnn_speedups", {})),
     ]
     budget = "free device memory" if result["device"] == "cuda" else f"a {CPU_BUDGET / 2**30:.0f} GiB budget"
     memory_rows = [row for entry in result["memory"] for row in entry["rows"]]
@@ -365,11 +448,19 @@ def markdown(result: dict[str, Any]) -> str:
         + ".",
         "Fidelity, two trials fused:",
         table(
-            [{**row, "difference": f"{row['max_weight_difference']:.1e}"} for row in result["fidelity"]],
+            [
+                {
+                    **row,
+                    "difference": f"{row['max_weight_difference']:.1e}",
+                    "group_difference": f"{row.get('max_group_difference', 0.0):.1e}",
+                }
+                for row in result["fidelity"]
+            ],
             [
                 ("model", "model"),
                 ("steps", "steps"),
                 ("alone_equal", "each bitwise equal to itself fused alone (K = 1)"),
+                ("group_difference", "max abs weight difference to itself alone"),
                 ("difference", "max abs weight difference to unfused"),
             ],
         ),
@@ -377,6 +468,17 @@ def markdown(result: dict[str, Any]) -> str:
     if "studies" in result:  # runs recorded before the study comparison existed have none
         parts.append(fusion_study.markdown(result["studies"]))
     return "\n\n".join(parts)
+
+
+def _cnn_verdict(speedups: dict) -> str:
+    """The small CNN's (grouped kernels) speed-ups against the goals, where measured."""
+    speedups = {int(k): v for k, v in speedups.items()}
+    parts = [
+        f"K = {k}: **{speedups[k]:.2f}x** ({'meets' if speedups[k] >= goal else 'misses'} the goal of {goal:.0f}x)"
+        for k, goal in CNN_GOALS.items()
+        if k in speedups
+    ]
+    return ("Small CNN, grouped kernels, " + "; ".join(parts) + ".") if parts else ""
 
 
 if __name__ == "__main__":

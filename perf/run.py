@@ -31,6 +31,7 @@ BENCHMARKS = (
     ("fusion", "7. Trial fusion"),
     ("surrogate", "8. Hyper-parameter transfer across width (muP surrogates)"),
     ("scale", "9. Coordinator at scale"),
+    ("resume_check", "10. The resume check's cost"),
 )
 
 

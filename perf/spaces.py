@@ -47,7 +47,8 @@ WEIGHT_DECAYS = [1e-4, 1e-3]
 
 
 def momentum_only_for_sgd_momentum(config: dict) -> bool:
-    return (config["optimizer"](0) == "sgd-momentum") == (config["momentum"](0) != 0.0)
+    """SGD with momentum has a momentum (a value or a schedule); the others have none (0.0)."""
+    return (config["optimizer"] == "sgd-momentum") == (config["momentum"] != 0.0)
 
 
 def table2_learning_rates() -> list[dt.Sequence]:

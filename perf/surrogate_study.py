@@ -7,7 +7,10 @@ tuned three ways on one real 2-worker Dask cluster, one after the other in one r
   best trial is the model it gives.
 * **surrogate S=4 and S=8**: a `dt.SurrogateStudy` (`examples/surrogate.py`): the grid on the
   CNN at width ``base / S``, then the full CNN trained once with the best configuration
-  found (eager transfer at half the grid, as Hydro does).
+  found (eager transfer at half the grid, as Hydro does: the target starts on the first
+  worker slot the search leaves idle once half the grid has ended).
+* **surrogate S=8, waiting**: the same without eager transfer (the target starts when the
+  search has ended), to measure what eager transfer saves.
 
 Each arm has its own empty storage, so nothing is reused from another arm, and the arms run
 in turn, twice (two rounds), so that what else the machine runs falls on each. Reported: wall
@@ -88,13 +91,16 @@ def _full_width(trainer: type, size: dict[str, Any], storage: str, client: Any) 
     }
 
 
-def _surrogate(trainer: type, size: dict[str, Any], scale: int, storage: str, client: Any) -> dict[str, Any]:
-    """Arm (b): the grid on the surrogate at `scale`, then the target with its best."""
+def _surrogate(
+    trainer: type, size: dict[str, Any], scale: int, storage: str, client: Any, eager: float | None = 0.5
+) -> dict[str, Any]:
+    """Arm (b): the grid on the surrogate at `scale`, then the target with its best (eagerly,
+    or once the search has ended with `eager` None)."""
     began = time.perf_counter()
     with dt.SurrogateStudy(
         trainer,
         {"base": size["base"]},
-        dt.Surrogate(scale=scale, eager=0.5),
+        dt.Surrogate(scale=scale, eager=eager),
         name=f"s{scale}",
         storage=storage,
         client=client,
@@ -102,7 +108,7 @@ def _surrogate(trainer: type, size: dict[str, Any], scale: int, storage: str, cl
         transferred = study.run(GridSearch(_space(size), "val_loss", "min", steps=size["epochs"]))
     wall = time.perf_counter() - began
     return {
-        "arm": f"surrogate S={scale} + target",
+        "arm": f"surrogate S={scale} + target" + ("" if eager is not None else ", waiting"),
         "scale": scale,
         "wall_seconds": wall,
         "search_trial_steps": transferred.surrogate.report["trial_steps"],
@@ -134,6 +140,8 @@ def run(mode: str, trainer: type) -> dict[str, Any]:
         for r in range(size["rounds"]):
             arms = [_full_width(trainer, size, f"{root}/{r}/full", client)]
             arms += [_surrogate(trainer, size, s, f"{root}/{r}/s{s}", client) for s in size["scales"]]
+            waiting = max(size["scales"])
+            arms.append(_surrogate(trainer, size, waiting, f"{root}/{r}/wait{waiting}", client, eager=None))
             rounds.append(arms)
         for arms in rounds[1:]:  # training is deterministic: every round chooses and trains alike
             for arm, first in zip(arms, rounds[0], strict=True):
@@ -204,7 +212,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"**End to end** (`perf/surrogate_study.py`): the digits CNN (muP, SGD) at width {s['base']}, "
         f"grid lr {lrs} x momentum {momenta} ({s['grid']} configs, {s['epochs']} epochs each), on a "
         "2-worker local Dask cluster, each arm with empty storage; the surrogate arms transfer eagerly "
-        f"at half the grid. Wall time from the study's start to the model it gives, in each of "
+        "at half the grid, on a slot the search leaves idle (but the one marked waiting, which trains "
+        f"the target after the search). Wall time from the study's start to the model it gives, in each of "
         f"{s['rounds']} rounds (every arm once per round, in turn; the ratio of the means in brackets); "
         "target epochs "
         "include those of eager targets stopped for a better configuration.",
@@ -225,4 +234,22 @@ def markdown(result: dict[str, Any]) -> list[str]:
             ],
         ),
         f"Noise: the largest standard deviation over seeds of one configuration is {result['noise']:.4f}.",
+        *_eager_verdict(result["arms"]),
+    ]
+
+
+def _eager_verdict(arms: list[dict[str, Any]]) -> list[str]:
+    """Eager transfer against waiting, at the scale both ran (runs recorded before the
+    waiting arm existed have none)."""
+    waiting = [arm for arm in arms if arm["arm"].endswith(", waiting")]
+    if not waiting:
+        return []
+    wait = waiting[0]
+    eager = next(arm for arm in arms if arm["arm"] == f"surrogate S={wait['scale']} + target")
+    rounds = " / ".join(f"{w / e:.2f}" for w, e in zip(wait["walls"], eager["walls"], strict=True))
+    return [
+        f"Eager transfer at S={wait['scale']} against waiting for the search to end: "
+        f"{eager['wall_seconds']:.1f} s against {wait['wall_seconds']:.1f} s on average (waiting / eager "
+        f"per round: {rounds}); eager restarts {' / '.join(map(str, eager['restarts']))}, eager target "
+        f"epochs {' / '.join(map(str, eager['target_steps']))} against {wait['target_steps'][0]}."
     ]

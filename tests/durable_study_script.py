@@ -44,13 +44,14 @@ def main(storage: str, options: dict, out: str, log: str) -> None:
             storage_options=options,
             client=client,
             checkpoint_every=CHECKPOINT_EVERY,
+            check_resume=0,  # the test counts the trainer's steps; the check trains steps of its own
         ) as study,
     ):
         result = study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=STEPS), timeout=300)
         trials = result.trials
         summary = {
             "metrics": {config_dumps(t.config): t.metrics for t in study.coordinator.trials.values()},
-            "ids": list(trials["trial_id"]),
+            "ids": [int(i) for i in trials.index],
             "status": list(trials["status"]),
             "report": result.report,
         }

@@ -171,3 +171,148 @@ def of(events: Iterable[dict], key: str) -> list[dict]:
 
 def metrics(events: Iterable[dict]) -> list[dict]:
     return [e["metrics"] for e in events if e["kind"] == "metrics"]
+
+
+# --------------------------------------------------------------------------- models of each kind
+
+
+class Square(torch.autograd.Function):
+    """x², written the old way (no setup_context, no vmap rule): vmap cannot batch it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class Squared(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Square.apply(x)
+
+
+class RunningMean(nn.Module):
+    """Subtracts a running mean of its inputs, a buffer re-assigned (not updated in place) in
+    every training forward."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        return x - self.mean
+
+
+class Sequences(nn.Module):
+    """A recurrent layer (GRU, LSTM) reading each sample as 8 steps of 4 values, its last
+    output classified."""
+
+    def __init__(self, recurrent: nn.Module):
+        super().__init__()
+        self.recurrent = recurrent
+        self.head = nn.Linear(recurrent.hidden_size, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.recurrent(x.view(x.shape[0], 8, 4))
+        return self.head(out[:, -1])
+
+
+class Encoder(nn.Module):
+    """A Transformer encoder layer (batch first, dropout 0.1) over each sample read as 8
+    tokens of 4 values, mean-pooled and classified."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.embed = nn.Linear(4, width)
+        self.layer = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(self.embed(x.view(x.shape[0], 8, 4))).mean(1))
+
+
+def batchnorm_cnn() -> nn.Module:
+    """BatchNorm2d on the input, after a max pooling and after a convolution."""
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 4)),
+        nn.BatchNorm2d(1),
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.BatchNorm2d(4),
+        nn.Conv2d(4, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Dropout(0.1),
+        nn.Linear(8 * 4 * 2, 2),
+    )
+
+
+#: kind -> the model of `Kinds` (each on 32 features per sample)
+KINDS = {
+    "batchnorm2d": batchnorm_cnn,
+    "transformer": Encoder,
+    "gru": lambda: Sequences(nn.GRU(4, 8, batch_first=True)),
+    "lstm": lambda: Sequences(nn.LSTM(4, 8, batch_first=True)),
+    "running-mean": lambda: nn.Sequential(nn.Linear(32, 16), RunningMean(16), nn.ReLU(), nn.Linear(16, 2)),
+    "custom-op": lambda: nn.Sequential(nn.Linear(32, 16), Squared(), nn.Linear(16, 2)),
+    "batchnorm1d": lambda: nn.Sequential(
+        nn.BatchNorm1d(32), nn.Linear(32, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)
+    ),
+    "batchnorm3d": lambda: nn.Sequential(
+        nn.Unflatten(1, (1, 2, 4, 4)),
+        nn.Conv3d(1, 4, 3, padding=1),
+        nn.BatchNorm3d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 32, 2),
+    ),
+    "groupnorm": lambda: nn.Sequential(
+        nn.Unflatten(1, (1, 8, 4)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.GroupNorm(2, 8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.GroupNorm(4, 8),
+        nn.Flatten(),
+        nn.Linear(8 * 8, 2),
+    ),
+    "instancenorm": lambda: nn.Sequential(
+        nn.Unflatten(1, (1, 8, 4)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.InstanceNorm2d(8, affine=True, track_running_stats=True),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.InstanceNorm2d(8),
+        nn.Flatten(),
+        nn.Linear(8 * 8, 2),
+    ),
+    "layernorm": lambda: nn.Sequential(
+        nn.Linear(32, 16), nn.LayerNorm(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2)
+    ),
+}
+
+
+class Kinds(TinyMLP):
+    """`TinyMLP`'s data (32 features, 2 classes, batches of 32) trained by the model of kind
+    `kind` (`KINDS`)."""
+
+    def __init__(self, kind: str = "batchnorm2d", seed: int = 0, **optimizer: Any):
+        self.kind = kind
+        super().__init__(features=32, seed=seed, **optimizer)
+
+    def make_model(self, features: int, hidden: int) -> nn.Module:
+        return KINDS[self.kind]()
+
+
+class GroupedKinds(Kinds):
+    """`Kinds` fused with batched convolutions and matrix products."""
+
+    fused_kernels = "grouped"

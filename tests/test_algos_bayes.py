@@ -197,7 +197,7 @@ def test_bayesopt_is_deterministic_and_keeps_every_slot_busy():
 
 
 def test_bayesopt_honours_where_and_categoricals():
-    space = dt.Random(SPACE, where=lambda c: c["momentum"](0) < 0.5)
+    space = dt.Random(SPACE, where=lambda c: c["momentum"] < 0.5)
     algo = BayesOpt(space, "val_acc", "max", steps=5, n=12, seed=1, n_initial=4)
     sim_study().run(algo)
     assert all(t.config["momentum"](0) < 0.5 for t in algo.trials)

@@ -61,6 +61,7 @@ def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(cl
         storage_options=storage.options,
         client=client,
         checkpoint_every=every,
+        check_resume=0,  # the test counts the trainer's steps; the check trains steps of its own
     ) as study:
         handle = study.submit(config, steps)
 
@@ -101,6 +102,7 @@ def test_a_trainer_that_kills_its_workers_fails_its_trial_after_the_retries(tmp_
         assert healthy.result(timeout=180) == run_alone(SyntheticTrainer, healthy_config, 6)[-1]
         assert crashing.status == "failed"
         assert "KilledWorker" in crashing.trial.error
+        assert crashing.trial.cause == "workers"  # retried when the study is opened again
 
 
 def run_script(storage, out, log) -> subprocess.Popen:

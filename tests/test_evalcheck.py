@@ -15,6 +15,7 @@ from dagtune.algos import GridSearch
 from dagtune.evalcheck import EvaluateChangedStateError, EvaluateChecks, training_state
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
+from dagtune.trainer import build_trainer, isolated_rng, kept_training_modes
 
 CONFIG = {"lr": 0.1}
 
@@ -61,7 +62,8 @@ class Tiny(dt.Trainer):
 
 
 class LeavesEvalMode(Tiny):
-    """Forgets to put the model back in training mode: dropout is off from then on."""
+    """Leaves the model in eval mode, as PyTorch's examples do: dagtune puts it back (its
+    `train` relies on the mode it finds: dropout would be off from then on otherwise)."""
 
     def evaluate(self):
         self.model.eval()
@@ -97,7 +99,6 @@ class DrawsFromItsGenerator(Tiny):
 
 
 BROKEN = [
-    (LeavesEvalMode, ["self.model.training"]),
     (
         StepsWhileEvaluating,
         [
@@ -121,7 +122,8 @@ def test_run_alone_names_what_evaluate_changed(trainer, keys):
 @pytest.mark.parametrize(("trainer", "keys"), BROKEN)
 def test_a_study_fails_the_trial_and_names_what_evaluate_changed(trainer, keys):
     study = Study(trainer, executor=SimulatedExecutor(2))
-    result = study.run(GridSearch([CONFIG], metric="val_loss", mode="min", steps=4))
+    with pytest.warns(dt.TrialsFailedWarning, match="1 of 1 trials failed"):
+        result = study.run(GridSearch([CONFIG], metric="val_loss", mode="min", steps=4))
     (trial,) = study.coordinator.trials.values()
     assert trial.status == "failed" and trial.reported == 0
     assert f"evaluate() changed the training state: {', '.join(keys)}." in trial.error
@@ -129,23 +131,54 @@ def test_a_study_fails_the_trial_and_names_what_evaluate_changed(trainer, keys):
 
 
 def test_with_the_check_off_a_broken_evaluate_goes_unnoticed():
-    study = Study(LeavesEvalMode, executor=SimulatedExecutor(1), check_evaluate=0)
-    assert study.submit(CONFIG, 4).result() == run_alone(LeavesEvalMode, CONFIG, 4, check_evaluate=0)[-1]
+    study = Study(StepsWhileEvaluating, executor=SimulatedExecutor(1), check_evaluate=0, eval_every=4)
+    alone = run_alone(StepsWhileEvaluating, CONFIG, 4, check_evaluate=0)
+    assert study.submit(CONFIG, 4).result() != alone[-1]  # evaluated at step 4 only: it differs
+
+
+def test_an_evaluate_that_leaves_eval_mode_is_put_back_and_passes():
+    """PyTorch's idiom: ``model.eval()`` in evaluate, never switched back. dagtune restores
+    every module's mode, so the trial trains as if it had never been evaluated."""
+    alone = run_alone(LeavesEvalMode, CONFIG, 6)
+    study = Study(LeavesEvalMode, executor=SimulatedExecutor(1), eval_every=3)
+    assert study.submit(CONFIG, 6).result() == alone[-1]
+    never_evaluated = build_trainer(LeavesEvalMode, {}, 0)
+    never_evaluated.setup(CONFIG)
+    for _ in range(6):
+        never_evaluated.train()
+    with isolated_rng():
+        assert never_evaluated.evaluate() == {"val_loss": alone[-1]["val_loss"]}
+
+
+def test_modes_are_put_back_module_by_module_also_when_evaluate_raises():
+    trainer = LeavesEvalMode()
+    trainer.model[0].eval()  # the dropout off, the linear layer training: a mixed state
+    trainer.others = [nn.BatchNorm1d(2)]  # modules in a list attribute count too
+    trainer.others[0].eval()
+    modes = [m.training for m in trainer.model.modules()], trainer.others[0].training
+    with kept_training_modes(trainer):
+        trainer.evaluate()
+        trainer.others[0].train()
+    assert ([m.training for m in trainer.model.modules()], trainer.others[0].training) == modes
+    with pytest.raises(RuntimeError, match="evaluate failed"), kept_training_modes(trainer):
+        trainer.model.train()
+        raise RuntimeError("evaluate failed")
+    assert [m.training for m in trainer.model.modules()] == modes[0]
 
 
 def test_a_correct_evaluate_passes_and_is_checked_only_at_first():
     Tiny.state_dicts = 0
-    assert len(run_alone(Tiny, CONFIG, 10)) == 10
+    assert len(run_alone(Tiny, CONFIG, 10, check_resume=0)) == 10
     assert Tiny.state_dicts == 2 * 3  # before and after each of the first 3 evaluations, no more
     Tiny.state_dicts = 0
-    run_alone(Tiny, CONFIG, 10, check_evaluate=0)
+    run_alone(Tiny, CONFIG, 10, check_evaluate=0, check_resume=0)
     assert Tiny.state_dicts == 0
 
 
 def test_each_worker_checks_its_first_evaluations_once_per_model():
     """Two workers, four trials: each worker checks 2 evaluations, then none."""
     Tiny.state_dicts = 0
-    study = Study(Tiny, executor=SimulatedExecutor(2), check_evaluate=2)
+    study = Study(Tiny, executor=SimulatedExecutor(2), check_evaluate=2, check_resume=0)
     space = [{"lr": lr} for lr in (0.1, 0.05, 0.02, 0.01)]
     result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=3))
     assert all(t.status == "completed" for t in study.coordinator.trials.values())
@@ -156,11 +189,12 @@ def test_each_worker_checks_its_first_evaluations_once_per_model():
 
 def test_a_failed_check_counts_nothing_so_a_retry_is_checked_again():
     checks = EvaluateChecks()
-    trainer = LeavesEvalMode()
+    trainer = StepsWhileEvaluating()
+    trainer.setup(CONFIG)
     before = training_state(trainer)
     trainer.evaluate()
     for _ in range(2):
-        with pytest.raises(EvaluateChangedStateError, match=r"self\.model\.training"):
+        with pytest.raises(EvaluateChangedStateError, match=r"\['1\.weight'\]"):
             checks.verify("model", 1, before, training_state(trainer))
         assert checks.due("model", 1)
     checks.verify("model", 1, before, before)
@@ -186,11 +220,12 @@ def test_check_evaluate_must_be_a_count(value):
 @pytest.mark.slow
 def test_a_dask_worker_fails_the_trial_of_a_broken_evaluate(client, tmp_path):
     with Study(
-        LeavesEvalMode, name="evalcheck", storage=tmp_path, client=client, resources={"GPU": 1}
+        StepsWhileEvaluating, name="evalcheck", storage=tmp_path, client=client, resources={"GPU": 1}
     ) as study:
         handle = study.submit(CONFIG, 3)
         with pytest.raises(
-            TrialError, match=r"evaluate\(\) changed the training state: self\.model\.training\."
+            TrialError,
+            match=r"evaluate\(\) changed the training state: state_dict\(\)\['model'\]\['1\.weight'\]",
         ):
             handle.result(timeout=60)
         good = Study(Tiny, name="evalcheck-ok", storage=tmp_path, client=client, resources={"GPU": 1})

@@ -51,8 +51,16 @@ def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client
     branch = {"lr": dt.Steps([0.1, 0.2], [5]), "batch_size": 128}
     # SlowTrainer: the curves of SyntheticTrainer, with steps slow enough that both children
     # of (base, 5) run at once
+    # check_resume=0: the resume check trains a step past a path that ends at its checkpoint
+    # and then keeps no live trainer there (tests/test_resumecheck.py)
     with Study(
-        SlowTrainer, {"delay": 0.2}, name="loads", storage=tmp_path, client=client, resources={"GPU": 1}
+        SlowTrainer,
+        {"delay": 0.2},
+        name="loads",
+        storage=tmp_path,
+        client=client,
+        resources={"GPU": 1},
+        check_resume=0,
     ) as study:
         events = []
         handle = study.coordinator.handle
@@ -121,7 +129,7 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
             time.sleep(0.05)
         seen = handle.curve()
         assert handle.status == "pending" and 3 <= len(seen) < 10  # before the stage ended
-        assert [step for step, _ in seen] == list(range(1, len(seen) + 1))
+        assert [step for step, _ in seen] == list(range(len(seen)))  # steps count from 0
         assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
         assert study.coordinator._launched == 1  # one task: the points came as events, not results
         # each message is one step's events, the step last: the step is counted together with

@@ -54,7 +54,7 @@ def test_grid_study_trains_every_prefix_once_and_matches_run_alone():
     best = result.best
     assert best.metrics["val_loss"] == min(t.metrics["val_loss"] for t in study.coordinator.trials.values())
     frame = result.trials
-    assert len(frame) == 12 and {"lr", "momentum", "val_loss"} <= set(frame.columns)
+    assert len(frame) == 12 and {"lr/schedule", "momentum/schedule", "val_loss"} <= set(frame.columns)
 
 
 def test_trial_based_baseline_trains_every_trial_alone():
@@ -394,7 +394,7 @@ def test_training_metrics_are_reported_and_a_non_finite_one_means_diverged():
     study = Study(BlindTrainer, executor=SimulatedExecutor(2), eval_every=100)  # only at trial ends
     calm, wild = study.submit({"lr": 0.1}, 10), study.submit({"lr": 50.0}, 40)
     calm.result()
-    assert [(step, sorted(m)) for step, m in calm.curve()] == [(10, ["loss", "score"])]
+    assert [(step, sorted(m)) for step, m in calm.curve()] == [(9, ["loss", "score"])]  # after step 9
     wild.result()
     assert wild.status == "diverged"
     (step, metrics), *_ = wild.curve()
@@ -445,7 +445,9 @@ def calls_per_trainer() -> list[list[tuple[str, object]]]:
 def test_setup_gets_every_value_at_a_start_and_only_the_changes_later():
     Recording.log.clear()
     config = {"lr": dt.Steps([0.1, 0.05], [2]), "batch_size": dt.Steps([128, 256], [4]), "momentum": 0.9}
-    study = Study(Recording, executor=SimulatedExecutor(1), eval_every=100, checkpoint_every=3)
+    study = Study(
+        Recording, executor=SimulatedExecutor(1), eval_every=100, checkpoint_every=3, check_resume=0
+    )
     assert study.submit(config, 6).result() == run_alone(SyntheticTrainer, config, 6)[-1]
     ((first, *calls),) = calls_per_trainer()
     assert first == ("setup", {"lr": 0.1, "batch_size": 128, "momentum": 0.9})

@@ -5,8 +5,13 @@ In simulation (real training, virtual time) and on a real 2-worker Dask LocalClu
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
-from fusion_helpers import TinyCNN, TinyMLP, task
+import torch
+from fusion_helpers import Kinds, Square, TinyCNN, TinyMLP, task
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 import dagtune as dt
 from dagtune.algos import GridSearch
@@ -273,3 +278,165 @@ def test_asha_and_pbt_fused_give_each_trial_run_alone_fused():
 def test_the_simulated_fused_cost_is_a_share_of_a_step(share):
     with pytest.raises(ValueError, match=f"fused_member_seconds must be in \\[0, 1\\], got {share}"):
         SimulatedExecutor(1, fused_member_seconds=share)
+
+
+# --------------------------------------------------------------------------- real models, the check
+
+
+class LateSquare(Kinds):
+    """A custom op vmap cannot batch, used only from step 2 on (hyper-parameter `square`):
+    the check at the start passes, the fused step fails later."""
+
+    def __init__(self, seed: int = 0, **optimizer):
+        super().__init__("custom-op", seed, **optimizer)
+        self.square = False
+
+    def make_model(self, features, hidden):
+        self.head = nn.Linear(32, 16)
+        self.out = nn.Linear(16, 2)
+        return nn.Sequential(self.head, self.out)
+
+    def apply(self, name, value):
+        if name == "square":
+            self.square = bool(value)
+        else:
+            super().apply(name, value)
+
+    def loss(self, model, batch):
+        x, y = batch
+        if not self.square:
+            return F.cross_entropy(model(x), y, reduction="none")
+        return F.cross_entropy(model(Square.apply(x)), y, reduction="none")
+
+
+# 6 trials, 4 root stages (two share lr 0.05 until a branch at step 1): on 2 slots the roots
+# fuse 2 and 2 whatever the timing
+KIND_SPACE = dt.Grid(
+    {"lr": [dt.Steps([0.05, 0.02], [1]), 0.05, 0.1], "momentum": [0.9, 0.5], "batch_size": [32]}
+)
+
+
+def trials_of(study: Study) -> list:
+    return list(study.coordinator.trials.values())
+
+
+def test_a_trainer_that_cannot_fuse_trains_unfused_with_a_warning_naming_the_op():
+    study = fused_study(4, trainer=Kinds, trainer_kwargs={"kind": "custom-op"})
+    with pytest.warns(dt.FusionWarning, match=r"in module '1' \(Squared\).*autograd\.Function Square"):
+        report = study.run(GridSearch(KIND_SPACE, metric="val_acc", steps=3)).report
+    assert "Squared" in study.coordinator.fusion.refused
+    assert report["executed_steps"] == report["unique_steps"]  # the check trained nothing
+    for trial in trials_of(study):
+        assert trial.status == "completed"
+        alone = run_alone(Kinds, trial.config, 3, {"kind": "custom-op"})
+        assert [m for _, m in trial.curve] == alone
+    assert report["fused_tasks"] == sum(report["group_sizes"].values()) >= 1  # the checking launches
+
+
+def test_an_op_that_fails_fused_later_turns_fusion_off_and_the_trials_finish_unfused():
+    space = [{"lr": lr, "square": dt.Steps([0, 1], [2]), "batch_size": 32} for lr in (0.05, 0.02)]
+    study = fused_study(4, trainer=LateSquare)
+    with pytest.warns(dt.FusionWarning, match="a fused step failed: RuntimeError"):
+        study.run(GridSearch(space, metric="val_acc", steps=4))
+    assert all(trial.status == "completed" for trial in trials_of(study))
+
+
+class HandDropoutTrainer(Kinds):
+    """Dropout written by hand on a transposed view: its fused noise lands elsewhere."""
+
+    def make_model(self, features, hidden):
+        return nn.Sequential(nn.Linear(32, 16), HandDropout(), nn.ReLU(), nn.Linear(16, 2))
+
+
+class HandDropout(nn.Module):
+    def forward(self, x):
+        if not self.training:
+            return x
+        view = x.view(x.shape[0], 4, 4).transpose(0, 1)
+        return (view * torch.empty_like(view).bernoulli_(0.5) * 2).transpose(0, 1).reshape(x.shape[0], 16)
+
+
+def test_a_first_batch_that_disagrees_with_unfused_training_turns_fusion_off_unless_unchecked():
+    space = dt.Grid({"lr": [0.05, 0.02], "batch_size": [32]})
+    # one worker: the simulator interleaves its workers' steps in this process, and unfused
+    # tasks drawing random numbers (this dropout) would draw from each other's generator state
+    checked = fused_study(4, workers=1, trainer=HandDropoutTrainer)
+    with pytest.warns(dt.FusionWarning, match=r"does not agree with unfused training.*'1' \(HandDropout\)"):
+        checked.run(GridSearch(space, metric="val_acc", steps=2))
+    for trial in trials_of(checked):
+        assert [m for _, m in trial.curve] == run_alone(HandDropoutTrainer, trial.config, 2)
+    unchecked = fused_study(4, workers=1, trainer=HandDropoutTrainer, fusion_check=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dt.FusionWarning)  # the probe alone passes it
+        report = unchecked.run(GridSearch(space, metric="val_acc", steps=2)).report
+    assert report["group_sizes"] == {2: 1} and unchecked.coordinator.fusion.refused is None
+
+
+def test_the_report_counts_the_fused_tasks_by_size():
+    study = fused_study(4)
+    report = study.run(GridSearch(SPACE, metric="val_acc", steps=STEPS)).report
+    sizes = [len(group) for group in study.executor.launches]
+    assert report["group_sizes"] == {k: sizes.count(k) for k in sorted(set(sizes))}
+    assert report["fused_tasks"] == len(sizes)
+    assert report["mean_group_size"] == pytest.approx(sum(sizes) / len(sizes))
+    unfused = Study(TinyMLP, executor=SimulatedExecutor(2)).run(GridSearch(SPACE, "val_acc", steps=2)).report
+    assert "fused_tasks" not in unfused  # a study without fusion reports what it always did
+
+
+def test_a_group_with_room_waits_a_step_for_members_about_to_be_ready():
+    """Two roots on 3 slots, one slower (momentum 0.5: 1.3 s a step): at 2.0 s the faster one's
+    second branch is ready, the slower one's at 2.6 s; the first waits for it and both branches
+    train as one group of 2 (not 1 and 1)."""
+    cost = lambda values: 1.0 if values["momentum"] == 0.9 else 1.3  # noqa: E731
+    study = Study(TinyMLP, executor=Recording(3, cost), fuse=4, fusion_check=False)
+    configs = [
+        {"momentum": momentum, "lr": dt.Steps([0.1, lr], [2]), "batch_size": 32}
+        for momentum in (0.9, 0.5)
+        for lr in (0.05, 0.02)
+    ]
+    handles = [study.submit(config, 4) for config in configs]
+    for handle in handles:
+        handle.result()
+    starts = [(group[0].start, len(group)) for group in study.executor.launches]
+    assert starts == [(0, 1), (0, 1), (2, 2)]
+    assert study.report["executed_steps"] == study.report["unique_steps"]
+    for handle in handles:
+        assert [m for _, m in handle.trial.curve] == run_alone(TinyMLP, handle.trial.config, 4, fused=True)
+
+
+# --------------------------------------------------------------------------- real models on Dask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["batchnorm2d", "transformer", "gru", "running-mean"])
+def test_fused_studies_of_real_models_on_dask_are_run_alone_fused(client, tmp_path, kind):
+    """A BatchNorm CNN, a Transformer layer with dropout 0.1, a GRU and a buffer re-assigned
+    in forward, each a fused grid on the real cluster: every trial bit for bit
+    run_alone(fused=True), each unique step trained once, fusion never refused."""
+    with Study(
+        Kinds, {"kind": kind}, name=kind, storage=tmp_path, client=client, resources={"GPU": 1}, fuse=4
+    ) as study:
+        report = study.run(GridSearch(KIND_SPACE, metric="val_acc", steps=3), timeout=180).report
+        assert study.coordinator.fusion.refused is None
+        assert (
+            report["executed_steps"] == report["unique_steps"] == dt.unique_steps((c, 3) for c in KIND_SPACE)
+        )
+        assert max(report["group_sizes"]) > 1
+        for trial in trials_of(study):
+            assert trial.status == "completed"
+            assert [m for _, m in trial.curve] == run_alone(
+                Kinds, trial.config, 3, {"kind": kind}, fused=True
+            )
+
+
+@pytest.mark.slow
+def test_a_custom_op_on_dask_trains_unfused_with_the_warning_in_this_process(client, tmp_path):
+    with Study(
+        Kinds, {"kind": "custom-op"}, name="op", storage=tmp_path, client=client, resources={"GPU": 1}, fuse=4
+    ) as study:
+        with pytest.warns(dt.FusionWarning, match=r"'1' \(Squared\)"):
+            report = study.run(GridSearch(KIND_SPACE, metric="val_acc", steps=3), timeout=180).report
+        assert report["executed_steps"] == report["unique_steps"]
+        for trial in trials_of(study):
+            assert trial.status == "completed"
+            assert [m for _, m in trial.curve] == run_alone(Kinds, trial.config, 3, {"kind": "custom-op"})

@@ -125,3 +125,44 @@ def test_under_sp_the_first_update_of_the_logits_grows_with_width(case):
     readout = CASES[case][-1]
     assert check(case, "sp").exponents("change")[(readout, 1)] >= FLAT
     assert abs(check(case, "mup").exponents("change")[(readout, 1)]) <= FLAT
+
+
+class Recurrent(nn.Module):
+    """A GRU or LSTM of `width` reading 8-step sequences, a readout of its last output, and
+    a module returning ``(tensor, None)``."""
+
+    def __init__(self, width: int, kind: type = nn.GRU):
+        super().__init__()
+        self.rnn = kind(4, width, batch_first=True)
+        self.pair = Paired()
+        self.readout = dt.mup.Readout(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        last, _ = self.pair(out[:, -1])
+        return self.readout(last)
+
+
+class Paired(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x, None
+
+
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM], ids=["gru", "lstm"])
+def test_tuple_outputs_are_measured_element_by_element_and_what_is_not_is_listed(kind):
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 8, 4, generator=generator), torch.randint(0, 3, (16,), generator=generator)
+    result = dt.mup.coord_check(
+        functools.partial(Recurrent, kind=kind),
+        32,
+        (1, 2),
+        sgd,
+        lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
+        [(x, y)] * 2,
+        x,
+    )
+    modules = {row["module"] for row in result.rows}
+    states = {"rnn[1]"} if kind is nn.GRU else {"rnn[1][0]", "rnn[1][1]"}
+    assert modules == {"rnn[0]", *states, "pair[0]", "readout"}
+    assert result.skipped == ("pair[1] (NoneType)",)
+    assert all(abs(exponent) < 2 for exponent in result.exponents("size").values())  # all measured

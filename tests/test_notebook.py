@@ -64,9 +64,11 @@ def test_stage_tree_html_lists_stages_under_their_parents(tmp_path):
 def test_trials_frame_has_one_column_per_hyper_parameter(finished):
     _, result = finished
     frame = trials_frame(result._trials)
-    assert list(frame.columns[:3]) == ["trial_id", "status", "steps"]
-    assert {"lr", "momentum", "val_loss"} <= set(frame.columns)
-    assert sorted(frame["momentum"]) == ["0.9", "0.9", "0.9→0.5@3", "0.9→0.5@3"]
+    assert frame.index.name == "trial_id" and list(frame.columns[:2]) == ["status", "steps"]
+    assert {"lr/schedule", "momentum/schedule", "val_loss"} <= set(frame.columns)
+    assert sorted(frame["momentum/schedule"]) == ["0.9", "0.9", "0.9→0.5@3", "0.9→0.5@3"]
+    assert sorted(frame["momentum/first"]) == [0.9] * 4
+    assert sorted(frame["momentum/last"]) == [0.5, 0.5, 0.9, 0.9]
 
 
 def test_figures_hold_the_curves_and_the_tree(finished):

@@ -33,6 +33,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "fusion",
         "surrogate",
         "scale",
+        "resume_check",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(

@@ -45,10 +45,38 @@ def test_grid_configs_are_copies():
 def test_grid_where_filters_conditionals():
     grid = dt.Grid(
         {"opt": ["sgd", "sgd-momentum"], "momentum": [0.0, 0.9]},
-        where=lambda c: (c["opt"](0) == "sgd-momentum") == (c["momentum"](0) != 0.0),
+        where=lambda c: (c["opt"] == "sgd-momentum") == (c["momentum"] != 0.0),
     )
     assert [(c["opt"](0), c["momentum"](0)) for c in grid] == [("sgd", 0.0), ("sgd-momentum", 0.9)]
     assert len(grid) == 2
+
+
+def test_where_sees_plain_values_for_constants_and_sequences_for_schedules():
+    """A user writes ``c["opt"] == "adam"``: constants (plain or `dt.Constant`) arrive as
+    their values, schedules as sequences; what is kept are ordinary configs."""
+    seen = []
+
+    def keep(c):
+        seen.append(c)
+        return c["opt"] == "adam" or isinstance(c["lr"], dt.Sequence)
+
+    grid = dt.Grid(
+        {"opt": ["adam", "sgd"], "lr": [dt.Constant(0.1), dt.MultiStep(0.1, [5], 0.1)], "bs": 64}, where=keep
+    )
+    kept = [(c["opt"](0), c["lr"]) for c in grid]
+    assert kept == [
+        ("adam", dt.Constant(0.1)),
+        ("adam", dt.MultiStep(0.1, [5], 0.1)),
+        ("sgd", dt.MultiStep(0.1, [5], 0.1)),
+    ]
+    assert {"opt": "sgd", "lr": 0.1, "bs": 64} in seen
+    assert all(type(c["bs"]) is int and type(c["opt"]) is str for c in seen)
+    space = dt.Random(
+        {"opt": dt.choice(["adam", "sgd"]), "lr": dt.loguniform(1e-3, 1e-1)},
+        n=20,
+        where=lambda c: c["opt"] == "adam" and c["lr"] < 0.01,
+    )
+    assert all(c["opt"](0) == "adam" and c["lr"](0) < 0.01 for c in space)
 
 
 def test_grid_filter_removing_everything_is_an_error():
@@ -95,7 +123,7 @@ def test_a_filtered_grid_is_counted_only_when_asked():
 
     def keep(config):
         calls.append(1)
-        return config["momentum"](0) >= 0.5
+        return config["momentum"] >= 0.5
 
     grid = dt.Grid(candidates(300), where=keep)
     assert len(calls) == 151  # momentum 0 .. 0.5 for the first learning rate
@@ -202,7 +230,7 @@ def test_templates_and_distributions_are_hashable():
 
 
 def test_random_where_redraws():
-    space = dt.Random({"lr": dt.uniform(0.0, 1.0)}, n=30, seed=0, where=lambda c: c["lr"](0) > 0.5)
+    space = dt.Random({"lr": dt.uniform(0.0, 1.0)}, n=30, seed=0, where=lambda c: c["lr"] > 0.5)
     assert all(c["lr"](0) > 0.5 for c in space) and len(list(space)) == 30
     with pytest.raises(ValueError, match="rejected 10 draws in a row"):
         dt.Random({"lr": dt.uniform(0.0, 1.0)}, where=lambda c: False, max_rejections=10)

@@ -28,11 +28,11 @@ class ScaledSynthetic(SyntheticTrainer):
         self.scale = scale
 
 
-def _surrogate_study(surrogate: dt.Surrogate, **kwargs) -> dt.SurrogateStudy:
+def _surrogate_study(surrogate: dt.Surrogate, workers: int = 1, **kwargs) -> dt.SurrogateStudy:
     return dt.SurrogateStudy(
         ScaledSynthetic,
         surrogate=surrogate,
-        executor=SimulatedExecutor(1),
+        executor=SimulatedExecutor(workers),
         target_executor=SimulatedExecutor(1),
         **kwargs,
     )
@@ -62,9 +62,12 @@ def test_steps_gives_the_target_its_own_budget():
 
 
 def test_eager_transfer_starts_the_target_early_and_restarts_it_when_the_best_changes():
-    study = _surrogate_study(dt.Surrogate(scale=2, eager=0.25))
+    """3 search slots, 4 trials: the first three end together, the last one then leaves two
+    slots idle, where the target starts with the best of three; the last one is better."""
+    study = _surrogate_study(dt.Surrogate(scale=2, eager=0.25), workers=3)
     result = study.run(GridSearch(dt.Grid({"lr": LRS}), "val_loss", "min", steps=6))
     targets = [t.trial for t in study.target_study.trials]
+    assert targets[0].config["lr"](0) == LRS[2]  # the best of the first three
     assert result.restarts == len(targets) - 1 >= 1  # the best changed after the first trial ended
     assert all(t.status in (STOPPED, COMPLETED) for t in targets[:-1])
     assert targets[-1].status == COMPLETED and targets[-1].id == result.target.id
@@ -76,6 +79,15 @@ def test_eager_transfer_of_the_final_best_trains_the_target_once():
     study = _surrogate_study(dt.Surrogate(scale=2, eager=1.0))
     result = study.run(GridSearch(dt.Grid({"lr": LRS}), "val_loss", "min", steps=6))
     assert result.restarts == 0 and len(study.target_study.trials) == 1
+
+
+def test_eager_transfer_waits_for_a_slot_the_search_leaves_idle():
+    """One search slot, always busy until the search ends: the target never takes it early
+    (it would compete with the search), so it trains the final best once."""
+    study = _surrogate_study(dt.Surrogate(scale=2, eager=0.25))
+    result = study.run(GridSearch(dt.Grid({"lr": LRS}), "val_loss", "min", steps=6))
+    assert result.restarts == 0 and len(study.target_study.trials) == 1
+    assert result.config["lr"](0) == LRS[-1]
 
 
 def test_asha_on_the_surrogate_transfers_a_config_trained_to_max_steps():
@@ -199,3 +211,15 @@ def test_the_example_searches_the_surrogate_and_trains_the_target(client, tmp_pa
     assert len(result.surrogate.trials) == 2 and result.target.steps == 2
     assert config_dumps(result.config) == config_dumps(result.surrogate.best.config)
     assert result.target.metrics == dt.run_alone(ScaledDigitsTrainer, result.config, 2, {"base": 16})[-1]
+
+
+def test_a_scale_that_does_not_divide_the_width_is_refused_when_the_study_is_built():
+    """Surrogate(scale=3) of a base width of 512: the cause, at once, not in failed trials."""
+    with pytest.raises(ValueError, match=r"scale=3.*512 / scale 3 = 170\.667 is not a whole width"):
+        dt.SurrogateStudy(
+            ScaledDigitsTrainer,
+            {"base": 512},
+            dt.Surrogate(scale=3),
+            executor=SimulatedExecutor(1),
+            target_executor=SimulatedExecutor(1),
+        )

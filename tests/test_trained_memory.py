@@ -136,4 +136,4 @@ def test_results_cost_the_points_recorded(tmp_path):
     assert curve[0, 999] == 0.5 and curve[0, 1_999_999] == 0.25 and np.isnan(curve[0, 1_000])
     assert list(curve[1, :4]) == pytest.approx([1.0, 0.5, 1 / 3, np.nan], nan_ok=True)
     steps = zarr.open_group(url, mode="r")["step"]
-    assert steps.shape == (2_000_000,) and steps[0] == 1 and steps[-1] == 2_000_000
+    assert steps.shape == (2_000_000,) and steps[0] == 0 and steps[-1] == 1_999_999  # steps count from 0

@@ -3,9 +3,14 @@
 The distributions of the dagtune space (see `ParamSpace`) become Optuna distributions named
 by their paths (``"lr.init"``, ``"momentum"``): `uniform` -> ``FloatDistribution``,
 `loguniform` -> ``FloatDistribution(log=True)``, `randint(low, high)` ->
-``IntDistribution(low, high - 1)`` (Optuna's high is inclusive), `choice` ->
-``CategoricalDistribution`` of its options (or of their indices when an option is a
-sequence, since Optuna only takes plain values). Each dagtune trial is one asked Optuna
+``IntDistribution(low, high - 1)`` (Optuna's high is inclusive), `quniform(low, high, q)` ->
+``FloatDistribution`` (``IntDistribution`` for ints) over its multiples of q with
+``step=q``, `qloguniform` -> ``FloatDistribution(log=True)`` whose suggestion is rounded to
+a multiple of q (Optuna can't step a log scale), `normal` -> ``FloatDistribution(0, 1)`` of
+the value's position under the normal CDF (the suggestion is mapped back through its
+inverse; Optuna has no normal distribution), `choice` -> ``CategoricalDistribution`` of its
+options (or of their indices when an option is a sequence, since Optuna only takes plain
+values). Each dagtune trial is one asked Optuna
 trial; every result is reported with ``trial.report`` so an Optuna pruner can stop it.
 
 How outcomes are told: a completed trial with its final metric; a pruned trial as
@@ -21,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, check_positive
-from dagtune.algos._params import CATEGORICAL, INT, LOG, Param, ParamSpace
+from dagtune.algos._params import CATEGORICAL, INT, LOG, NORMAL, Param, ParamSpace
 from dagtune.records import FAILED, Trial
 from dagtune.space import Random
 
@@ -35,7 +40,24 @@ def _distribution(optuna: Any, param: Param) -> Any:
         return optuna.distributions.CategoricalDistribution(param.choices)
     if param.kind == INT:
         return optuna.distributions.IntDistribution(int(param.low), int(param.high) - 1)
+    if param.kind == NORMAL:
+        return optuna.distributions.FloatDistribution(0.0, 1.0)
+    q = param.quantized
+    if q is not None and param.kind != LOG:
+        first, last = q.multiple(q.first), q.multiple(q.last)
+        if q.integral:
+            return optuna.distributions.IntDistribution(first, last, step=q.q)
+        return optuna.distributions.FloatDistribution(first, last, step=q.q)
     return optuna.distributions.FloatDistribution(param.low, param.high, log=param.kind == LOG)
+
+
+def _value(param: Param, suggested: Any) -> Any:
+    """A suggestion as the dagtune distribution gives values."""
+    if param.kind == CATEGORICAL:
+        return param.choices.index(suggested)
+    if param.kind == NORMAL:
+        return param.from_unit(suggested)
+    return param.snap(suggested) if param.quantized is not None else suggested
 
 
 class OptunaSampler(Algorithm):
@@ -126,8 +148,7 @@ class OptunaSampler(Algorithm):
             asked = self.study.ask(self._distributions)
             values = {}
             for param in self.params.params:
-                value = asked.params[param.path]
-                values[param.path] = param.choices.index(value) if param.kind == CATEGORICAL else value
+                values[param.path] = _value(param, asked.params[param.path])
             config = self.params.config(values)
             if self.params.accepts(config):
                 return asked, config

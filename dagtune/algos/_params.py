@@ -14,10 +14,11 @@ Paths are the hyper-parameter name, then ``.field`` for a sequence's argument an
 for an item of a list argument or the i-th option of a `choice`. A distribution inside a
 choice's option is a parameter too; its value is ignored when another option is chosen.
 
-Numeric parameters map to the unit interval (log-scaled for `loguniform`, an equal-width
-cell per integer for `randint`), and a categorical one to a one-hot block, so an algorithm
-can model the space as the unit cube and draw uniformly from it with the same distribution
-as `dt.Random`.
+Numeric parameters map to the unit interval (log-scaled for `loguniform` and
+`qloguniform`, an equal-width cell per integer for `randint`, through the normal CDF for
+`normal`; `quniform` and `qloguniform` round the value back to their multiples of q), and a
+categorical one to a one-hot block, so an algorithm can model the space as the unit cube and
+draw uniformly from it with the same distribution as `dt.Random`.
 """
 
 from __future__ import annotations
@@ -25,18 +26,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from dagtune.config import Config, normalize_config
-from dagtune.distributions import Distribution, choice, loguniform, randint, uniform
+from dagtune.distributions import (
+    Distribution,
+    choice,
+    loguniform,
+    normal,
+    qloguniform,
+    quniform,
+    randint,
+    uniform,
+)
 from dagtune.sequences import Piecewise, Sequence
-from dagtune.space import Random
+from dagtune.space import Random, filter_view
 
-__all__ = ["CATEGORICAL", "CONTINUOUS", "INT", "LOG", "Param", "ParamSpace"]
+__all__ = ["CATEGORICAL", "CONTINUOUS", "INT", "LOG", "NORMAL", "Param", "ParamSpace"]
 
-CONTINUOUS, LOG, INT, CATEGORICAL = "continuous", "log", "int", "categorical"
+CONTINUOUS, LOG, INT, CATEGORICAL, NORMAL = "continuous", "log", "int", "categorical", "normal"
+_EDGE = 1e-12  # the normal's unit positions stay inside (0, 1): its inverse CDF is infinite there
 
 _CHOICE_SCALARS = (bool, int, float, str, type(None))
 
@@ -46,7 +58,9 @@ class Param:
     """One distribution of a space: its path, kind and range.
 
     `low`/`high` bound a numeric parameter (`high` excluded for ``int``, as `randint` does);
-    `options` are a categorical parameter's options, whose value is the option's index.
+    a ``normal`` one has a `mean` and `sd` instead; `quantized` is the `quniform` or
+    `qloguniform` that rounds a value to its multiples. `options` are a categorical
+    parameter's options, whose value is the option's index.
     """
 
     path: str
@@ -54,6 +68,9 @@ class Param:
     low: float = 0.0
     high: float = 1.0
     options: tuple = ()
+    mean: float = 0.0
+    sd: float = 1.0
+    quantized: Any = None
 
     @property
     def width(self) -> int:
@@ -70,6 +87,8 @@ class Param:
 
     def to_unit(self, value: Any) -> float:
         """A numeric value's position in [0, 1]."""
+        if self.kind == NORMAL:
+            return NormalDist(self.mean, self.sd).cdf(value)
         if self.kind == LOG:
             return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
         if self.kind == INT:
@@ -79,15 +98,27 @@ class Param:
     def from_unit(self, u: float) -> float | int:
         """The numeric value at position `u` of [0, 1] (clipped into the range)."""
         u = min(max(float(u), 0.0), 1.0)
+        if self.kind == NORMAL:
+            return NormalDist(self.mean, self.sd).inv_cdf(min(max(u, _EDGE), 1.0 - _EDGE))
         if self.kind == LOG:
             value = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
-            return min(max(value, self.low), self.high)
+            return self.snap(min(max(value, self.low), self.high))
         if self.kind == INT:
             return int(min(self.low + math.floor(u * (self.high - self.low)), self.high - 1))
-        return self.low + u * (self.high - self.low)
+        return self.snap(self.low + u * (self.high - self.low))
+
+    def snap(self, value: float) -> Any:
+        """`value` as the distribution gives it: rounded to a multiple of q if quantized."""
+        return value if self.quantized is None else self.quantized.quantize(value)
 
 
 def _param(path: str, dist: Distribution) -> Param:
+    if isinstance(dist, quniform):
+        return Param(path, CONTINUOUS, dist.low, dist.high, quantized=dist)
+    if isinstance(dist, qloguniform):
+        return Param(path, LOG, dist.low, dist.high, quantized=dist)
+    if isinstance(dist, normal):
+        return Param(path, NORMAL, mean=dist.mean, sd=dist.sd)
     if isinstance(dist, loguniform):
         return Param(path, LOG, dist.low, dist.high)
     if isinstance(dist, uniform):
@@ -170,8 +201,8 @@ class ParamSpace:
         return normalize_config(built, owner=self.owner)
 
     def accepts(self, config: Config) -> bool:
-        """Whether the space's `where` filter keeps `config`."""
-        return self.where is None or bool(self.where(config))
+        """Whether the space's `where` filter keeps `config` (seen as `filter_view` gives it)."""
+        return self.where is None or bool(self.where(filter_view(config)))
 
     def sample_unit(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` points of the unit-cube encoding, distributed as `dt.Random` draws."""

@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
-from dagtune.coordinator._fusion import Fusion
+from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
+from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner
 from dagtune.records import (
@@ -73,14 +76,18 @@ class Coordinator:
         share: bool = True,
         eval_every: int = 1,
         check_evaluate: int = 0,
+        check_resume: int = 0,
+        torch_threads: int | None = None,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         gpus_per_task: float = 1.0,
         cost: CostModel | None = None,
         topic: str = "",
         name: str = "dagtune",
         planner: str | None = None,
         fuse: bool | int = False,
+        fusion_check: bool = True,
     ):
         self.plan = plan
         self.executor = executor
@@ -89,8 +96,11 @@ class Coordinator:
         self.share = share
         self.eval_every = eval_every
         self.check_evaluate = check_evaluate
+        self.check_resume = check_resume
+        self.torch_threads = torch_threads
         self.checkpoint_every = checkpoint_every
         self.max_retries = max_retries
+        self.step_timeout = step_timeout
         self.gpus_per_task = gpus_per_task
         self.cost = cost or CostModel()
         self.topic = topic
@@ -98,8 +108,10 @@ class Coordinator:
         self.listeners: list[TrialListener] = []
         self.recorders: list[Callable[[dict], None]] = []
         self.incidents: list[str] = []
+        self.notices = Notices()  # warnings about the trainer its workers sent, each shown once
         self.store: Any = None  # the checkpoint store, to delete corrupt checkpoints
         self.trials: dict[int, Trial] = {}
+        self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self._next_id = 0
         self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
@@ -110,6 +122,8 @@ class Coordinator:
         self._promised: dict[str, str] = {}
         self._promise_of: dict[str, str] = {}  # the same, task -> worker
         self._failures: dict[tuple[str, int], int] = {}
+        # nodes whose task's worker died: whatever trains them again does without the resume check
+        self._unchecked: set[str] = set()
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
         self._seen: set[tuple[str, str, str, int]] = set()
         self._launched = 0
@@ -128,7 +142,8 @@ class Coordinator:
         # progress of a task nothing claims (it stops where it is)
         self._redirect_due: set[str] = set()
         self._launched_since: set[str] = set()
-        self.fusion = Fusion(fuse, trainer, executor.slots)  # which launches share a fused task
+        # which launches share a fused task, whether the trainer fuses at all
+        self.fusion = Fusion(fuse, trainer, executor.slots, check=fusion_check)
 
     def _incremental_planner(self, planner: str | None) -> IncrementalPlanner | None:
         """The planner `planner` names (None: incremental unless the policy picks by itself,
@@ -173,10 +188,13 @@ class Coordinator:
         self._request(trial)
         return trial
 
-    def restore(self, states: Iterable[TrialState]) -> list[Trial]:
+    def restore(
+        self, states: Iterable[TrialState], retry: Callable[[TrialState], bool] | None = None
+    ) -> list[Trial]:
         """Rebuild trials from what an earlier session's records say (`dagtune.records`):
         finished trials come back with their status and metrics, pending ones are requested
-        again and resume from the latest committed checkpoint the plan knows."""
+        again and resume from the latest committed checkpoint the plan knows, and so are the
+        failed ones `retry` says to retry (recorded: a ``retry`` record)."""
         restored = []
         for state in sorted(states, key=lambda s: s.id):
             trial = Trial(state.id, state.config, state.steps, state.tag, submitted_at=self.executor.now())
@@ -185,7 +203,10 @@ class Coordinator:
             self.trials[trial.id] = trial
             self._next_id = max(self._next_id, trial.id + 1)
             restored.append(trial)
-            if state.status == PENDING:
+            retried = state.status == FAILED and retry is not None and retry(state)
+            if retried:
+                self._record({"r": "retry", "trial": trial.id})
+            if state.status == PENDING or retried:
                 self._request(trial)
                 continue
             trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
@@ -193,7 +214,7 @@ class Coordinator:
             known = self.plan.curve(trial.node, trial.steps)
             trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
-            trial.status, trial.error = state.status, state.error
+            trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
         return restored
 
@@ -228,6 +249,22 @@ class Coordinator:
             self._forget_request(trial)
             self._finish(trial, STOPPED)
 
+    def interrupt(self, trial_id: int) -> None:
+        """Withdraw a pending trial's requests without ending it: an interrupted run is not an
+        algorithm's `stop`. Nothing is recorded, so storage keeps the trial pending (as it does
+        when the process is killed), and `resume`, or the study opened again, continues it
+        from its latest committed checkpoint."""
+        trial = self.trials[trial_id]
+        if trial.status == PENDING and trial_id not in self.interrupted:
+            self._forget_request(trial)
+            self.interrupted.add(trial_id)
+
+    def resume(self, trial_id: int) -> None:
+        """Request an interrupted trial again (nothing if it was not interrupted)."""
+        if trial_id in self.interrupted:
+            self.interrupted.discard(trial_id)
+            self._request(self.trials[trial_id])
+
     def expect(self, configs: Iterable[Config]) -> None:
         """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
         step where one of them would branch off its path saves a checkpoint there, so the later
@@ -252,6 +289,9 @@ class Coordinator:
         self._dirty = True
 
     def _forget_request(self, trial: Trial) -> None:
+        if trial.id in self.interrupted:  # its requests are withdrawn already
+            self.interrupted.discard(trial.id)
+            return
         self.plan.remove_request(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
             watchers = self._watchers.get(node)
@@ -272,19 +312,22 @@ class Coordinator:
             listener.on_result(trial, step, metrics)
         return trial.status == PENDING
 
-    def _finish(self, trial: Trial, status: str, error: str | None = None) -> None:
-        trial.status, trial.error = status, error
+    def _finish(self, trial: Trial, status: str, error: str | None = None, cause: str | None = None) -> None:
+        """End `trial` with `status` (a failed one with its `error` and `cause`, one of
+        `dagtune.records.CAUSES`)."""
+        trial.status, trial.error, trial.cause = status, error, cause
         trial.finished_at = self.executor.now()
-        self._record(
-            {
-                "r": "end",
-                "trial": trial.id,
-                "status": status,
-                "steps": trial.reached,
-                "metrics": trial.metrics,
-                "error": error,
-            }
-        )
+        record = {
+            "r": "end",
+            "trial": trial.id,
+            "status": status,
+            "steps": trial.reached,
+            "metrics": trial.metrics,
+            "error": error,
+        }
+        if cause is not None:
+            record["cause"] = cause
+        self._record(record)
         if status == COMPLETED:
             self.branches.pause(trial)
         for listener in list(self.listeners):
@@ -315,6 +358,8 @@ class Coordinator:
             self._seen.add(key)
         if kind == "step":
             self.executed_steps += 1
+            if self.fusion.holding:  # a group waits for this task's point
+                self._dirty = True
             self.cost.observe(event["node"], event["seconds"])
             if running is not None:
                 running.progress = max(running.progress, event["step"])
@@ -336,12 +381,17 @@ class Coordinator:
             self.loads[event["origin"]] += 1
         elif kind == "declined":
             self._dirty = True
+        elif kind == "warning":
+            self.notices.show(event)
         elif kind == "corrupt":
             self._on_corrupt(event)
             if running is not None:
                 self._retire(event["task"], running, {**event, "lost": True})
         elif kind in ("end", "error") and running is not None:
             self._retire(event["task"], running, event)
+        elif kind == "fusion":  # a fused task checked the trainer (`dagtune.coordinator._fusion`)
+            self.fusion.verdict(event)
+            self._dirty = True
 
     def absorb(self, events: Iterable[dict]) -> None:
         """React to search plan events another coordinator wrote (already applied to the
@@ -419,6 +469,12 @@ class Coordinator:
             return
         if running.worker is not None:
             self._hold(running.worker, None)
+        if event["kind"] == "error" and event.get("lost"):  # its worker died or went away
+            # the resume check's second trainer may be what took the worker down (memory):
+            # whatever trains these stages again does without it
+            self._unchecked.update(segment.node for segment in running.task.segments)
+        if event.get("cause") == "timeout":  # its step hangs: the task still runs there
+            self.executor.abandon(key, running.worker)
         if event.get("lost") and not event.get("killed"):
             return  # the worker went away: the stage is simply planned again
         if event.get("killed"):  # Dask gave up after the task took down several workers
@@ -427,6 +483,7 @@ class Coordinator:
                 **event,
                 "node": first.node,
                 "step": running.task.start + 1,
+                "cause": "workers",
                 "traceback": f"{event.get('error')}\nThe Dask workers running this stage died; the "
                 "trainer may exhaust the worker's memory or crash in native code.",
             }
@@ -439,7 +496,8 @@ class Coordinator:
                 trial = self.trials[trial_id]
                 if trial.status == PENDING and _covers(trial, *point):
                     self._forget_request(trial)
-                    self._finish(trial, FAILED, event.get("traceback") or event.get("error"))
+                    error = event.get("traceback") or event.get("error")
+                    self._finish(trial, FAILED, error, event.get("cause", "trainer"))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -488,7 +546,10 @@ class Coordinator:
             groups = self._fuse(launches, free)
             self.demand += len(launches) - sum(len(group) for group in groups)
             for group in groups:
-                self._launch_group(group)
+                if self.fusion.on:
+                    self._launch_group(group)
+                else:  # measuring F found the trainer cannot fuse
+                    self._launch_task(*group[0])
         else:
             for path, priority in launches:
                 self._launch(path, priority)
@@ -556,15 +617,20 @@ class Coordinator:
         fused groups (`dagtune.coordinator._fusion`); the paths left out stay ready."""
         tasks = [self._task(path) for path, _ in launches]
         groups = self.fusion.groups(tasks, free)
+        soon = functools.cache(lambda: upcoming_stages(self.planner, self.running, self.cost, self.plan))
+        now = self.executor.now()
+        step_seconds = lambda node: self.cost.step_seconds(node, self.plan)  # noqa: E731
+        groups = [g for g in groups if not self.fusion.hold([tasks[i] for i in g], soon, now, step_seconds)]
         return [[(tasks[i], launches[i][1]) for i in group] for group in groups]
 
     def _launch_group(self, group: list[tuple[PathTask, float]]) -> None:
         """Run `group`'s tasks as one fused task on one slot; each is running on its own key
         (a fused task leaves no live trainer, so none prefers a worker)."""
         slot = Slot(fused=True)
-        for task, priority in group:
+        tasks = self.fusion.prepare([task for task, _ in group])  # with the fusion check, if due
+        for task, (_, priority) in zip(tasks, group):
             self._started(task, Running(task, priority, progress=task.start, slot=slot))
-        self.executor.launch_group([task for task, _ in group], max(priority for _, priority in group))
+        self.executor.launch_group(tasks, max(priority for _, priority in group))
 
     def _redirect(self, key: str, running: Running) -> None:
         task = running.task
@@ -600,10 +666,15 @@ class Coordinator:
             eval_every=self.eval_every,
             topic=self.topic,
             check_evaluate=self.check_evaluate,
+            check_resume=0 if any(s.node in self._unchecked for s in segments) else self.check_resume,
+            torch_threads=self.torch_threads,
+            step_timeout=self.step_timeout,
         )
 
     def _launch(self, path: list[Stage], priority: float) -> None:
-        task = self._task(path)
+        self._launch_task(self._task(path), priority)
+
+    def _launch_task(self, task: PathTask, priority: float) -> None:
         key, source = task.key, task.source
         prefer = next(iter(self._holders.get(source, ())), None) if source is not None else None
         if prefer is None and source is not None:  # a task about to end there holds it next
@@ -640,9 +711,14 @@ class Coordinator:
 
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
-        or may resume from, and the latest checkpoint before each waiting request."""
+        or may resume from, and the latest checkpoint before each waiting request and before
+        each interrupted trial's point (where it resumes)."""
         points = self.running.needed_points()
-        for node, step in self.plan.active:
+        waiting = [
+            *self.plan.active,
+            *((self.trials[i].node, self.trials[i].steps) for i in self.interrupted),
+        ]
+        for node, step in waiting:
             latest = self.plan.latest_checkpoint(node, step)
             if latest is not None:
                 points.add(latest)
@@ -683,6 +759,9 @@ class Coordinator:
             executed_steps=self.executed_steps - since.get("executed_steps", 0),
             gpu_seconds=self.gpu_seconds + in_flight - since.get("gpu_seconds", 0.0),
             now=now,
+            group_sizes=self.fusion.sizes - Counter(since.get("group_sizes", {}))
+            if self.fusion.asked
+            else None,
         )
 
 

@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dagtune.plan import unique_steps
 from dagtune.records import Trial
 
-__all__ = ["report_figures", "trial_figures"]
+__all__ = ["fused_figures", "report_figures", "trial_figures"]
 
 
 def trial_figures(trials: Sequence[Trial]) -> dict:
@@ -29,10 +29,18 @@ def trial_figures(trials: Sequence[Trial]) -> dict:
     }
 
 
-def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: float, now: float) -> dict:
-    """The figures of `trials`, with the steps executed and the GPU-seconds spent for them
-    (since some report was taken: `dagtune.coordinator.Coordinator.report` counts those),
-    `now` on the executor's clock. Each figure is exactly:
+def report_figures(
+    trials: Sequence[Trial],
+    executed_steps: int,
+    gpu_seconds: float,
+    now: float,
+    group_sizes: Mapping[int, int] | None = None,
+) -> dict:
+    """The figures of `trials`, with the steps executed, the GPU-seconds spent and the fused
+    tasks launched for them, by their number of trials (since some report was taken:
+    `dagtune.coordinator.Coordinator.report` counts those; None: the study does not fuse,
+    and its report has no fusion figures), `now` on the executor's clock. Each figure is
+    exactly:
 
     ``trials``
         how many trials.
@@ -76,6 +84,13 @@ def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: fl
     ``makespan_seconds``
         from the first of the trials' submissions to the end of the last of them (to
         now while one is pending), on the executor's clock (virtual in simulation).
+    ``fused_tasks`` (a study with ``fuse`` only, as the two below)
+        the fused tasks launched (a task nothing fused with counts, as a group of one; none
+        once the trainer trains unfused).
+    ``group_sizes``
+        those tasks by their number of trials: ``{K: tasks}``, K ascending.
+    ``mean_group_size``
+        trials per fused task: Σ K x tasks / ``fused_tasks`` (0.0 without fused tasks).
     """
     figures = trial_figures(trials)
     trial_steps = figures["trial_steps"]
@@ -91,4 +106,14 @@ def report_figures(trials: Sequence[Trial], executed_steps: int, gpu_seconds: fl
         "reuse": trial_steps / executed_steps if executed_steps else (math.inf if trial_steps else 1.0),
         "gpu_seconds": gpu_seconds,
         "makespan_seconds": max(0.0, end - start),
+        **(fused_figures(group_sizes) if group_sizes is not None else {}),
     }
+
+
+def fused_figures(group_sizes: Mapping[int, int]) -> dict:
+    """``fused_tasks``, ``group_sizes`` and ``mean_group_size`` (see `report_figures`) of the
+    fused tasks launched, counted by size."""
+    sizes = {int(size): int(count) for size, count in sorted(group_sizes.items()) if count > 0}
+    tasks = sum(sizes.values())
+    trials = sum(size * count for size, count in sizes.items())
+    return {"fused_tasks": tasks, "group_sizes": sizes, "mean_group_size": trials / tasks if tasks else 0.0}

@@ -1,4 +1,5 @@
-"""Bokeh figures of a snapshot: the stage tree, the learning curves, the counters.
+"""Bokeh figures of a snapshot: the stage tree, the learning curves, the counters and the
+hyper-parameters' importance.
 
 `StudyView` owns the data sources and figures and `update`s them in place from a new
 snapshot, so a live page only swaps data; `tree_figure` and `curves_figure` build a view
@@ -21,9 +22,9 @@ from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED
-from dagtune.summary import UNKNOWN_FROM_STORAGE
+from dagtune.summary import UNKNOWN_FROM_STORAGE, seconds_label
 
-__all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "tree_figure"]
+__all__ = ["COLORS", "StudyView", "counters_html", "curves_figure", "importance_html", "tree_figure"]
 
 COLORS = {DONE: "#4c78a8", RUNNING: "#54a24b", QUEUED: "#f58518", UNTRAINED: "#bab0ac"}
 CRITICAL = "#e45756"
@@ -79,7 +80,9 @@ def _curve_data(snapshot: dict) -> dict:
 
 
 def counters_html(snapshot: dict) -> str:
-    """The counters line: trials by status, steps trained vs shared, GPU-seconds saved, best."""
+    """The counters line: trials by status, steps trained vs shared, the merge rate of the
+    trials ended so far, GPU-seconds (worker-seconds without GPUs) saved, the best trial
+    (saying so when it is still running), and the first failed trial's error."""
     c = snapshot["counters"]
     executed = c.get("executed_steps")
     if executed is None:  # a stored study: say why, and what storage does tell
@@ -87,31 +90,72 @@ def counters_html(snapshot: dict) -> str:
         executed_html = f'<span title="{note}">— (not recorded)</span>'
     else:
         executed_html = f"<b>{executed}</b>"
+    rate = c.get("merge_rate_ended")
+    rate_html = (
+        "<b>–</b> (no trial ended yet)"
+        if rate is None
+        else f"<b>{rate:.2f}</b> ({c.get('ended', 0)} of {c.get('trials', 0)} trials ended)"
+    )
     parts = [
         f"<b>{html.escape(snapshot['study'])}</b>",
         f"trials <b>{c.get('trials', 0)}</b> ({c.get('completed', 0)} completed, "
-        f"{c.get('pending', 0)} pending, {c.get('stopped', 0)} stopped, "
-        f"{c.get('failed', 0) + c.get('diverged', 0)} failed)",
+        f"{c.get('pending', 0)} pending, {c.get('stopped', 0)} stopped, {c.get('diverged', 0)} diverged, "
+        f"{_failed_html(c.get('failed', 0))})",
         f"steps: trial <b>{c.get('trial_steps', 0)}</b> · unique <b>{c.get('unique_steps', 0)}</b> · "
         f"executed {executed_html}",
-        f"merge rate <b>{c.get('merge_rate', 1.0):.2f}</b>",
+        f"merge rate {rate_html}",
     ]
+    label = seconds_label(snapshot.get("gpus"))
     if "gpu_seconds" in c:
         parts.append(
-            f"GPU-s <b>{c['gpu_seconds']:.1f}</b>, saved by reuse <b>{c.get('gpu_seconds_saved', 0.0):.1f}</b>"
+            f"{label} <b>{c['gpu_seconds']:.1f}</b>, saved by reuse <b>{c.get('gpu_seconds_saved', 0.0):.1f}</b>"
         )
     elif "plan_steps" in c:
         parts.append(
             f"the model's search plan holds <b>{c['plan_steps']}</b> trained steps "
-            "(every study of it); this study's sessions recorded no GPU-seconds"
+            f"(every study of it); this study's sessions recorded no {label}"
         )
     best = snapshot.get("best")
     if best is not None:
+        note = best.get("note") or f"trial {best['trial']}, {best['steps']} steps"
         parts.append(
-            f"best {html.escape(str(snapshot['metric']))} <b>{best['value']:.4g}</b> "
-            f"(trial {best['trial']}, {best['steps']} steps)"
+            f"best {html.escape(str(snapshot['metric']))} <b>{best['value']:.4g}</b> ({html.escape(note)})"
         )
-    return '<div class="dagtune-counters">' + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+    line = '<div class="dagtune-counters">' + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+    failed = (snapshot.get("failures") or {}).get("first")
+    if failed:
+        trial, error = failed
+        line += (
+            '<div class="dagtune-failures" style="color:#c0392b">first failed trial: '
+            f"trial {int(trial)}: {html.escape(str(error))}</div>"
+        )
+    return line
+
+
+def _failed_html(count: int) -> str:
+    text = f"{count} failed"
+    return f'<b style="color:#c0392b">{text}</b>' if count else text
+
+
+def importance_html(snapshot: dict) -> str:
+    """The hyper-parameters' importance for the metric, as bars ("" until the study is
+    finished: `dagtune.importance`)."""
+    found = snapshot.get("importance")
+    if not found:
+        return ""
+    rows = []
+    for name, value in zip(found["names"], found["values"]):
+        width = max(0.0, min(1.0, value)) * 100
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td>"
+            f'<td style="width:60%"><div style="background:#4c78a8;height:0.9em;width:{width:.1f}%"></div></td>'
+            f"<td>{value:.3f}</td></tr>"
+        )
+    title = (
+        f"Importance of each hyper-parameter for {html.escape(str(snapshot.get('metric')))} "
+        f"({html.escape(found['method'])}, completed trials)"
+    )
+    return f'<div class="dagtune-importance"><b>{title}</b><table style="width:100%">{"".join(rows)}</table></div>'
 
 
 class StudyView:
@@ -131,6 +175,7 @@ class StudyView:
         sizing = {"sizing_mode": "stretch_width"} if stretch else {}
         self.min_tree_height = tree_height
         self.counters = Div(text="", name="dagtune-counters", sizing_mode="stretch_width")
+        self.importance = Div(text="", name="dagtune-importance", sizing_mode="stretch_width")
 
         tree = figure(
             title="Stage tree",
@@ -213,7 +258,9 @@ class StudyView:
 
     @property
     def layout(self):
-        return column(self.counters, self.tree, self.curves_figure, sizing_mode="stretch_width")
+        return column(
+            self.counters, self.tree, self.curves_figure, self.importance, sizing_mode="stretch_width"
+        )
 
     def update(self, snapshot: dict) -> None:
         """Show `snapshot` (replaces every source's data)."""
@@ -237,6 +284,7 @@ class StudyView:
         self.curves_figure.yaxis.axis_label = metric
         self.tree.title.text = "Stage tree (width: trials sharing a stage; red glow: critical path)"
         self.counters.text = counters_html(snapshot)
+        self.importance.text = importance_html(snapshot)
         rows = max(snapshot["tree"]["row"], default=0) + 1
         self.tree.height = max(self.min_tree_height, 90 + 18 * rows)  # room for every branch
 

@@ -2,7 +2,8 @@
 
 A snapshot holds the study's counters (trials by status; trial, unique and executed steps;
 GPU-seconds and what reuse saved), its best trial, the stage tree laid out as pieces
-(`dagtune.dashboard.tree`) and the learning curves of one metric. It is built from a live
+(`dagtune.dashboard.tree`), the learning curves of one metric and, once no trial is
+pending, the importance of each hyper-parameter for it (`dagtune.importance`). It is built from a live
 study (`live_snapshot`, with running and queued stages and the critical path), from what a
 study left in storage (`stored_snapshot`) or from a `Result` (`result_snapshot`), and read
 by the Bokeh page, the notebook views and the command line, which therefore all agree. The
@@ -22,11 +23,15 @@ from typing import Any
 from dagtune.catalog import StoredStudy
 from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
+from dagtune.importance import hyperparameter_importance, importance_key, method_of
 from dagtune.plan import build_stage_tree
-from dagtune.records import Trial
+from dagtune.records import COMPLETED, PENDING, Trial
 from dagtune.scheduling import critical_path_priorities
 from dagtune.summary import (
+    best_note,
     best_of,
+    failures,
+    merge_rate_so_far,
     metric_of,
     readable,
     saved_seconds,
@@ -74,14 +79,24 @@ def compose(
     queued: Iterable[tuple[str, int, int]] = (),
     critical: Iterable[tuple[str, int, int]] = (),
     link: Any = None,
+    importance: bool = True,
+    gpus: float | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
     `link` is the study's `dagtune.records.StudyLink` if it is half of a surrogate study
-    (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)").
+    (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)"). `gpus`: the GPUs each of
+    its stages asks for (0 or None: none, so its GPU-seconds are worker-seconds).
+
+    Besides `counters` it holds the live merge rate (``counters["merge_rate_ended"]``, over
+    the ``counters["ended"]`` trials that ended: `dagtune.summary.merge_rate_so_far`), the
+    failed trials (``failures``: how many, and the first one's id and error line) and where
+    the best value comes from (``best["note"]``: a running trial says so).
 
     `configs` maps plan nodes to their configs (for labels), `trained` to the last step
     trained on them; `running` and `queued` are spans of running tasks and queued stages.
+    With `importance`, a snapshot of a study with no pending trial holds the importance of
+    each hyper-parameter for the metric (computed once per set of results).
     """
     if metric is None:
         metric, mode = metric_of(trials)
@@ -108,6 +123,9 @@ def compose(
         for node, parent in tree.parents.items()
     }
     best = best_of(trials, metric, mode)
+    finished = importance and not any(t.status == PENDING for t in trials)
+    so_far, ended = merge_rate_so_far(trials)
+    failed = failures(trials)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
     for trial in sorted(trials, key=lambda t: t.id):
         points = [(s, m[metric]) for s, m in trial.curve if metric in m and _finite(m[metric])]
@@ -129,7 +147,9 @@ def compose(
         "metric": metric,
         "mode": mode,
         "hp": sorted({name for t in trials for name in t.config}),
-        "counters": dict(counters),
+        "counters": {**counters, "merge_rate_ended": so_far, "ended": ended},
+        "gpus": gpus or 0,
+        "failures": {"count": len(failed), "first": list(failed[0]) if failed else None},
         "best": None
         if best is None
         else {
@@ -137,6 +157,7 @@ def compose(
             "value": float(best.metrics[metric]),
             "steps": best.reached,
             "status": best.status,
+            "note": best_note(best),
             "config": {name: readable(seq) for name, seq in best.config.items()},
         },
         "tree": {
@@ -156,14 +177,48 @@ def compose(
         },
         "parents": dict(tree.parents),
         "curves": curves,
+        "importance": _importance(trials, metric, mode) if finished else None,
     }
+
+
+_IMPORTANCE: dict[str, dict | None] = {}  # importance_key -> what the snapshot shows
+_IMPORTANCE_KEPT = 16
+#: the page scores importance on at most this many completed trials (evenly spaced by id):
+#: fANOVA's forest on a 100,000-trial study would take minutes
+IMPORTANCE_TRIALS = 2000
+
+
+def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | None:
+    """The hyper-parameters' importance for a finished study (`dagtune.importance`), as
+    ``{"method", "names", "values"}``; None when it can't be computed (fewer than 2
+    completed trials, no metric). Computed once per set of results: fANOVA takes a second."""
+    if metric is None:
+        return None
+    used = sorted((t for t in trials if t.status == COMPLETED), key=lambda t: t.id)
+    total = len(used)
+    if total > IMPORTANCE_TRIALS:
+        used = [used[i * total // IMPORTANCE_TRIALS] for i in range(IMPORTANCE_TRIALS)]
+    key = importance_key(used, metric, mode)
+    if key not in _IMPORTANCE:
+        try:
+            scores = hyperparameter_importance(used, metric, mode)
+        except (ValueError, ImportError, RuntimeError):
+            found = None
+        else:
+            method = method_of() + (f", {len(used)} of {total} trials" if len(used) < total else "")
+            found = {"method": method, "names": list(scores), "values": list(scores.values())}
+        while len(_IMPORTANCE) >= _IMPORTANCE_KEPT:
+            _IMPORTANCE.pop(next(iter(_IMPORTANCE)))
+        _IMPORTANCE[key] = found
+    return _IMPORTANCE[key]
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def result_snapshot(result: Any, name: str = "result") -> dict:
-    """A snapshot of a `Result` (its trials only: no plan, nothing running)."""
+def result_snapshot(result: Any, name: str = "result", *, importance: bool = False) -> dict:
+    """A snapshot of a `Result` (its trials only: no plan, nothing running); with
+    `importance`, the hyper-parameters' importance too (the notebook views go without)."""
     trials = list(result._trials)
     configs: dict[str, Config] = {}
     for trial in trials:
@@ -184,6 +239,8 @@ def result_snapshot(result: Any, name: str = "result") -> dict:
         counters=counters,
         configs=configs,
         trained=trained_from_trials(trials),
+        importance=importance,
+        gpus=getattr(result, "gpus", None),
     )
 
 
@@ -208,6 +265,7 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
         configs={n: study.plan.nodes[n].config for n in nodes},
         trained=trained_from_plan(study.plan, nodes),
         link=study.describe.get("link"),
+        gpus=study.describe.get("gpus"),
     )
 
 
@@ -239,7 +297,7 @@ def live_snapshot(study: Any) -> dict:
             "running_tasks": len(running_tasks),
             "queued_stages": len(tree.stages),
         }
-        return compose(
+        snapshot = compose(
             study=study.name,
             identity=study.identity,
             source="live",
@@ -253,7 +311,12 @@ def live_snapshot(study: Any) -> dict:
             queued=queued,
             critical=critical,
             link=getattr(study, "link", None),
+            importance=False,  # computed below, outside the lock: it may take seconds
+            gpus=(getattr(study, "resources", None) or {}).get("GPU"),
         )
+    if not any(t.status == PENDING for t in trials):
+        snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
+    return snapshot
 
 
 def _critical_spans(tree: Any, priority: list[float], running: Mapping[str, Any], cost: Any, plan: Any):

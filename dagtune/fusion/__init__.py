@@ -2,9 +2,11 @@
 that differ only in fusible hyper-parameters train as one stacked model.
 
 `FusibleTrainer` declares a trainer by its parts; `FusedGroup` trains K of its trials in
-lock step; `stack`/`split` convert between K unfused trainer states and one fused state.
+lock step; `stack`/`split` convert between K unfused trainer states and one fused state;
+`check_fusion` checks, before a trainer's first fused task, that it fuses and exactly.
 """
 
+from dagtune.fusion._check import ATOL, RTOL, FusionVerdict, FusionWarning, check_fusion
 from dagtune.fusion._count import (
     CpuMemory,
     CudaMemory,
@@ -18,9 +20,12 @@ from dagtune.fusion._grouping import can_fuse, fusion_conflict, fusion_groups
 from dagtune.fusion._optimizers import SGD, AdamW, FusedAdamW, FusedOptimizer, FusedSGD, OptimizerSpec
 from dagtune.fusion._runner import FusedPathRunner, MemberPath
 from dagtune.fusion._state import TRAINER_STATE_KEYS, same_state, split, stack
+from dagtune.fusion._trace import ModuleTrace
 from dagtune.fusion._trainer import FusibleTrainer, mean_loss
 
 __all__ = [
+    "ATOL",
+    "RTOL",
     "SGD",
     "TRAINER_STATE_KEYS",
     "AdamW",
@@ -34,11 +39,15 @@ __all__ = [
     "FusibleTrainer",
     "FusionError",
     "FusionProfile",
+    "FusionVerdict",
+    "FusionWarning",
     "MemberModel",
     "MemberPath",
     "MemoryProbe",
+    "ModuleTrace",
     "OptimizerSpec",
     "can_fuse",
+    "check_fusion",
     "fusion_conflict",
     "fusion_count",
     "fusion_groups",

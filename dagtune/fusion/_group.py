@@ -10,6 +10,13 @@ derivative with respect to each loss is 1, so a member whose loss is NaN or infi
 touch the others' gradients), and a `FusedOptimizer` updates every member as its unfused
 ``torch.optim`` optimizer would.
 
+Operations whose batched form would make a member depend on its group (convolutions,
+normalizations, matrix products, recurrent layers) or draw its random numbers elsewhere
+(dropout) run one member at a time (`dagtune.fusion._memberwise`). A buffer the module
+re-assigns in its forward (``self.mean = 0.9 * self.mean + ...``) is carried through: each
+member's new value is returned from the vmapped function and replaces its slice of the
+stacked buffer, as the unfused module keeps the new tensor.
+
 Each batch is fetched once (`FusibleTrainer.batch`) and shared; the data order and every
 non-fusible hyper-parameter live in one host trainer. Evaluation copies one member's weights
 into the host's module and runs the user's ``evaluate_model`` on it, exactly as unfused.
@@ -27,6 +34,7 @@ from torch.func import functional_call, vmap
 
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
+from dagtune.fusion._trace import ModuleTrace
 from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
 from dagtune.sequences import same_value
 
@@ -38,13 +46,14 @@ class FusionError(ValueError):
 
 
 class MemberModel:
-    """One member's model inside a fused step: calls the module with that member's weights."""
+    """One member's model inside a fused step: calls the module with that member's weights and
+    buffers (`tensors`, name -> tensor). A buffer the module re-assigns during the call is
+    written back into `tensors` (torch's ``functional_call`` does so for the dict it is
+    given), so a later call in the same loss sees the new value, as the unfused module does."""
 
     __slots__ = ("module", "tensors")
 
-    def __init__(
-        self, module: torch.nn.Module, tensors: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
-    ):
+    def __init__(self, module: torch.nn.Module, tensors: dict[str, torch.Tensor]):
         self.module = module
         self.tensors = tensors
 
@@ -77,7 +86,6 @@ class FusedGroup:
         first_key: dict[int, str] = {}
         self._canonical = {key: first_key.setdefault(id(tensor), key) for key, tensor in keyed.items()}
         parameter_ids = {id(p) for p in model.parameters()}
-        self._targets: dict[str, torch.Tensor] = {}
         self.params: dict[str, torch.Tensor] = {}
         self.buffers: dict[str, torch.Tensor] = {}
         for key, canonical in self._canonical.items():
@@ -91,7 +99,6 @@ class FusedGroup:
                     f"expected {(self.members, *target.shape)}"
                 )
             stacked = stacked.detach().to(device=target.device, dtype=target.dtype).clone()
-            self._targets[key] = target
             if id(target) in parameter_ids:
                 self.params[key] = stacked.requires_grad_(True)
             else:
@@ -146,22 +153,43 @@ class FusedGroup:
 
     # ------------------------------------------------------------------ training
 
-    def _losses(self, batch: Any) -> torch.Tensor:
+    def _losses(self, batch: Any, trace: ModuleTrace | None = None) -> torch.Tensor:
+        """Each member's loss on `batch` (a graph to the stacked parameters), after taking up
+        the buffers the forward re-assigned; `trace` records the layers' outputs (stacked)."""
         host, module = self.host, self.host.model
 
-        def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-            return mean_loss(host.loss(MemberModel(module, (params, buffers)), batch))
+        def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
+            tensors = {**params, **buffers}
+            loss = mean_loss(host.loss(MemberModel(module, tensors), batch))
+            reassigned = {key: tensors[key] for key in buffers if tensors[key] is not buffers[key]}
+            return loss, reassigned, trace.outputs if trace is not None else []
 
-        with MemberwiseLayers():
-            return vmap(member_loss, randomness="same")(self.params, self.buffers)
+        with MemberwiseLayers(host.fused_kernels):
+            losses, reassigned, outputs = vmap(member_loss, randomness="same")(self.params, self.buffers)
+        for key, value in reassigned.items():
+            self._take_buffer(key, value)
+        if trace is not None:
+            trace.take(outputs)
+        return losses
 
-    def train_batch(self, indices: np.ndarray) -> list[float]:
+    def _take_buffer(self, key: str, value: torch.Tensor) -> None:
+        """The members' new values of buffer `key`, which the forward re-assigned."""
+        old = self.buffers[key]
+        if value.shape != old.shape or value.dtype != old.dtype:
+            raise FusionError(
+                f"{type(self.host).__qualname__}'s forward re-assigns buffer {key!r} with another "
+                f"shape or dtype ({tuple(old.shape[1:])} {old.dtype} -> {tuple(value.shape[1:])} "
+                f"{value.dtype}); a fused group cannot carry that through: keep its shape and dtype"
+            )
+        self.buffers[key] = value.detach().clone(memory_format=torch.contiguous_format)
+
+    def train_batch(self, indices: np.ndarray, trace: ModuleTrace | None = None) -> list[float]:
         """One optimizer update of every member on the batch of sample `indices`; returns
-        each member's loss."""
+        each member's loss (`trace`: record what each layer computed)."""
         batch = self.host.batch(indices)
         for param in self.params.values():
             param.grad = None
-        losses = self._losses(batch)
+        losses = self._losses(batch, trace)
         losses.sum().backward()
         with torch.no_grad():
             self.optimizer.step()
@@ -181,11 +209,13 @@ class FusedGroup:
 
     def select(self, member: int) -> None:
         """Copy member `member`'s weights and buffers into the host's module (the host then
-        is that member, for evaluation or a check of its training state)."""
+        is that member, for evaluation or a check of its training state). The module's
+        tensors are looked up again: an evaluation may have re-assigned a buffer."""
+        current = self.host.model.state_dict(keep_vars=True)
         with torch.no_grad():
-            for key, target in self._targets.items():
+            for key in (*self.params, *self.buffers):
                 stacked = self.params[key] if key in self.params else self.buffers[key]
-                target.copy_(stacked[member])
+                current[key].copy_(stacked[member])
 
     def evaluate(self, member: int) -> dict[str, float]:
         """Member `member`'s validation metrics (its weights copied into the host's module)."""

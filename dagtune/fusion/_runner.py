@@ -18,31 +18,82 @@ exactly what it would be alone.
 Differences from `PathRunner`, by design: a step event's ``seconds`` is the member's share of
 its cohort's fused step time (the members' shares add up to the time spent), and a fused
 task leaves no live trainer behind (its members continue from their checkpoints).
+
+A task with a ``fusion_check`` first checks its trainer (`check_fusion`, on a throwaway
+trainer) and reports the verdict as a ``fusion`` event (``ok``, ``reason``) under its key.
+When the trainer cannot fuse, or a fused step later fails with an error of vmap itself (an
+operation it cannot batch), every member still training ends with reason ``"unfused"`` at
+the point it reached (its checkpoints are kept) after that ``fusion`` event: the coordinator
+then trains it unfused.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
+from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion
 from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
-from dagtune.runner import CheckpointBackend, LiveTrainers, to_metrics
+from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
+from dagtune.records import CheckpointInfo
+from dagtune.resumecheck import (
+    ResumeChangedTrainingError,
+    ResumeChecks,
+    StepOutcome,
+    differences,
+    failed_outcome,
+    likely_causes,
+    out_of_memory,
+    step_outcome,
+)
+from dagtune.runner import (
+    Carried,
+    CheckpointBackend,
+    LiveTrainers,
+    checkpoint_parts,
+    checkpoint_state,
+    failure_fields,
+    through_storage,
+    timeout_fields,
+    to_metrics,
+)
 from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
-from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
+from dagtune.trainer import (
+    build_trainer,
+    capture_rng,
+    isolated_rng,
+    kept_training_modes,
+    restore_rng,
+    torch_threads,
+)
 
 __all__ = ["FusedPathRunner", "MemberPath"]
+
+
+#: in the message of an error vmap raises for what it cannot batch
+VMAP_ERROR_MARKERS = ("vmap", "functorch", "Batching rule", "BatchedTensor")
+
+
+class _UnfusibleError(Exception):
+    """A fused step failed with an error of vmap itself: the trainer cannot train fused."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
 class _CorruptError(Exception):
@@ -69,6 +120,8 @@ class MemberPath:
         self.done = False
         self.evaluating = False  # evaluating step `position` (an error there is that step's)
         self.values: dict[str, Any] | None = None
+        self.carried: Carried = []  # what its next checkpoint carries (`dagtune.runner`)
+        self.current: int | None = None  # the step being trained (None: loading its state)
 
     def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
         return {
@@ -113,27 +166,30 @@ class MemberPath:
         self.values = now
         return changes
 
-    def resume_point(self, store: CheckpointBackend | None) -> tuple[str, int] | None:
-        """The latest committed checkpoint of this path, else the task's source."""
+    def resume_point(
+        self, store: CheckpointBackend | None
+    ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path with its commit info, else the task's
+        source (None: the coordinator knows it)."""
         if store is not None:
             for step in sorted(self.task.checkpoints, reverse=True):
                 if self.task.start < step < self.task.end:
                     node = self.task.node_at(step)
                     try:
-                        committed = store.info(self.task.trainer.identity, node, step)
+                        committed = through_storage(store.info, self.task.trainer.identity, node, step)
                     except CheckpointError as error:
                         raise _CorruptError(node, step, error) from error
                     if committed is not None:
-                        return node, step
-        return self.task.source
+                        return (node, step), committed
+        return self.task.source, None
 
     def owner(self, step: int) -> str | None:
         if step > self.task.start:
             return self.task.node_at(step)
         return self.task.source[0] if self.task.source is not None else None
 
-    def end_event(self) -> dict:
-        reason = "done" if self.position >= self.task.end else "stopped"
+    def end_event(self, reason: str | None = None) -> dict:
+        reason = reason or ("done" if self.position >= self.task.end else "stopped")
         return self.event(
             "end",
             self.owner(self.position),
@@ -141,6 +197,19 @@ class MemberPath:
             worker=self.worker,
             reason=reason,
             time=self.wallclock(),
+        )
+
+    def timeout_event(self, seconds: float, stack: str) -> dict:
+        """The ``error`` event of its step given up after `seconds` (`PathRunner.timeout_event`)."""
+        step = self.position if self.current is None else self.current
+        point = min(step + 1, self.task.end)
+        return self.event(
+            "error",
+            self.task.node_at(point),
+            point,
+            worker=self.worker,
+            time=self.wallclock(),
+            **timeout_fields(step, seconds, stack),
         )
 
     def error_event(self, error: BaseException) -> dict:
@@ -151,9 +220,39 @@ class MemberPath:
             step,
             worker=self.worker,
             time=self.wallclock(),
-            error=f"{type(error).__name__}: {error}",
-            traceback="".join(traceback.format_exception(error)),
+            **failure_fields(error),
         )
+
+
+class _NoRoomError(Exception):
+    """A second trainer did not fit in memory: the resume check is skipped."""
+
+
+class _NoCopyError(Exception):
+    """The live host could not be copied: the resume check is skipped."""
+
+
+def _live_copy(host: FusibleTrainer) -> FusibleTrainer:
+    """A copy of `host` to train a step on: everything copied but the tensors it holds in
+    attributes (its data, which no step changes)."""
+    shared = {id(value): value for value in vars(host).values() if isinstance(value, torch.Tensor)}
+    try:
+        return copy.deepcopy(host, shared)
+    except Exception as error:  # something in it can't be copied (a file, a process pool)
+        raise _NoCopyError(f"the trainer could not be copied ({type(error).__name__}: {error})") from error
+
+
+def _host_attributes(host: FusibleTrainer) -> dict[str, Any]:
+    """A host's attributes but its model and optimizer (a template and a bystander: a
+    member's are in its state): its data order and anything else the trainer keeps."""
+    return {name: value for name, value in vars(host).items() if name not in ("model", "optimizer")}
+
+
+def _skipped(task: PathTask, why: str) -> dict:
+    message = (
+        f"{task.trainer.cls.__qualname__}: the resume check was skipped: {why}; check_resume=0 turns it off."
+    )
+    return warning_event(ResumeCheckSkippedWarning, message, f"skipped {task.trainer.identity}")
 
 
 @dataclass
@@ -189,6 +288,7 @@ class FusedPathRunner:
         clock: Callable[[], float] = time.perf_counter,
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
+        resume_checks: ResumeChecks | None = None,
     ):
         tasks = list(tasks)
         if not tasks:
@@ -205,8 +305,14 @@ class FusedPathRunner:
         self.live = live
         self.clock = clock
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
+        self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
         self.cohorts: list[_Cohort] = []
+        wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
+        for check in wanted:
+            if check not in FUSION_CHECKS:
+                raise ValueError(f"fusion_check must be None or one of {list(FUSION_CHECKS)}, got {check!r}")
+        self.fusion_check = max(wanted, key=FUSION_CHECKS.index) if wanted else None  # the fullest asked
 
     # ------------------------------------------------------------------ directives
 
@@ -224,27 +330,33 @@ class FusedPathRunner:
 
     def _load(self, member: MemberPath, host_state: dict, host_rng: dict) -> tuple[_Loaded, list[dict]]:
         task = member.task
-        point = member.resume_point(self.store)
+        point, found = member.resume_point(self.store)
         if point is None:
             member.position = 0
             return _Loaded(member, host_state, host_rng, 0), []
         node, step = point
         member.position = step
         identity = task.trainer.identity
-        if self.live is not None:
-            live = self.live.take(identity, node, step)
-            if live is not None:
-                loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
-                return loaded, [member.event("load", node, step, origin="memory")]
-        if self.store is None:
+        live = None if self.live is None else self.live.take(identity, node, step)
+        if live is not None:
+            loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
+            carried, origin = live.carried, "memory"
+        elif self.store is None:
             raise RuntimeError(f"task {task.key} resumes from {point} but has no checkpoint store")
-        try:
-            saved = self.store.load(identity, node, step)
-        except CheckpointError as error:
-            raise _CorruptError(node, step, error) from error
-        return _Loaded(member, saved["trainer"], saved["rng"], step), [
-            member.event("load", node, step, origin="storage")
-        ]
+        else:
+            try:
+                trainer_state, rng_state, carried = checkpoint_parts(
+                    through_storage(self.store.load, identity, node, step)
+                )
+            except CheckpointError as error:
+                raise _CorruptError(node, step, error) from error
+            loaded, origin = _Loaded(member, trainer_state, rng_state, step), "storage"
+        events = [member.event("load", node, step, origin=origin)]
+        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
+            member.carried = list(carried)
+            events.extend(member.event("metrics", n, t, metrics=m) for n, t, m in carried)
+            events.append(member.event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
+        return loaded, events
 
     def _acquire(self) -> list[dict]:
         """Load every member's state and form the cohorts; the first round's events."""
@@ -295,17 +407,72 @@ class FusedPathRunner:
     # ------------------------------------------------------------------ the loop
 
     def steps(self) -> Iterator[list[dict]]:
-        events = self._acquire()
+        """The events of each round. The trainers' code runs with torch's thread count set to
+        the tasks' ``torch_threads``; the caller's count is back between rounds."""
+        inner = self._rounds()
+        threads = next(iter(self.members.values())).task.torch_threads
+        while True:
+            with torch_threads(threads):
+                events = next(inner, None)
+            if events is None:
+                return
+            yield events
+
+    def _rounds(self) -> Iterator[list[dict]]:
+        events = []
+        if self.fusion_check is not None:
+            verdict = self._check()
+            events.append(self._fusion_event(verdict.ok, verdict.reason))
+            if not verdict.ok:
+                yield [*events, *self._end_unfused(started=False)]
+                return
+        events.extend(self._acquire())
         several = len(self.cohorts) > 1
         while True:
             trained = False
-            for cohort in self.cohorts:
-                trained |= self._round(cohort, several, events)
+            try:
+                for cohort in self.cohorts:
+                    trained |= self._round(cohort, several, events)
+            except _UnfusibleError as unfusible:
+                failed = self._fusion_event(False, f"a fused step failed: {unfusible}")
+                yield [*events, failed, *self._end_unfused(started=True)]
+                return
             if events:
                 yield events
             if not trained:
                 return
             events = []
+
+    def _check(self) -> FusionVerdict:
+        """`check_fusion` of the trainer, trained with the first task's starting values."""
+        task = next(iter(self.members.values())).task
+        spec, values = task.trainer, config_values(task.segments[0].config, task.start)
+        return check_fusion(
+            spec.cls, spec.kwargs, spec.seed, values, agreement=self.fusion_check == "agreement"
+        )
+
+    def _fusion_event(self, ok: bool, reason: str) -> dict:
+        """The ``fusion`` event (under the first task's key) of a verdict."""
+        first = next(iter(self.members.values()))
+        node = first.task.segments[0].node
+        return first.event(
+            "fusion", node, first.position, worker=first.worker, time=first.wallclock(), ok=ok, reason=reason
+        )
+
+    def _end_unfused(self, started: bool) -> list[dict]:
+        """Every member still training ends where it is, with reason ``"unfused"`` (after a
+        ``start`` when it had not started)."""
+        events = []
+        for member in self.members.values():
+            if member.done:
+                continue
+            if not started:
+                node = member.task.segments[0].node
+                fields = {"worker": member.worker, "time": member.wallclock()}
+                events.append(member.event("start", node, member.position, **fields))
+            member.done = True
+            events.append(member.end_event("unfused"))
+        return events
 
     def _round(self, cohort: _Cohort, several: bool, events: list[dict]) -> bool:
         """One step of `cohort` (after its leaving members' ``end`` events); whether it trained."""
@@ -325,9 +492,16 @@ class FusedPathRunner:
             restore_rng(cohort.rng)
             cohort.restore = False
         group = cohort.group
+        for _, member, (_, t) in staying:
+            member.current = t
         group.setup([member.changes(*step) for _, member, step in staying])
         began = self.clock()
-        metrics = group.train()
+        try:
+            metrics = group.train()
+        except Exception as error:
+            if any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
+                raise _UnfusibleError(error) from error
+            raise
         seconds = (self.clock() - began) / len(staying)
         for k, (_, member, (segment, t)) in enumerate(staying):
             events.extend(self._after_step(member, group, k, segment, t, metrics[k], seconds))
@@ -355,29 +529,120 @@ class FusedPathRunner:
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
         if wanted or last or diverging or n % task.eval_every == 0:
-            metrics = self._evaluate(member, group, k)
-            events.append(member.event("metrics", segment.node, n, metrics={**train_metrics, **metrics}))
+            metrics = {**train_metrics, **self._evaluate(member, group, k)}
+            member.carried.append((segment.node, n, metrics))
+            events.append(member.event("metrics", segment.node, n, metrics=metrics))
         if wanted and self.store is not None:
-            state = {"trainer": group.state_dict(k), "rng": capture_rng()}
-            info = self.store.save(task.trainer.identity, segment.node, n, state)
+            state = checkpoint_state(group.state_dict(k), member.carried)
+            info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
             events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
+            events.extend(self._check_resume(member, group, state, segment, n))
         events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
         return events
 
+    # ------------------------------------------------------------------ the resume check
+
+    def _check_resume(
+        self, member: MemberPath, group: FusedGroup, saved: dict, segment: Segment, n: int
+    ) -> list[dict]:
+        """At a member's checkpoint at step `n` (`saved`: what was saved there), while this worker's resume checks of the
+        model are due: the next step (its path's, or at its end its last segment's) trained
+        as a group of one twice, once on a copy of the live host (the trainer object holding
+        the cohort's data order and anything else the trainer keeps) with the member's state,
+        once on a fresh host loaded from the checkpoint, must agree (`dagtune.resumecheck`).
+        A group of one trains bit for bit what the member trains in any group, so this
+        checks what a fused task keeps outside the saved state. Both run before the step is
+        reported, inside `isolated_rng`; the group itself is untouched."""
+        task = member.task
+        identity = task.trainer.identity
+        if not self.resume_checks.due(identity, task.check_resume):
+            return []
+        following = next((s for s in task.segments if s.start <= n < s.end), segment)
+        values = config_values(following.config, n)
+        load = functools.partial(self.store.load, identity, segment.node, n)
+        try:
+            live = self._step_alone(
+                task, lambda: _live_copy(group.host), saved["trainer"], saved["rng"], values
+            )
+            resumed = self._resumed_step(task, load, values)
+        except (_NoRoomError, _NoCopyError) as error:
+            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
+        if resumed is None:
+            return []
+        keys = differences(live, resumed)
+        if not keys:
+            self.resume_checks.passed(identity)
+            return []
+        again = self._resumed_step(task, load, values)
+        if again is not None and differences(again, resumed):
+            message = (
+                f"{task.trainer.cls.__qualname__}: the same step trained twice from the checkpoint at step "
+                f"{n} gave different states ({', '.join(keys[:3])}): training is not deterministic, "
+                "so results are not bit for bit those of run_alone, and the resume check cannot tell a "
+                "resume bug from this noise."
+            )
+            fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
+            return [member.event("warning", segment.node, n, **fields)]
+        raise ResumeChangedTrainingError(
+            n, keys, likely_causes(_host_attributes(group.host), load()["trainer"], keys), task.check_resume
+        )
+
+    def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
+        """A fresh host loaded from the checkpoint `load` reads trains the step (None if the
+        checkpoint can't be read back)."""
+        spec = task.trainer
+        try:
+            saved = load()
+        except CheckpointError:
+            return None
+        return self._step_alone(
+            task,
+            lambda: build_trainer(spec.cls, spec.kwargs, spec.seed),
+            saved["trainer"],
+            saved["rng"],
+            values,
+        )
+
+    def _step_alone(
+        self, task: PathTask, host: Callable[[], FusibleTrainer], state: dict, rng: dict, values: dict
+    ) -> StepOutcome:
+        """The outcome of one step of a group of one on the host `host` makes, from `state`
+        and the global generators at `rng` (put back afterwards)."""
+        with isolated_rng():
+            try:
+                alone = FusedGroup.from_states(host(), [state])
+                restore_rng(rng)
+                alone.setup([dict(values)])
+                metrics = to_metrics(alone.train()[0], "Trainer.train()")
+                return step_outcome(alone.state_dict(0), _host_attributes(alone.host), metrics)
+            except _NoCopyError:
+                raise
+            except Exception as error:  # a failure is what the step computed
+                if out_of_memory(error):
+                    raise _NoRoomError(
+                        f"a second trainer did not fit in memory ({type(error).__name__}: {error})"
+                    ) from error
+                return failed_outcome(error)
+
     def _evaluate(self, member: MemberPath, group: FusedGroup, k: int) -> dict[str, float]:
         """Member `k`'s validation metrics, as `PathRunner` evaluates: random draws isolated
-        from training, and while the worker's checks are due, the training state of the host
+        from training, the host's modules' training modes put back after, and while the worker's checks are due, the training state of the host
         (holding the member's weights, the group's data order) compared before and after."""
         identity, limit = member.task.trainer.identity, member.task.check_evaluate
         member.evaluating = True
         group.select(k)
         before = training_state(group.host) if self.checks.due(identity, limit) else None
-        with isolated_rng():
+        with isolated_rng(), kept_training_modes(group.host):
             metrics = to_metrics(group.host.evaluate(), "Trainer.evaluate()")
         if before is not None:
             self.checks.verify(identity, limit, before, training_state(group.host))
         member.evaluating = False
         return metrics
+
+    def timeout_events(self, seconds: float, stack: str = "") -> list[dict]:
+        """The ``error`` events of the round given up after `seconds`, one for every task
+        still training (`PathRunner.timeout_event`)."""
+        return [member.timeout_event(seconds, stack) for member in self.members.values() if not member.done]
 
     def error_events(self, error: BaseException) -> list[dict]:
         """An ``error`` event for every task still training when `error` stopped the run."""

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dagtune.fusion._memberwise import KERNEL_MODES
 from dagtune.fusion._optimizers import OptimizerSpec
 from dagtune.trainer import ResumableBatches, Trainer
 
@@ -76,6 +77,11 @@ class FusibleTrainer(Trainer):
     batch_size_name: ClassVar[str | None] = None
     #: batches per step; None: one step is the rest of the current epoch
     batches_per_step: ClassVar[int | None] = None
+    #: how a fused group computes convolutions and matrix products: ``"exact"`` one member at
+    #: a time (every member bit for bit what it computes in a group of one, whatever K);
+    #: ``"grouped"`` batched, one grouped convolution for all members (faster for CNNs; a
+    #: member's result then depends on K within rounding; docs/fusion.md)
+    fused_kernels: ClassVar[str] = "exact"
 
     def __init__(self, model: nn.Module, optimizer: OptimizerSpec, batches: ResumableBatches):
         name = type(self).__qualname__
@@ -110,6 +116,10 @@ class FusibleTrainer(Trainer):
         steps = cls.batches_per_step
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
             raise ValueError(f"{name}.batches_per_step must be None or a positive int, got {steps!r}")
+        if cls.fused_kernels not in KERNEL_MODES:
+            raise ValueError(
+                f"{name}.fused_kernels must be one of {list(KERNEL_MODES)}, got {cls.fused_kernels!r}"
+            )
 
     @classmethod
     def fusible_names(cls) -> frozenset[str]:
@@ -167,14 +177,18 @@ class FusibleTrainer(Trainer):
         self.model.train()
         total, count = 0.0, 0
         for indices in self.step_batches():
-            batch = self.batch(indices)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = mean_loss(self.loss(self.model, batch))
-            loss.backward()
-            self.optimizer.step()
-            total += loss.item() * len(indices)
+            total += self.train_batch(indices) * len(indices)
             count += len(indices)
         return {"loss": total / count}
+
+    def train_batch(self, indices: np.ndarray) -> float:
+        """One optimizer update on the batch of sample `indices`; returns its loss."""
+        batch = self.batch(indices)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = mean_loss(self.loss(self.model, batch))
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
 
     def evaluate(self) -> dict[str, float]:
         """`evaluate_model` on the model in eval mode, without gradients."""

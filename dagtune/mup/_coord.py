@@ -5,7 +5,11 @@ the same size as the width grows (the coordinate check of Tensor Programs V; Hyd
 correctness check, §4.1).
 `coord_check` trains the same model at several widths for a few steps on fixed batches and
 records, for every leaf module at every step, the mean absolute value of its output on a
-fixed probe batch (`size`) and of that output's change since step 0 (`change`).
+fixed probe batch (`size`) and of that output's change since step 0 (`change`). A module that
+returns several tensors (``nn.GRU``, ``nn.LSTM``: ``(output, h_n)``, ``(output, (h_n,
+c_n))``) is measured element by element, as ``rnn[0]``, ``rnn[1][0]``, ...; what it could not
+measure (an output without floating-point tensors, such as None or indices) is listed in
+`CoordCheck.skipped`.
 `CoordCheck.exponents` fits each of them as ``c * width ** exponent``: exponents near zero
 mean the sizes stay flat; an exponent near 1 (or -1) means they grow (shrink) with width,
 which is what the standard parametrization shows.
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from dagtune.mup._build import build
 from dagtune.mup._layers import WidthAware
@@ -35,9 +40,12 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 @dataclass(frozen=True)
 class CoordCheck:
     """Rows ``{"width", "step", "module", "size", "change"}`` of a coordinate check (sizes
-    averaged over the seeds); `exponents` reads them."""
+    averaged over the seeds); `exponents` reads them. `skipped` names the outputs it did not
+    measure (a module's output, or an element of it, that is not a floating-point tensor),
+    each with what it was."""
 
     rows: tuple[dict[str, Any], ...]
+    skipped: tuple[str, ...] = ()
 
     @property
     def widths(self) -> list[int]:
@@ -75,14 +83,24 @@ def _watched_modules(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def _probe(model: nn.Module, probe: Any) -> dict[str, torch.Tensor]:
+def _probe(model: nn.Module, probe: Any, skipped: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every watched module's floating-point outputs on `probe`, by name (a tuple's elements
+    as ``name[i]``); what is not measured goes to `skipped` (name -> what it was)."""
     outputs: dict[str, torch.Tensor] = {}
     hooks = []
     for name, module in _watched_modules(model).items():
 
         def record(_module: nn.Module, _inputs: Any, output: Any, name: str = name) -> None:
-            if isinstance(output, torch.Tensor):
-                outputs[name] = output.detach().clone()
+            leaves, _ = pytree.tree_flatten_with_path(output)
+            for path, leaf in leaves:
+                key = name + pytree.keystr(path)
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                    outputs[key] = leaf.detach().clone()
+                else:
+                    kind = f"a {leaf.dtype} tensor" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+                    skipped[key] = kind
+            if not leaves:
+                skipped[name] = f"an empty {type(output).__name__}"
 
         hooks.append(module.register_forward_hook(record))
     try:
@@ -108,22 +126,24 @@ def coord_check(
     """Train ``build(make_model, base, scale, parametrization)`` for ``len(batches)`` steps at
     every scale and seed (one optimizer step per batch, the optimizer from
     ``make_optimizer(model)``) and record the output sizes of every leaf module on `probe`
-    before the first step and after each. The model must be deterministic in its forward pass
-    (no dropout), so that only training changes the probe's outputs."""
+    before the first step and after each (a tuple's tensors element by element; the outputs
+    it cannot measure are listed in `CoordCheck.skipped`). The model must be deterministic in
+    its forward pass (no dropout), so that only training changes the probe's outputs."""
     if len(scales) < 2:
         raise ValueError(f"a coordinate check needs at least two scales, got {list(scales)}")
     if not seeds:
         raise ValueError("a coordinate check needs at least one seed")
     sums: dict[tuple[int, int, str], list[float]] = {}
+    skipped: dict[str, str] = {}
     for scale in scales:
         width = check_width(base, scale)
         for seed in seeds:
             seed_everything(seed)
             model = build(make_model, base, scale, parametrization)
             optimizer = make_optimizer(model)
-            first = _probe(model, probe)
+            first = _probe(model, probe, skipped)
             for step in range(len(batches) + 1):
-                outputs = first if step == 0 else _probe(model, probe)
+                outputs = first if step == 0 else _probe(model, probe, skipped)
                 for name, output in outputs.items():
                     size = output.abs().mean().item()
                     change = (output - first[name]).abs().mean().item()
@@ -138,4 +158,4 @@ def coord_check(
         {"width": width, "step": step, "module": name, "size": size, "change": change}
         for (width, step, name), (size, change) in sums.items()
     )
-    return CoordCheck(rows)
+    return CoordCheck(rows, tuple(f"{name} ({kind})" for name, kind in sorted(skipped.items())))

@@ -1,6 +1,6 @@
 """The search plan, its journal, and the stage tree built from it (rebuilt, or kept live)."""
 
-from dagtune.plan._journal import Journal, PlanJournal
+from dagtune.plan._journal import Journal, PlanJournal, plan_header, records_header
 from dagtune.plan._live import InFlightPoints, LiveStage, LiveStageTree, TreeObserver
 from dagtune.plan._plan import Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
@@ -19,6 +19,8 @@ __all__ = [
     "TreeObserver",
     "build_stage_tree",
     "merge_rate",
+    "plan_header",
+    "records_header",
     "trial_steps",
     "unique_steps",
 ]

@@ -48,12 +48,22 @@ from fsspec.implementations.local import LocalFileSystem
 from dagtune.plan._plan import SearchPlan
 from dagtune.records import RecordError, parse_plan_event
 
-__all__ = ["Entry", "Journal", "PlanJournal"]
+__all__ = ["Entry", "Journal", "PlanJournal", "plan_header", "records_header"]
 
 log = logging.getLogger("dagtune")
 
 TAG = "dj1"
 _FILE = re.compile(r"^(?P<writer>[0-9a-f]{32})(?:-(?P<seq>[0-9]{8}))?\.jsonl$")
+
+
+def plan_header(identity: str) -> dict:
+    """The header of the search plan journal of model `identity`."""
+    return {"journal": "plan", "identity": identity}
+
+
+def records_header(name: str) -> dict:
+    """The header of study `name`'s trial records (`dagtune.durable` keeps them)."""
+    return {"journal": "study", "name": name}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ status``, ``dagtune tree``, the page served from storage) nor be guessed at. So 
 goes through one parser per kind of line:
 
 - `parse_trial_record` for the lines of a study's records journal (``open``, ``submit``,
-  ``extend``, ``end``, ``work``), folded into trials by `read_study_records`, which adds
+  ``extend``, ``end``, ``retry``, ``work``), folded into trials by `read_study_records`, which adds
   the checks that span records (an ``end`` for a trial never submitted, an ``extend`` that
   does not extend, ...);
 - `parse_plan_event` for the lines of a search plan journal (``node``, ``checkpoint``,
@@ -49,11 +49,22 @@ from dagtune.records._checks import (
     parse_metrics,
 )
 from dagtune.records._plan_events import CheckpointInfo, PlanEvent, node_id, parse_plan_event
-from dagtune.records._trial import COMPLETED, DIVERGED, FAILED, PENDING, STATUSES, STOPPED, Trial
+from dagtune.records._trial import (
+    CAUSES,
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    OUTSIDE_THE_TRAINER,
+    PENDING,
+    STATUSES,
+    STOPPED,
+    Trial,
+)
 from dagtune.records._trial_records import (
     Ended,
     Extended,
     Opened,
+    Retried,
     StudyLink,
     StudyRecords,
     Submitted,
@@ -65,11 +76,13 @@ from dagtune.records._trial_records import (
 )
 
 __all__ = [
+    "CAUSES",
     "COMPLETED",
     "DIVERGED",
     "FAILED",
     "MAX_STEPS",
     "MAX_TRIAL_ID",
+    "OUTSIDE_THE_TRAINER",
     "PENDING",
     "STATUSES",
     "STOPPED",
@@ -79,6 +92,7 @@ __all__ = [
     "Opened",
     "PlanEvent",
     "RecordError",
+    "Retried",
     "StudyLink",
     "StudyRecords",
     "Submitted",

@@ -8,10 +8,29 @@ from typing import Any
 
 from dagtune.config import Config
 
-__all__ = ["COMPLETED", "DIVERGED", "FAILED", "PENDING", "STATUSES", "STOPPED", "Trial"]
+__all__ = [
+    "CAUSES",
+    "COMPLETED",
+    "DIVERGED",
+    "FAILED",
+    "OUTSIDE_THE_TRAINER",
+    "PENDING",
+    "STATUSES",
+    "STOPPED",
+    "Trial",
+]
 
 PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
 STATUSES = (PENDING, COMPLETED, STOPPED, FAILED, DIVERGED)
+
+#: why a trial failed: its trainer raised (``trainer``), a step outlasted the study's
+#: ``step_timeout`` (``timeout``), the Dask workers running it died (``workers``: Dask gave
+#: up after the task took down several; an exhausted memory, a crash in native code or a
+#: failing cluster), or reading or writing a checkpoint failed (``storage``)
+CAUSES = ("trainer", "timeout", "workers", "storage")
+#: the causes a study opened again retries by itself: not the trainer's code, as far as
+#: dagtune can tell (a dying worker may still be the trainer's doing)
+OUTSIDE_THE_TRAINER = ("workers", "storage")
 
 
 @dataclass(eq=False)
@@ -19,8 +38,8 @@ class Trial:
     """One trial: a config trained for `steps` steps, and what came back.
 
     `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
-    algorithm may extend it), ``stopped``, ``failed`` (its trainer raised; see `error`) or
-    ``diverged`` (a metric became NaN or infinite).
+    algorithm may extend it), ``stopped``, ``failed`` (see `error`, and `cause`, one of
+    `CAUSES`) or ``diverged`` (a metric became NaN or infinite).
     """
 
     id: int
@@ -33,6 +52,7 @@ class Trial:
     reported: int = 0
     curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     error: str | None = None
+    cause: str | None = None
     submitted_at: float = 0.0
     finished_at: float | None = None
     salt: str = ""

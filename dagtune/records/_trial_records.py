@@ -1,14 +1,15 @@
-"""A study's trial records (``open``, ``submit``, ``extend``, ``end``, ``work``), checked
-one by one (`parse_trial_record`) and folded into trials (`read_study_records`), with the
-checks that span records: an ``end`` for a trial never submitted, an ``extend`` that does
-not extend, a session of another model, a record for another session's trial.
+"""A study's trial records (``open``, ``submit``, ``extend``, ``end``, ``retry``,
+``work``), checked one by one (`parse_trial_record`) and folded into trials
+(`read_study_records`), with the checks that span records: an ``end`` for a trial never
+submitted, an ``extend`` that does not extend, a ``retry`` of a trial that did not fail, a
+session of another model, a record for another session's trial.
 
 Trial ids are numbers a session gives its trials in order. Should two sessions ever write
 one study at once (the writer lease prevents it: `dagtune.study_lease`), both would use the
 same numbers; so ``submit`` records name the session that submitted the trial
-(``submitted_by``), ``extend`` and ``end`` records the session that submitted the trial
-they are about, and a record about another session's trial of the same number is skipped
-(and reported) rather than attached to a trial with another config.
+(``submitted_by``), ``extend``, ``end`` and ``retry`` records the session that submitted the
+trial they are about, and a record about another session's trial of the same number is
+skipped (and reported) rather than attached to a trial with another config.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import Any
 
 from dagtune.config import Config, check_config_finite
 from dagtune.records._checks import Fields, RecordError, is_int, is_number, is_study_name, shown
-from dagtune.records._trial import COMPLETED, DIVERGED, PENDING, STATUSES
+from dagtune.records._trial import CAUSES, COMPLETED, DIVERGED, FAILED, PENDING, STATUSES
 
 __all__ = [
     "Ended",
     "Extended",
     "Opened",
+    "Retried",
     "StudyLink",
     "StudyRecords",
     "Submitted",
@@ -74,14 +76,23 @@ LINK_ROLES = ("surrogate", "target")
 
 @dataclass(frozen=True)
 class Opened:
-    """A session of the study began (``open``): the model identity it belongs to, and its
-    partner if it is half of a surrogate study."""
+    """A session of the study began (``open``): the model identity it belongs to (trainer
+    as ``module.qualname``, seed, version, and the trainer arguments when they survive JSON;
+    None in records of a dagtune before they were kept), whether its stages trained fused,
+    its partner if it is half of a surrogate study, and the GPUs each of its stages asks for
+    (`gpus`; 0: none, so its GPU-seconds are worker-seconds; None: not recorded), and the
+    torch thread count its trainers ran with (`torch_threads`, part of the model identity;
+    None: each worker's own; 1 where not recorded, the default)."""
 
     identity: str
     trainer: str | None
     seed: int | None
     version: str | None
     link: StudyLink | None = None
+    trainer_kwargs: dict[str, Any] | None = None
+    fused: bool = False
+    gpus: float | None = None
+    torch_threads: int | None = 1
 
 
 @dataclass(frozen=True)
@@ -109,14 +120,25 @@ class Extended:
 
 @dataclass(frozen=True)
 class Ended:
-    """A trial finished (``end``) with `status` after `reached` steps; `submitted_by` names
-    the session that submitted the trial."""
+    """A trial finished (``end``) with `status` after `reached` steps (a failed one says why:
+    `cause`, one of `CAUSES`; None in records written before causes were); `submitted_by`
+    names the session that submitted the trial."""
 
     trial: int
     status: str
     reached: int
     metrics: dict[str, float] | None
     error: str | None
+    cause: str | None = None
+    submitted_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Retried:
+    """A failed trial is pending again (``retry``): a session retries it; `submitted_by`
+    names the session that submitted the trial."""
+
+    trial: int
     submitted_by: str | None = None
 
 
@@ -129,7 +151,7 @@ class Worked:
     gpu_seconds: float
 
 
-TrialRecord = Opened | Submitted | Extended | Ended | Worked
+TrialRecord = Opened | Submitted | Extended | Ended | Retried | Worked
 
 
 def parse_trial_record(record: Mapping[str, Any]) -> TrialRecord:
@@ -155,6 +177,19 @@ def _opened(fields: Fields) -> Opened:
         seed=fields.get("seed", is_int, "an int", optional=True),
         version=fields.text("version", optional=True),
         link=link,
+        trainer_kwargs=fields.get(
+            "trainer_kwargs",
+            lambda v: v is None or isinstance(v, dict),
+            "a JSON object or null",
+            optional=True,
+        ),
+        fused=bool(fields.get("fused", lambda v: isinstance(v, bool), "a bool", optional=True)),
+        gpus=fields.get("gpus", lambda v: is_number(v) and 0 <= v < math.inf, "a number >= 0", optional=True),
+        torch_threads=(
+            fields.get("torch_threads", lambda v: v is None or (is_int(v) and v >= 1), "an int >= 1 or null")
+            if "torch_threads" in fields.record
+            else 1
+        ),
     )
 
 
@@ -198,8 +233,15 @@ def _ended(fields: Fields) -> Ended:
         error=fields.get(
             "error", lambda v: v is None or isinstance(v, str), "a string or null", optional=True
         ),
+        cause=fields.get(
+            "cause", lambda v: v is None or v in CAUSES, f"one of {', '.join(CAUSES)}", optional=True
+        ),
         submitted_by=_submitter(fields),
     )
+
+
+def _retried(fields: Fields) -> Retried:
+    return Retried(fields.trial(), _submitter(fields))
 
 
 def _worked(fields: Fields) -> Worked:
@@ -218,6 +260,7 @@ _TRIAL_RECORDS: dict[str, Callable[[Fields], TrialRecord]] = {
     "submit": _submitted,
     "extend": _extended,
     "end": _ended,
+    "retry": _retried,
     "work": _worked,
 }
 
@@ -240,6 +283,7 @@ class TrialState:
     reached: int = 0
     metrics: dict[str, float] | None = None
     error: str | None = None
+    cause: str | None = None
 
 
 @dataclass
@@ -286,6 +330,8 @@ class StudyRecords:
                 )
             if isinstance(record, Extended):
                 _extend(state, record)
+            elif isinstance(record, Retried):
+                _retry(state)
             else:
                 _end(state, record)
 
@@ -338,7 +384,14 @@ def _end(state: TrialState, record: Ended) -> None:
             f"trial {state.id} of {state.steps} steps cannot be {record.status} after {record.reached} steps"
         )
     state.status, state.reached = record.status, record.reached
-    state.metrics, state.error = record.metrics, record.error
+    state.metrics, state.error, state.cause = record.metrics, record.error, record.cause
+
+
+def _retry(state: TrialState) -> None:
+    if state.status != FAILED:
+        raise RecordError(f"trial {state.id} is {state.status}: only a failed trial is retried")
+    state.status, state.reached = PENDING, 0
+    state.metrics, state.error, state.cause = None, None, None
 
 
 def read_study_records(entries: Iterable[tuple[Mapping[str, Any], str]]) -> StudyRecords:

@@ -7,14 +7,16 @@ reference every study reproduces; a `SurrogateStudy` searches on a width-scaled 
 (`Surrogate`) and trains the winner once on the full one.
 """
 
+from dagtune.identity import model_identity
 from dagtune.study._alone import run_alone
-from dagtune.study._identity import model_identity
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._study import Study, TrialHandle
 from dagtune.study._surrogate import NOT_TRANSFERRED, Surrogate, SurrogateResult, SurrogateStudy
+from dagtune.study._workers import NoWorkersError
 
 __all__ = [
     "NOT_TRANSFERRED",
+    "NoWorkersError",
     "Result",
     "Study",
     "Surrogate",

@@ -15,12 +15,16 @@ its in-memory store keeps nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -30,18 +34,23 @@ from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
+from dagtune.identity import model_identity, stored_kwargs, trainer_name
+from dagtune.loggers import Logger, Logging, check_loggers
+from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, StudyLink, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
+from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
-from dagtune.study._identity import model_identity
-from dagtune.study._results import Result, TrialError
+from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
+from dagtune.study._workers import NoWorkersError, WorkerWatch
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
+from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
-from dagtune.trainer import Trainer
+from dagtune.trainer import Trainer, check_torch_threads
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -94,20 +103,52 @@ class Study:
     study and its workers, before the study fails (`dagtune.storage_retry`); other storage
     errors fail at once.
 
+    A trial of an earlier session that failed outside its trainer (reading or writing a
+    checkpoint, its workers dying: `dagtune.records.OUTSIDE_THE_TRAINER`) is pending again
+    when the study is opened again, and trains on from its latest checkpoint;
+    `retry_failed=True` does that for every failed trial (a trainer fixed since).
+
+    `step_timeout` (seconds; None: no limit) bounds each step on Dask: a step (``train()``
+    and the evaluation and checkpoint after it; a task's first step also builds or loads the
+    trainer) still running that long after it began fails with ``StepTimeoutError: step N
+    did not finish within step_timeout=S s``, its worker is restarted (a running task can't
+    be cancelled otherwise), and the failure counts as the trainer's: retried `max_retries`
+    times, then the trials that need that step fail.
+
     `link` records that the study is half of a surrogate study (`SurrogateStudy` sets it;
     ``dagtune status`` and the page show it).
 
-    `check_evaluate`: each worker compares the training state (every ``state_dict()`` leaf
-    and module's training mode) before and after its first `check_evaluate` evaluations of
-    the model, and fails the trial with ``evaluate() changed the training state: <keys>``
-    if they differ (results would depend on where dagtune evaluates); 0 turns it off.
+    `check_evaluate`: each worker compares every ``state_dict()`` leaf before and after its
+    first `check_evaluate` evaluations of the model, and fails the trial with ``evaluate()
+    changed the training state: <keys>`` if they differ (results would depend on where
+    dagtune evaluates); 0 turns it off. The global random generators and every module's
+    training mode need no check: dagtune puts them back after every evaluation.
+
+    `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
+    trainer loaded from the checkpoint trains the next step beside the trainer that saved
+    it, and a difference fails the trial with ``resuming from a checkpoint changes
+    training: <entries>``, naming the likely cause (`dagtune.resumecheck`); 0 turns it off.
+
+    `torch_threads`: every worker builds and trains the trainer with torch's thread count
+    set to this (default 1: CPU kernels round differently with other counts, so results are
+    bit for bit `run_alone`'s only with one count everywhere); None leaves each worker's.
+    A count other than 1 is part of the model identity.
+
+    `loggers` (`dt.loggers.TensorBoard`, `CSV`, `MLflow`, or your own `dt.loggers.Logger`)
+    get every trial's hyper-parameters and every step's metrics as they are delivered to it,
+    in this process (`dagtune.loggers`); a run returns once they have its results, and a
+    resumed study sends them only the steps they lack.
 
     `fuse` (a `dagtune.FusibleTrainer` only; docs/fusion.md): True or an int trains the
     ready stages that may share a model (same start, differing only in fusible
     hyper-parameters) as fused tasks of up to F trials each, one worker slot per task; F is
     the int, or with True measured from memory (`dagtune.fusion.fusion_count`). Every stage
     then trains through the fused code path, so each trial's metrics are exactly
-    ``run_alone(..., fused=True)``'s.
+    ``run_alone(..., fused=True)``'s. The first fused tasks check the trainer on their
+    worker before training (`dagtune.fusion.check_fusion`): an operation fusion cannot
+    batch, or with `fusion_check` (on by default) a first batch whose fused result depends on
+    the group or disagrees with unfused training, turns fusion off for the study with a
+    `dagtune.FusionWarning` naming the layer, and its trials train unfused.
     """
 
     def __init__(
@@ -126,18 +167,24 @@ class Study:
         scheduler: str = "critical_path",
         eval_every: int = 1,
         check_evaluate: int = 3,
+        check_resume: int = 1,
+        torch_threads: int | None = 1,
         checkpoint_every: int | None = None,
         max_retries: int = 1,
+        step_timeout: float | None = None,
         workers: int | None = None,
         executor: Executor | None = None,
         gc: GcPolicy | None = None,
         refresh_seconds: float = 2.0,
         security: bool | Security | None = None,
         fuse: bool | int = False,
+        fusion_check: bool = True,
         link: StudyLink | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         wait_for_lease: float = 0.0,
         storage_retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        loggers: Sequence[Logger] | None = None,
+        retry_failed: bool = False,
     ):
         if not isinstance(trainer, type) or not issubclass(trainer, Trainer):
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
@@ -149,10 +196,23 @@ class Study:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         check_evaluate_count(check_evaluate)
+        check_evaluate_count(check_resume, "check_resume")
+        check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
         lease_ttl = check_lease_ttl(lease_ttl)
         wait_for_lease = check_retry_seconds(wait_for_lease, "wait_for_lease")
         storage_retry_seconds = check_retry_seconds(storage_retry_seconds)
+        loggers = check_loggers(loggers)
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, (int, float))
+            or not 0 < step_timeout < math.inf
+        ):
+            raise ValueError(
+                f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}"
+            )
+        if not isinstance(retry_failed, bool):
+            raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}")
         if security is not None and (client is not None or executor is not None):
             why = (
                 "a given client brings its own (Client(address, security=...))"
@@ -173,7 +233,10 @@ class Study:
         self.reuse = reuse
         self.resources = dict(resources) if resources else None
         self.link = link
-        self.identity = model_identity(trainer, self.trainer_kwargs, seed, version)
+        self.torch_threads = torch_threads
+        self.identity = model_identity(
+            trainer, self.trainer_kwargs, seed, version, torch_threads=torch_threads
+        )
         self.storage = os.fspath(storage)
         self.gc_policy = gc
         self._token = uuid.uuid4().hex[:8]
@@ -182,6 +245,8 @@ class Study:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._failure: BaseException | None = None
+        self._no_workers: NoWorkersError | None = None  # set while the cluster has none too long
+        self._workers: WorkerWatch | None = None
         self._closed = False
         self._gc_at = time.monotonic()
         self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
@@ -207,10 +272,14 @@ class Study:
         gpus = float((self.resources or {}).get("GPU", 1.0))
         if self._lease is not None:
             self.storage = self.store.url
-            describe = {
-                "trainer": f"{trainer.__module__}.{trainer.__qualname__}",
+            describe = {  # what rebuilding a trial's model needs (`dagtune.restore`); no credential
+                "trainer": trainer_name(trainer),
                 "seed": seed,
                 "version": version,
+                "trainer_kwargs": stored_kwargs(self.trainer_kwargs),
+                "fused": bool(fuse),
+                "gpus": float((self.resources or {}).get("GPU", 0)),
+                "torch_threads": torch_threads,
                 **(link.fields() if link is not None else {}),
             }
             try:
@@ -236,18 +305,31 @@ class Study:
             share=reuse,
             eval_every=eval_every,
             check_evaluate=check_evaluate,
+            check_resume=check_resume,
+            torch_threads=torch_threads,
             checkpoint_every=checkpoint_every,
             max_retries=max_retries,
+            step_timeout=None if step_timeout is None else float(step_timeout),
             gpus_per_task=gpus,
             topic=f"dagtune-{name}-{self._token}",
             name=f"{name}-{self._token}",
             fuse=fuse,
+            fusion_check=fusion_check,
+        )
+        # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
+        self._restorer = Restorer(
+            self.store, self.identity, lambda: spec, fused=bool(fuse), torch_threads=torch_threads
         )
         self._restored: list[Trial] = []
         if self._persistence is not None:
-            self._restored = self._persistence.attach(self.coordinator)
+            self._restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
             if self._restored:
                 self._names = tuple(self._restored[0].config)
+        self._logging: Logging | None = None
+        if loggers:  # fed from here on; the restored trials' known results first
+            self._logging = Logging(loggers, name, self.identity)
+            self.coordinator.listeners.append(self._logging)
+            self._logging.replay(self.coordinator.trials.values())
         self._metric: tuple[str | None, str] = (None, "max")
         self._virtual = getattr(executor, "virtual", False)
         if not self._virtual:
@@ -308,7 +390,7 @@ class Study:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import embedded_cluster, slow_allocator_workers  # both load distributed
+        from dagtune.cluster import adapts, embedded_cluster, slow_allocator_workers  # all load distributed
         from dagtune.graph import DaskExecutor, check_resources
 
         if client is None:
@@ -316,6 +398,7 @@ class Study:
             client = Client(cluster)  # with the cluster's security
             self._owned_cluster = (client, cluster)
         self.client = client
+        self._workers = WorkerWatch(self.name, functools.partial(adapts, client))
         check_resources(client, self.resources)
         self._check_shared_storage(client)
         slow = slow_allocator_workers(client)
@@ -327,7 +410,8 @@ class Study:
                 len(slow),
                 ", ".join(sorted({str(v) for v in slow.values()})),
             )
-        return DaskExecutor(client, self.store, f"dagtune-{self.name}-{self._token}", self.resources)
+        topic = f"dagtune-{self.name}-{self._token}"
+        return DaskExecutor(client, self.store, topic, self.resources, withdraw=self._owned_cluster is None)
 
     # ------------------------------------------------------------------ driving
 
@@ -342,9 +426,19 @@ class Study:
                     self._tick()
                     if not self._in_burst():  # else the next round plans the whole burst
                         self.coordinator.schedule()
+                    self._no_workers = self._check_workers()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _check_workers(self) -> NoWorkersError | None:
+        """On Dask, whether the study has waited too long without any worker (reported live
+        meanwhile: `dagtune.study._workers`)."""
+        if self._workers is None:
+            return None
+        slots = self.executor.slots()
+        waiting = 0 if slots else sum(len(waiters) for waiters in self.coordinator.plan.active.values())
+        return self._workers.check(slots, waiting)
 
     def _in_burst(self) -> bool:
         """Trials were submitted less than `SUBMIT_QUIET_SECONDS` ago (more may follow)."""
@@ -376,6 +470,8 @@ class Study:
             while not done():
                 if self._failure is not None:
                     raise RuntimeError("the dagtune coordinator failed") from self._failure
+                if self._no_workers is not None:
+                    raise NoWorkersError(str(self._no_workers))
                 if self._virtual:
                     self._tick()
                     if self.coordinator.pump() == 0 and not self.coordinator.running:
@@ -403,12 +499,15 @@ class Study:
         return config
 
     def _take_restored(self, config: Config, steps: int) -> Trial | None:
-        """A trial restored from an earlier session with this config and steps, not handed
-        to an algorithm yet (it is removed from the restored ones)."""
+        """A trial restored from an earlier session, or left pending by an interrupted run,
+        with this config and steps, not handed to an algorithm since (it is removed from the
+        restored ones); an interrupted one is requested again."""
         text = config_dumps(config)
-        for i, trial in enumerate(self._restored):
-            if trial.steps == steps and config_dumps(trial.config) == text:
-                return self._restored.pop(i)
+        with self._lock:
+            for i, trial in enumerate(self._restored):
+                if trial.steps == steps and config_dumps(trial.config) == text:
+                    self.coordinator.resume(trial.id)
+                    return self._restored.pop(i)
         return None
 
     @property
@@ -488,15 +587,25 @@ class Study:
         """The metrics of `config` after `step` steps, trained only if not known yet."""
         return self.submit(config, step).result(timeout)
 
-    def run(self, algorithm: Algorithm, timeout: float | None = None) -> Result:
+    def run(self, algorithm: Algorithm, timeout: float | None = None, *, progress: bool = True) -> Result:
         """Run a tuning algorithm to its end and return its `Result`.
 
-        If the algorithm raises, or `timeout` seconds pass, the run's pending trials are
-        stopped (what they trained stays in the plan) and the error is raised."""
+        If the algorithm raises, `timeout` seconds pass or the run is interrupted (Ctrl-C),
+        the error is raised and the run's pending trials stop training but stay pending, in
+        storage too: they are not the algorithm's `Stop`. Running the same algorithm again,
+        in this process or after opening the study again, continues each from its latest
+        committed checkpoint.
+
+        With `progress`, the run shows itself while it waits: a live view in Jupyter, a
+        progress line on stderr when it is a terminal (trials finished, steps trained and
+        saved by reuse, best metric), nothing when stderr goes to a file or a pipe."""
         if not isinstance(algorithm, Algorithm):
             raise TypeError(f"run needs a dagtune.algos.Algorithm, got {algorithm!r}")
         session = Session(self.coordinator, algorithm, self._check_config, self._take_restored)
-        with watch(self, algorithm.metric, algorithm.mode, show="notebook"), self._lock:
+        shown = (
+            watch(self, algorithm.metric, algorithm.mode, show="interactive") if progress else nullcontext()
+        )
+        with shown, self._lock:
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
@@ -518,18 +627,71 @@ class Study:
             finally:
                 self.coordinator.listeners.remove(session)
                 self.coordinator.expect(())
-                if not session.finished:  # an error, a timeout or an interrupt: nobody waits for them
-                    for trial in session.trials.values():
-                        self.coordinator.stop(trial.id)
-                    self.coordinator.schedule()
+                if not session.finished:  # an error, a timeout or an interrupt: not a stop
+                    self._interrupt(session.trials.values())
             if self.gc_policy is not None:
                 self._collect(self.gc_policy)
             self._tick(force=True)
             trials = list(session.trials.values())
             report = self.coordinator.report(trials, since)
+        if self._logging is not None:
+            self._logging.flush()  # the run's results are in the loggers' output when it returns
         if session.error is not None:
             raise session.error
-        return Result(trials, report, algorithm.metric, algorithm.mode, algorithm.best_trial())
+        result = Result(
+            trials,
+            report,
+            algorithm.metric,
+            algorithm.mode,
+            algorithm.best_trial(),
+            models=self._model_of,
+            gpus=float((self.resources or {}).get("GPU", 0)),
+        )
+        _warn_failures(result, len(trials))
+        return result
+
+    def _model_of(self, trial_id: int) -> tuple[Restorer, TrialPath]:
+        """Where trial `trial_id`'s model comes from: the study's checkpoints along its path
+        to its last step (`TrialResult.load_trainer`; works after `close` too)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            path = trial_path(self.plan, trial.node, trial.reached) if trial.node else TrialPath(0, (), ())
+        return self._restorer, path
+
+    def trial_result(self, trial_id: int) -> TrialResult:
+        """Trial `trial_id` as a `TrialResult` (its config, steps reached, latest metrics and
+        its model: `TrialResult.load_trainer`)."""
+        with self._lock:
+            trial = self.coordinator.trials.get(trial_id)
+            if trial is None:
+                raise KeyError(f"study {self.name!r} has no trial {trial_id!r}")
+            return TrialResult(
+                trial.config,
+                trial.reached,
+                dict(trial.metrics or {}),
+                trial.id,
+                trial.status,
+                trial.error,
+                self._model_of,
+            )
+
+    def _interrupt(self, trials: Iterable[Trial]) -> None:
+        """A run ended before its algorithm did: its pending trials stop training but stay
+        pending (in storage too, written at once), so the same run again continues each from
+        its latest checkpoint, in this process or the next one (`_take_restored`)."""
+        kept = {trial.id for trial in self._restored}
+        for trial in trials:
+            if trial.status == PENDING:
+                self.coordinator.interrupt(trial.id)
+                if trial.id not in kept:
+                    self._restored.append(trial)
+        self.coordinator.schedule()
+        try:  # storage says now what the run left (the error on its way is the one to raise)
+            self._tick(force=True)
+        except Exception as error:
+            log.warning("dagtune: writing study %r after its run ended early failed: %r", self.name, error)
 
     @property
     def report(self) -> dict:
@@ -552,6 +714,7 @@ class Study:
             if getattr(self, "coordinator", None) is not None:
                 with self._lock:
                     try:
+                        self._take_arrived_events()
                         self._collect_when_due()
                     finally:  # the last work, journal lines and results; the leases go
                         if self._persistence is not None:
@@ -563,18 +726,43 @@ class Study:
                 if self._persistence is None and self._lease is not None:
                     self._lease.release()  # opening failed before its records were read
 
+    def _take_arrived_events(self) -> None:
+        """Handle the events that arrived after the driver's last round (an interrupted run
+        closes at once): the plan keeps the checkpoints and metrics they report."""
+        if not self._virtual:  # a simulation's poll would advance its virtual time
+            for event in self.executor.poll(0):
+                self.coordinator.handle(event)
+
     def _stop_execution(self) -> None:
-        if getattr(self, "_dashboard", None) is not None:
-            self._dashboard.close()  # sends the final snapshot
-        if getattr(self, "_demand", None) is not None:
-            self._demand.close()  # withdraws the demand
-        if getattr(self, "executor", None) is not None:
-            self.executor.close()
+        """Stop the loggers (writing what is left), the dashboard feed, the demand, the
+        executor and the embedded cluster. The study's work is saved by now, so nothing here
+        raises: each part that fails is logged, and the cluster is killed if it does not
+        close in time (`dagtune.cluster.close_embedded`)."""
+        parts = [
+            ("the loggers", getattr(self, "_logging", None)),  # writes what is left
+            ("the dashboard feed", getattr(self, "_dashboard", None)),  # sends the final snapshot
+            ("the published demand", getattr(self, "_demand", None)),  # withdraws the demand
+            ("the executor", getattr(self, "executor", None)),
+        ]
+        for what, part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as error:
+                log.warning(
+                    "dagtune: closing %s of study %r failed: %s: %s",
+                    what,
+                    self.name,
+                    type(error).__name__,
+                    error,
+                )
         if self._owned_cluster is not None:
+            from dagtune.cluster import close_embedded  # loads distributed: a study on Dask only
+
             client, cluster = self._owned_cluster
-            client.close()
-            cluster.close()
             self._owned_cluster = None
+            close_embedded(client, cluster)
 
     def __enter__(self) -> Study:
         return self
@@ -589,6 +777,20 @@ class Study:
 
     def __repr__(self) -> str:
         return f"<Study {self.name!r} trainer={self.trainer.__name__} trials={len(self.coordinator.trials)}>"
+
+
+def _warn_failures(result: Result, trials: int) -> None:
+    """End a run whose trials failed with a warning saying how many and the first error
+    (`Result.failed` has them all, with their tracebacks)."""
+    failed = result.failed
+    if failed:
+        first = failed[0]
+        warnings.warn(
+            f"{len(failed)} of {trials} trials failed; the first, trial {first.id}: "
+            f"{error_line(first.error)} (Result.failed has them, with their tracebacks)",
+            TrialsFailedWarning,
+            stacklevel=3,
+        )
 
 
 class TrialHandle:
@@ -611,14 +813,24 @@ class TrialHandle:
 
     def result(self, timeout: float | None = None) -> dict[str, float]:
         """The final metrics (waits for them). A stopped or diverged trial returns its last
-        metrics; a failed one raises `TrialError`."""
-        self._study._wait(lambda: self.trial.done, timeout)
+        metrics; a failed one raises `TrialError`, one whose run was interrupted (pending, no
+        longer training) a RuntimeError."""
+        interrupted = self._study.coordinator.interrupted
+        self._study._wait(lambda: self.trial.done or self.trial.id in interrupted, timeout)
+        if self.trial.id in interrupted:
+            raise RuntimeError(
+                f"trial {self.trial.id} is pending but its run was interrupted: run the algorithm again, "
+                "or submit its config and steps, to continue it"
+            )
         if self.trial.status == FAILED:
             raise TrialError(f"trial {self.trial.id} failed:\n{self.trial.error}")
         return dict(self.trial.metrics or {})
 
     def curve(self) -> list[tuple[int, dict[str, float]]]:
-        return list(self.trial.curve)
+        """The ``(step, metrics)`` pairs reported so far, ``step`` counting from 0: the
+        metrics evaluated right after that step (the last pair of a trial of ``n`` steps
+        has step ``n - 1``)."""
+        return [(k - 1, dict(m)) for k, m in self.trial.curve]
 
     def stop(self) -> None:
         self._study._call(self._study.coordinator.stop, self.trial.id)

@@ -9,11 +9,17 @@ learning rate, its schedule, momentum and batch size that are best at width ``ba
 are best at ``base`` too; regularization (weight decay, dropout) is not, so a search that
 varies it is warned about.
 
-*Eager transfer* (Hydro §4.3): with ``Surrogate(eager=share)`` the target starts training
-the current best once `share` of the surrogate trials submitted so far have ended, and
-starts again whenever the best configuration changes, so that the target's training
-overlaps the end of the search; if the search's final best is the one the target trains
+*Eager transfer* (Hydro §4.3): with ``Surrogate(eager=share)``, once `share` of the
+surrogate trials submitted so far have ended, the target starts training the current best
+on the first worker slot the search leaves idle (the search's coordinator has nothing ready
+for it and the algorithm adds nothing when told), so that it overlaps the end of the search
+without taking a slot the search could use; it starts again (on its own slot) whenever the
+best configuration changes, and if the search's final best is the one the target trains
 already, it is not trained again.
+
+Building a surrogate study builds the surrogate trainer once, in this process, so that a
+width that does not scale (``Surrogate(scale=3)`` of a base width of 512: ``512 / 3 is not a
+whole width``) is refused at once, with its cause, instead of failing every trial.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dagtune.executor import Executor
 from dagtune.records import PENDING, STOPPED, StudyLink, Trial, is_study_name
 from dagtune.study._results import Result, TrialResult
 from dagtune.study._study import Study, TrialHandle
-from dagtune.trainer import Trainer
+from dagtune.trainer import Trainer, build_trainer, isolated_rng
 
 __all__ = ["NOT_TRANSFERRED", "Surrogate", "SurrogateResult", "SurrogateStudy"]
 
@@ -49,9 +55,9 @@ class Surrogate:
 
     `scale`: the width divisor S (an int >= 2), passed to the trainer as `argument` (the
     trainer builds its model at ``base / S``, e.g. with `dagtune.mup.build`). `eager`: None
-    (train the target once the search has ended) or a share in (0, 1]: start the target
-    with the current best once that share of the surrogate trials submitted so far have
-    ended, and restart it when the best changes. `steps`: the target's training steps
+    (train the target once the search has ended) or a share in (0, 1]: once that share of
+    the surrogate trials submitted so far have ended, start the target with the current
+    best on the first slot the search leaves idle, and restart it when the best changes. `steps`: the target's training steps
     (default: the steps the best surrogate trial reached). `not_transferred`: the
     hyper-parameters whose variation in the search is warned about, as they do not
     transfer across width (default `NOT_TRANSFERRED`).
@@ -192,7 +198,10 @@ class _Watched(Algorithm):
         return decisions
 
     def on_idle(self, free: int):
-        return self._watch(self.inner.on_idle(free))
+        decisions = list(self._watch(self.inner.on_idle(free)) or ())
+        if not decisions:  # the search leaves slots idle: the eager target may take one
+            self._owner._surrogate_idle(self)
+        return decisions
 
     def prospects(self):
         return self.inner.prospects()
@@ -206,6 +215,21 @@ class _Watched(Algorithm):
     def best_so_far(self) -> TrialResult | None:
         """The configuration the search would answer with now (as `Result.best` picks it)."""
         return Result(list(self.trials), {}, self.metric, self.mode, self.inner.best_trial()).best
+
+
+def _check_surrogate_builds(
+    trainer: type[Trainer], kwargs: Mapping[str, Any], surrogate: Surrogate, seed: int
+) -> None:
+    """Build the surrogate trainer once (in isolation from the global random generators) and
+    raise a ValueError with the cause if it cannot be built at its scale."""
+    try:
+        with isolated_rng():
+            build_trainer(trainer, {**kwargs, surrogate.argument: surrogate.scale}, seed)
+    except Exception as error:
+        raise ValueError(
+            f"{trainer.__name__} cannot be built as a surrogate of Surrogate(scale={surrogate.scale}) "
+            f"({surrogate.argument}={surrogate.scale}): {type(error).__name__}: {error}"
+        ) from error
 
 
 def _check_scale_argument(trainer: type[Trainer], kwargs: Mapping[str, Any], argument: str) -> None:
@@ -269,6 +293,7 @@ class SurrogateStudy:
             )
         kwargs = dict(trainer_kwargs or {})
         _check_scale_argument(trainer, kwargs, surrogate.argument)
+        _check_surrogate_builds(trainer, kwargs, surrogate, options.get("seed", 0))
         self.surrogate = surrogate
         self.name = name
         target_name = name + TARGET_SUFFIX
@@ -301,18 +326,33 @@ class SurrogateStudy:
 
     # ------------------------------------------------------------------ eager transfer
 
-    def _surrogate_progress(self, watched: _Watched) -> None:
-        """A surrogate trial ended: with eager transfer, once enough have, (re)start the target
-        with the best so far. Runs under the surrogate study's lock, in its driver thread."""
+    def _eager_best(self, watched: _Watched) -> TrialResult | None:
+        """With eager transfer, once enough surrogate trials have ended, the best so far."""
         share = self.surrogate.eager
         trials = watched.trials
         if share is None or not trials or watched.starting:
-            return
+            return None
         ended = sum(1 for t in trials if t.status != PENDING)
         if ended < math.ceil(share * len(trials)):
+            return None
+        return watched.best_so_far()  # an error here is the algorithm's: `Study.run` raises it
+
+    def _surrogate_progress(self, watched: _Watched) -> None:
+        """A surrogate trial ended: with eager transfer, a target that trains already moves
+        to a better configuration (on its slot); one not started yet waits for an idle slot.
+        Runs under the surrogate study's lock, in its driver thread."""
+        if self._target is None:
             return
-        best = watched.best_so_far()
-        if best is not None:  # an error here is the algorithm's: `Study.run` raises it
+        best = self._eager_best(watched)
+        if best is not None:
+            self._train_target(best)
+
+    def _surrogate_idle(self, watched: _Watched) -> None:
+        """The search leaves slots idle: with eager transfer due, start the target there."""
+        if self._target is not None:
+            return
+        best = self._eager_best(watched)
+        if best is not None:
             self._train_target(best)
 
     def _train_target(self, best: TrialResult) -> TrialHandle:
@@ -351,9 +391,8 @@ class SurrogateStudy:
             )
         handle = self._train_target(best)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        metrics = handle.result(remaining)
-        trial = handle.trial
-        target = TrialResult(trial.config, trial.reached, metrics, trial.id, trial.status)
+        handle.result(remaining)
+        target = self.target_study.trial_result(handle.id)
         return SurrogateResult(
             searched, best.config, target, self.target_study.report, self.surrogate.scale, self._restarts
         )

@@ -1,0 +1,117 @@
+"""Which hyper-parameters a trainer reads: a config key nobody reads changes nothing.
+
+A search space that varies a hyper-parameter the trainer never reads (``batch_size`` where
+``setup()`` only applies ``lr``; a typo, ``learning_rate`` for ``lr``) trains identical
+trials under different names and reports them as different results, silently. The runner
+therefore hands the first ``setup()`` call of each task a `RecordingValues`, a ``dict`` that
+notes the keys read from it (``hp["lr"]``, ``hp.get``, ``pop``, iterating it, ``dict(hp)``,
+``**hp``, ``update`` from it), until the first ``train()`` returned (so a trainer that keeps
+``hp`` and reads it while training counts as reading it). Testing ``"lr" in hp`` is not
+reading. The keys never read, with the absent keys the trainer asked for, become a warning
+(`dagtune.notices`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["RecordingValues", "unread_message"]
+
+_MISSING = object()
+
+
+class RecordingValues(dict):
+    """A dict of hyper-parameter values that records which keys are read while `recording`,
+    and the keys asked for that it does not hold. It pickles (and so is saved in a checkpoint,
+    and copied) as an ``OrderedDict``."""
+
+    def __init__(self, values: dict[str, Any]):
+        super().__init__(values)
+        self.read: set[str] = set()
+        self.asked: list[str] = []  # absent keys asked for, in order
+        self.recording = True
+
+    def _note(self, key: Any) -> None:
+        if not self.recording:
+            return
+        if dict.__contains__(self, key):
+            self.read.add(key)
+        elif isinstance(key, str) and key not in self.asked:
+            self.asked.append(key)
+
+    def _note_all(self) -> None:
+        if self.recording:
+            self.read.update(dict.keys(self))
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return dict.get(self, key, default)
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        self._note(key)
+        return dict.pop(self, key) if default is _MISSING else dict.pop(self, key, default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return dict.setdefault(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if (
+            self.recording
+            and not dict.__contains__(self, key)
+            and isinstance(key, str)
+            and key not in self.asked
+        ):
+            self.asked.append(key)
+        return dict.__contains__(self, key)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._note_all()
+        return dict.__iter__(self)
+
+    def keys(self):  # type: ignore[override]
+        self._note_all()
+        return dict.keys(self)
+
+    def values(self):  # type: ignore[override]
+        self._note_all()
+        return dict.values(self)
+
+    def items(self):  # type: ignore[override]
+        self._note_all()
+        return dict.items(self)
+
+    def copy(self) -> dict[str, Any]:
+        self._note_all()
+        return dict.copy(self)
+
+    def popitem(self) -> tuple[Any, Any]:
+        item = dict.popitem(self)
+        if self.recording:
+            self.read.add(item[0])
+        return item
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # as an OrderedDict: what ``torch.load(weights_only=True)`` reads back, should a
+        # trainer keep ``hp`` and put it in its state
+        return OrderedDict, (), None, None, iter(dict.items(self))
+
+    def unread(self) -> list[str]:
+        """The keys held and never read while recording, in order."""
+        return [key for key in dict.keys(self) if key not in self.read]
+
+
+def unread_message(trainer: str, name: str, asked: list[str]) -> str:
+    """The warning for hyper-parameter `name` that `trainer`'s setup() never read."""
+    hint = f" (it asked for {', '.join(map(repr, asked))}, which the config does not have)" if asked else ""
+    return (
+        f"{trainer}.setup() never read hyper-parameter {name!r}{hint}: every value of {name!r} "
+        "trains the same, so trials that differ only in it are identical. Read it in setup(), "
+        "fix its name, or leave it out of the search space."
+    )

@@ -1,0 +1,174 @@
+"""How much each hyper-parameter mattered to a metric over a study's trials.
+
+The trials are those that completed with a finite value of the metric (as Optuna counts
+completed trials; stopped, failed and diverged ones are left out), each with its final value.
+Each hyper-parameter is one variable: a constant's value (numeric, on a log scale when all
+its values are positive and span more than a factor of 10; strings and bools as categories),
+or, where it is a schedule in some trial, the schedule itself as a category (its text). A
+hyper-parameter with one value over those trials explains nothing and gets 0.
+
+With Optuna installed (``pip install 'dagtune[optuna]'``), the trials become Optuna trials
+and Optuna's evaluator scores them: fANOVA (`optuna.importance.FanovaImportanceEvaluator`,
+Hutter et al. 2014) by default, or the one given (``PedAnovaImportanceEvaluator()``,
+``MeanDecreaseImpurityImportanceEvaluator()``, ...). Without Optuna, scikit-learn's random
+forest's mean decrease in impurity stands in, and a warning says so. Either way the result
+maps every hyper-parameter to a share, the shares sum to 1 (unless nothing varies), largest
+first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from dagtune.config import config_dumps
+from dagtune.frames import is_constant, readable
+from dagtune.records import COMPLETED, Trial
+
+__all__ = ["FALLBACK", "hyperparameter_importance", "importance_key", "method_of"]
+
+log = logging.getLogger("dagtune")
+
+#: what scores importance without Optuna
+FALLBACK = "random-forest impurity (scikit-learn; install optuna for fANOVA)"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _variables(trials: list[Trial]) -> dict[str, list[Any]]:
+    """Each hyper-parameter's value per trial: a constant's value, else the schedule's text."""
+    names = sorted({n for t in trials for n in t.config})
+    columns = {}
+    for name in names:
+        sequences = [t.config[name] for t in trials]
+        if all(is_constant(s) for s in sequences):
+            columns[name] = [s(0) for s in sequences]
+        else:
+            columns[name] = [readable(s) for s in sequences]
+    return columns
+
+
+def _numeric(values: list[Any]) -> bool:
+    return all(_finite(v) for v in values)
+
+
+def _log_scale(values: list[Any]) -> bool:
+    return min(values) > 0 and max(values) / min(values) > 10
+
+
+def hyperparameter_importance(
+    trials: Iterable[Trial], metric: str, mode: str = "max", *, evaluator: Any = None, seed: int = 0
+) -> dict[str, float]:
+    """The importance of each hyper-parameter for `metric` over `trials` (the module
+    docstring says how); a ValueError when fewer than 2 completed trials reported it."""
+    used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
+    if len(used) < 2:
+        raise ValueError(
+            f"the importance of the hyper-parameters needs at least 2 completed trials with {metric!r}, "
+            f"there are {len(used)}"
+        )
+    columns = _variables(used)
+    values = [float(t.metrics[metric]) for t in used]
+    varying = [name for name, column in columns.items() if len(set(map(json.dumps, column))) > 1]
+    scores = dict.fromkeys(columns, 0.0)
+    if varying:
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            if evaluator is not None:
+                raise ImportError(
+                    "an importance evaluator needs optuna: pip install 'dagtune[optuna]'"
+                ) from None
+            log.warning("dagtune: optuna is not installed: hyper-parameter importance by %s", FALLBACK)
+            scores.update(_forest(columns, varying, values, seed))
+        else:
+            scores.update(_optuna(columns, varying, values, mode, evaluator, seed))
+    return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _optuna(
+    columns: dict[str, list[Any]],
+    varying: list[str],
+    values: list[float],
+    mode: str,
+    evaluator: Any,
+    seed: int,
+) -> dict[str, float]:
+    import optuna
+
+    distributions = {}
+    for name in varying:
+        column = columns[name]
+        if _numeric(column):
+            distributions[name] = optuna.distributions.FloatDistribution(
+                float(min(column)), float(max(column)), log=_log_scale(column)
+            )
+        else:
+            distributions[name] = optuna.distributions.CategoricalDistribution(sorted(set(map(str, column))))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "a new study created" line
+    try:
+        study = optuna.create_study(direction="maximize" if mode == "max" else "minimize")
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    for i, value in enumerate(values):
+        params = {
+            name: float(columns[name][i]) if _numeric(columns[name]) else str(columns[name][i])
+            for name in varying
+        }
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
+    if evaluator is None:
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=seed)
+    found = optuna.importance.get_param_importances(
+        study, evaluator=evaluator, params=varying, normalize=True
+    )
+    return {name: float(score) for name, score in found.items()}
+
+
+def method_of(evaluator: Any = None) -> str:
+    """What scores importance: the evaluator's name, Optuna's fANOVA, or the fallback."""
+    if evaluator is not None:
+        return type(evaluator).__name__
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return FALLBACK
+    return "fANOVA (optuna)"
+
+
+def _forest(
+    columns: dict[str, list[Any]], varying: list[str], values: list[float], seed: int
+) -> dict[str, float]:
+    import numpy as np
+    from sklearn.ensemble import RandomForestRegressor
+
+    features, owners = [], []
+    for name in varying:
+        column = columns[name]
+        if _numeric(column):
+            numbers = np.log(np.asarray(column, float)) if _log_scale(column) else np.asarray(column, float)
+            features.append(numbers)
+            owners.append(name)
+        else:  # one-hot: a category's share goes to its hyper-parameter
+            for category in sorted(set(map(str, column))):
+                features.append(np.asarray([str(v) == category for v in column], float))
+                owners.append(name)
+    forest = RandomForestRegressor(n_estimators=64, random_state=seed).fit(np.column_stack(features), values)
+    scores = dict.fromkeys(varying, 0.0)
+    for owner, share in zip(owners, forest.feature_importances_):
+        scores[owner] += float(share)
+    total = sum(scores.values())
+    return {name: score / total if total else 0.0 for name, score in scores.items()}
+
+
+def importance_key(trials: Iterable[Trial], metric: str, mode: str) -> str:
+    """What the importance depends on, as text (to cache it)."""
+    parts = [
+        (t.id, t.status, t.metrics.get(metric) if t.metrics else None, config_dumps(t.config)) for t in trials
+    ]
+    return json.dumps([metric, mode, parts], default=str)

@@ -1,0 +1,74 @@
+"""Warnings about a user's trainer, found where it runs and shown where the study runs.
+
+A worker finds some things worth a warning but not worth failing a trial for: a
+hyper-parameter ``setup()`` never reads (`dagtune.hpreads`), training that is not
+deterministic, so that the resume check can't tell a resume bug from noise, or a resume
+check that could not run (`dagtune.resumecheck`). A worker's log is where nobody looks, so the runner turns each into
+a ``warning`` event (`warning_event`), which travels with the other events to the process
+that runs the study; there the coordinator (or `run_alone`) shows it as a Python warning of
+its category (`Notices.show`), once per study for each thing it is about.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+__all__ = [
+    "NondeterministicTrainingWarning",
+    "Notices",
+    "ResumeCheckSkippedWarning",
+    "TrialsFailedWarning",
+    "UnreadHyperparameterWarning",
+    "warning_event",
+]
+
+
+class UnreadHyperparameterWarning(UserWarning):
+    """``Trainer.setup`` never read a hyper-parameter of the config (a typo, or a name the
+    trainer does not know): every value of it trains the same."""
+
+
+class NondeterministicTrainingWarning(UserWarning):
+    """The same step from the same checkpoint trained twice gave different states: training
+    is not deterministic, so results are not bit for bit those of `run_alone`, and the resume
+    check can't tell a resume bug from that noise."""
+
+
+class ResumeCheckSkippedWarning(UserWarning):
+    """The resume check could not run (a second trainer did not fit in memory)."""
+
+
+class TrialsFailedWarning(UserWarning):
+    """Trials of a `Study.run` failed (their trainer raised); `Result.failed` has them."""
+
+
+_CATEGORIES: dict[str, type[UserWarning]] = {
+    cls.__name__: cls
+    for cls in (UnreadHyperparameterWarning, NondeterministicTrainingWarning, ResumeCheckSkippedWarning)
+}
+
+
+def warning_event(category: type[UserWarning], message: str, once: str) -> dict[str, Any]:
+    """The fields of a ``warning`` event: its category's name, the message, and what it is
+    about (`once`: the same `once` is shown once per study)."""
+    return {"category": category.__name__, "message": message, "once": once}
+
+
+class Notices:
+    """The warnings one study (or one `run_alone`) has shown, so each shows once."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self._seen: set[str] = set()
+
+    def show(self, event: dict[str, Any]) -> None:
+        """Warn with a ``warning`` event's message in its category, unless one about the same
+        thing was shown already."""
+        once = str(event.get("once", event.get("message", "")))
+        if once in self._seen:
+            return
+        self._seen.add(once)
+        message = str(event.get("message", ""))
+        self.shown.append(message)
+        warnings.warn(message, _CATEGORIES.get(str(event.get("category")), UserWarning), stacklevel=2)
