@@ -42,7 +42,13 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.records import CheckpointInfo
-from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, RetryingFileSystem, StorageRetry, check_retry_seconds
+from dagtune.storage_retry import (
+    DEFAULT_RETRY_SECONDS,
+    RetryingFileSystem,
+    StorageRetry,
+    check_retry_seconds,
+    single_attempt_options,
+)
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 
@@ -148,7 +154,11 @@ class CheckpointStore:
                     f"storage {self.url!r} is the memory of the process that made this store, not of "
                     "this one: its checkpoints can't be shared here (use a directory or an object store)"
                 )
-            fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            retried = self.retry_seconds > 0  # then by dagtune alone (`single_attempt_options`)
+            options = (
+                single_attempt_options(self.url, self.storage_options) if retried else self.storage_options
+            )
+            fs, root = fsspec.core.url_to_fs(self.url, **options)
             if not isinstance(fs, LocalFileSystem):
                 fs = RetryingFileSystem(fs, StorageRetry(self.url, self.retry_seconds))
             self._fs, self._root = fs, root.rstrip("/")
@@ -204,8 +214,10 @@ class CheckpointStore:
         if marker is None:
             raise CheckpointError(f"no committed checkpoint at {directory}: the {MARKER} marker is missing")
         path = f"{directory}/{marker['file']}"
+        # a retrying filesystem gives a large read the time its size needs (`dagtune.storage_retry`)
+        sized = {"expected_bytes": marker["nbytes"]} if isinstance(self.fs, RetryingFileSystem) else {}
         try:
-            data = self.fs.cat_file(path)
+            data = self.fs.cat_file(path, **sized)
         except FileNotFoundError:
             raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
         if len(data) != marker["nbytes"]:

@@ -38,7 +38,7 @@ from dagtune.config import config_dumps, config_from_json
 from dagtune.frames import TrialRow, trials_table
 from dagtune.records import Trial, is_study_name
 from dagtune.restore import stored_model
-from dagtune.storage_retry import StorageRetry
+from dagtune.storage_retry import StorageRetry, single_attempt_options
 from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
@@ -128,7 +128,12 @@ class ResultsWriter:
             return False
         group = self._group
         if group is None:
-            group = self._group = _open_group(self.url, "a", self.storage_options)
+            options = (
+                self.storage_options
+                if self.retry is None
+                else single_attempt_options(self.url, self.storage_options)
+            )
+            group = self._group = _open_group(self.url, "a", options)
         ordered = [trials[i] for i in ids]
         steps = max((t.reached for t in ordered), default=0)
         steps = max(steps, max((s for t in ordered for s, _ in t.curve), default=0))

@@ -21,6 +21,17 @@ the last error and the setting. A worker's finished checkpoint stays in its memo
 Errors that will not pass by waiting (permission denied, no such bucket or file, a disk that
 is full, an invalid request) are raised at once.
 
+An outage does not always raise: a connection whose other end vanished without a reset (a
+dropped route, a middlebox that lost its state) leaves a request waiting for an answer that
+never comes, and an upload into it blocks for good once the socket's buffers are full. s3fs
+and botocore retry a read that timed out several times over (minutes, with no error seen
+here), and nothing times out a stalled upload. So every attempt of an asynchronous fsspec
+filesystem (s3fs, gcsfs, adlfs, ...) through `RetryingFileSystem` has a deadline
+(`attempt_deadline`: `ATTEMPT_SECONDS`, plus a second per MiB it sends or, given
+``expected_bytes``, reads; at most the time left to the bound during an outage). Past it the
+attempt is cancelled (its connection is dropped) and counts as a transient failure: the
+outage is reported, and the operation is retried on a new connection.
+
 Retrying an exclusive create (``pipe_file(..., mode="create")``) whose first attempt reached
 the storage but whose answer was lost makes the retry fail with `FileExistsError`; callers of
 exclusive creates (the checkpoint commit marker, the study lease) read back what is there and
@@ -30,6 +41,7 @@ recognise their own write.
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import sys
 import threading
@@ -37,13 +49,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from fsspec.exceptions import FSTimeoutError
+
 __all__ = [
+    "ATTEMPT_SECONDS",
     "DEFAULT_RETRY_SECONDS",
     "RetryingFileSystem",
     "StorageRetry",
     "StorageUnavailableError",
     "check_retry_seconds",
     "is_transient",
+    "single_attempt_options",
 ]
 
 log = logging.getLogger("dagtune")
@@ -54,6 +70,10 @@ T = TypeVar("T")
 DEFAULT_RETRY_SECONDS = 300.0
 FIRST_DELAY, MAX_DELAY = 0.5, 15.0
 REPORT_EVERY = 30.0  # seconds between "still unreachable" lines
+#: seconds an attempt may take (plus `SECONDS_PER_BYTE` per byte it moves) before it counts as
+#: stalled: cancelled and retried
+ATTEMPT_SECONDS = 60.0
+SECONDS_PER_BYTE = 1.0 / (1 << 20)  # a transfer slower than 1 MiB/s is taken for a stall
 
 # errno values of failures that pass: the network, a busy or failing server (s3fs maps 5xx and
 # SlowDown to EBUSY / EREMOTEIO)
@@ -174,6 +194,19 @@ def check_retry_seconds(value: Any, field: str = "storage_retry_seconds") -> flo
     return float(value)
 
 
+def single_attempt_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """`storage_options` for a filesystem dagtune retries itself: on S3, botocore's own
+    retries are off (unless the options set them), so that every failure reaches
+    `StorageRetry` at once, to be reported, backed off and bounded, instead of being retried
+    unseen for 10-20 s (and a stalled request for minutes)."""
+    options = dict(storage_options)
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+        options["config_kwargs"] = config
+    return options
+
+
 class _Outage:
     """One storage's current outage in this process: when it began, when it was last
     reported. Shared by every operation on that storage (`_outage_of`)."""
@@ -252,6 +285,12 @@ class StorageRetry:
         self.seconds = check_retry_seconds(seconds)
         self.sleep = sleep
 
+    def time_left(self) -> float | None:
+        """Seconds until the current outage of this storage reaches the bound (never below
+        1 s); None while the storage is reachable."""
+        began = _outage_of(self.url).began
+        return None if began is None else max(1.0, began + self.seconds - time.monotonic())
+
     def call(self, function: Callable[[], T], what: str) -> T:
         """`function()`, retried while it fails with a transient error (`is_transient`) and
         the storage has been unreachable for less than `seconds`; `StorageUnavailableError` after
@@ -292,30 +331,62 @@ class RetryingFileSystem:
     (`StorageRetry`); `guard` (if any) is called before every attempt, e.g. to check that
     this process still holds the right to write (`dagtune.study_lease`).
 
+    On an asynchronous filesystem every attempt has a deadline (`attempt_deadline`), after
+    which it is cancelled and retried: a stalled connection never holds an operation beyond
+    the bound. A method call may pass ``expected_bytes`` (what a read will fetch, if known) to
+    lengthen the deadline of a large read; it is not passed on.
+
     File objects `open` returns are not retried while they are read or written; dagtune
     reads and writes whole files (``cat_file``, ``pipe_file``)."""
 
-    def __init__(self, fs: Any, retry: StorageRetry, guard: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        fs: Any,
+        retry: StorageRetry,
+        guard: Callable[[], None] | None = None,
+        *,
+        attempt_seconds: float | None = None,
+    ):
         self.fs = fs
         self.retry = retry
         self.guard = guard
+        self.attempt_seconds = ATTEMPT_SECONDS if attempt_seconds is None else attempt_seconds
 
     def with_guard(self, guard: Callable[[], None]) -> RetryingFileSystem:
         """The same filesystem, calling `guard` before every attempt."""
-        return RetryingFileSystem(self.fs, self.retry, guard)
+        return RetryingFileSystem(self.fs, self.retry, guard, attempt_seconds=self.attempt_seconds)
+
+    def attempt_deadline(self, moved_bytes: int) -> float:
+        """Seconds one attempt moving `moved_bytes` may take: `attempt_seconds` plus a second
+        per MiB, at most the time left to the bound while storage is unreachable."""
+        deadline = self.attempt_seconds + moved_bytes * SECONDS_PER_BYTE
+        left = self.retry.time_left()
+        return deadline if left is None else min(deadline, left)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("fs", "retry", "guard"):  # not set yet (an object being copied): no recursion
+        if name in ("fs", "retry", "guard", "attempt_seconds"):  # not set yet (being copied)
             raise AttributeError(name)
         attribute = getattr(self.fs, name)
         if name.startswith("_") or name in _LOCAL_ONLY or not callable(attribute):
             return attribute
+        # fsspec's blocking wrapper of a coroutine method takes a `timeout`, which cancels it
+        timed = inspect.iscoroutinefunction(getattr(attribute, "__wrapped__", None))
 
-        def retried(*args: Any, **kwargs: Any) -> Any:
+        def retried(*args: Any, expected_bytes: int = 0, **kwargs: Any) -> Any:
+            sent = sum(len(a) for a in (*args, *kwargs.values()) if isinstance(a, (bytes, bytearray)))
+
             def attempt() -> Any:
                 if self.guard is not None:
                     self.guard()
-                return attribute(*args, **kwargs)
+                if not timed:
+                    return attribute(*args, **kwargs)
+                deadline = self.attempt_deadline(sent + expected_bytes)
+                try:
+                    return attribute(*args, timeout=deadline, **kwargs)
+                except FSTimeoutError as error:
+                    raise TimeoutError(
+                        f"no answer within {deadline:.0f} s (a stalled connection?)"
+                    ) from error
 
             shown = ", ".join(str(a)[:120] for a in args if isinstance(a, str))
             return self.retry.call(attempt, f"{name}({shown})")

@@ -1,9 +1,15 @@
 """A TCP forwarder on 127.0.0.1 that a test can cut and restore: storage outages on demand.
 
 `Forwarder(port)` listens on a free loopback port and relays every connection to
-``127.0.0.1:port`` (e.g. moto's S3 server). `cut()` makes the endpoint unreachable as a
-network outage does: connections open through it are reset and new ones are refused (the
-listening socket is closed); `restore()` listens again on the same port.
+``127.0.0.1:port`` (e.g. moto's S3 server). Two kinds of outage:
+
+- `cut()`: the endpoint is down. Connections open through it are reset and new ones are
+  refused (the listening socket is closed).
+- `stall()`: the route is dropped. Open connections go silent (what is sent is swallowed,
+  nothing comes back, nobody resets them) and stay so for good, as behind a middlebox that
+  lost their state; new connections are accepted and go silent too.
+
+`restore()` relays new connections again (listening on the same port after a cut).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ class Forwarder:
         self.target = (target_host, target_port)
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
+        self._silent: set[socket.socket] = set()  # connections that swallow everything
+        self._stalled = False
         self._listener: socket.socket | None = None
         self.port = 0
         self.accepted = 0
@@ -33,6 +41,7 @@ class Forwarder:
     def restore(self) -> None:
         """Listen (again, on the same port once it has one) and relay new connections."""
         with self._lock:
+            self._stalled = False
             if self._listener is not None:
                 return
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -55,8 +64,18 @@ class Forwarder:
         for connection in connections:
             _reset(connection)
 
+    def stall(self) -> None:
+        """Silence every open connection for good, and new ones until `restore`."""
+        with self._lock:
+            self._stalled = True
+            self._silent |= self._connections
+
     def close(self) -> None:
         self.cut()
+        with self._lock:
+            silent, self._silent = self._silent, set()
+        for connection in silent:
+            _reset(connection)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -64,6 +83,14 @@ class Forwarder:
                 client, _ = listener.accept()
             except OSError:
                 return  # cut
+            with self._lock:
+                stalled = self._stalled
+                if stalled:
+                    self._connections.add(client)
+                    self._silent.add(client)
+            if stalled:  # accepted, then nothing: read and swallow what it sends
+                threading.Thread(target=self._pipe, args=(client, client), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
                 upstream.settimeout(None)
@@ -86,12 +113,15 @@ class Forwarder:
                 data = source.recv(65536)
                 if not data:
                     break
+                if source in self._silent or sink in self._silent:
+                    continue  # a stalled connection swallows what it gets
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_WR)
+            if source not in self._silent and sink not in self._silent:  # silent: no FIN either
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
             with self._lock:
                 self._connections.discard(source)
             with contextlib.suppress(OSError):
@@ -105,8 +135,12 @@ class Forwarder:
 
 
 def _reset(connection: socket.socket) -> None:
-    """Close with a TCP reset (SO_LINGER 0), as a dropped network path looks to the peer."""
+    """Close with a TCP reset (SO_LINGER 0), as a server that went down looks to the peer.
+    Shutting the reading side first wakes a thread blocked reading it: closing alone would
+    leave the socket open (and unreset) as long as that read lasts."""
     with contextlib.suppress(OSError):
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         connection.close()
