@@ -10,10 +10,13 @@ real ways a read fails, as root or not.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -170,7 +173,7 @@ def test_a_study_folder_without_readable_records_says_so(runs):
 
 
 @pytest.mark.slow
-def test_run_on_a_study_open_in_another_process_is_one_error_line(tmp_path):
+def test_run_on_a_study_open_in_another_process_is_one_error_line_or_waits(tmp_path, caplog):
     script = tmp_path / "tiny.py"
     script.write_text(
         "import dagtune as dt\n"
@@ -206,14 +209,36 @@ def test_run_on_a_study_open_in_another_process_is_one_error_line(tmp_path):
         assert f"pid {holder.pid}" in error[0] and f"session {session[:12]}" in error[0]
         assert "Hint: stop that process, or wait for it with --wait-for-lease SECONDS" in out.output
         assert "Traceback" not in out.output
+
+        # --wait-for-lease waits: the holder ends once the run said it waits, and the run goes on
+        caplog.set_level(logging.WARNING, logger="dagtune")
+
+        def end_the_holder_once_waited_for() -> None:
+            deadline = time.monotonic() + 120
+            while "waiting up to" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            holder.kill()
+
+        threading.Thread(target=end_the_holder_once_waited_for, daemon=True).start()
+        out = CliRunner().invoke(
+            main,
+            [
+                "run",
+                str(script),
+                "--storage",
+                str(tmp_path / "runs"),
+                "--workers",
+                "1",
+                "--wait-for-lease",
+                "300",
+            ],
+        )
+        assert out.exit_code == 0, out.output
+        assert f"study 'tiny' is open in session {session[:12]}" in caplog.text
+        assert "waiting up to 300 s for it (wait_for_lease)" in caplog.text
     finally:
         holder.kill()
         holder.wait(30)
-    # its process is gone: the study is taken over at once
-    out = CliRunner().invoke(
-        main, ["run", str(script), "--storage", str(tmp_path / "runs"), "--workers", "1"]
-    )
-    assert out.exit_code == 0, out.output
 
 
 def test_status_of_a_study_says_which_process_has_it_open(runs):
