@@ -169,11 +169,9 @@ class CheckpointStore:
         if shorter) for storage that can't be reached: a first contact, where an unreachable
         endpoint is more often a wrong one than an outage."""
         fs = self.fs
-        if isinstance(fs, RetryingFileSystem):
-            retry = StorageRetry(self.url, min(wait, self.retry_seconds))
-            retry.call(lambda: fs.fs.makedirs(self._root, exist_ok=True), f"making {self._root}")
-        else:
-            fs.makedirs(self._root, exist_ok=True)
+        if isinstance(fs, RetryingFileSystem):  # the same filesystem, with the shorter bound
+            fs = RetryingFileSystem(fs.fs, StorageRetry(self.url, min(wait, self.retry_seconds)))
+        fs.makedirs(self._root, exist_ok=True)
 
     @property
     def root(self) -> str:

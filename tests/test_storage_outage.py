@@ -21,7 +21,7 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.records import Trial
 from dagtune.results import ResultsWriter, open_results
 from dagtune.sim import SyntheticTrainer
-from dagtune.storage_retry import StorageRetry, StorageUnavailableError, is_transient
+from dagtune.storage_retry import RetryingFileSystem, StorageRetry, StorageUnavailableError, is_transient
 
 STEPS = 10
 SPACE = dt.Grid(
@@ -159,6 +159,31 @@ def test_a_checkpoint_saved_during_an_outage_is_written_when_storage_is_back(cut
     assert reports[1].startswith(f"dagtune: storage s3://{bucket}/runs reachable again after ")
     assert store.load("0123456789abcdef", "fedcba9876543210", 2) == state
     assert store.info("0123456789abcdef", "fedcba9876543210", 2) == info
+
+
+def test_a_request_a_stalled_connection_never_answers_is_given_up_and_retried(cuttable, caplog):
+    options, bucket, forwarder = cuttable
+    url = f"s3://{bucket}/runs"
+    store = CheckpointStore(url, options)
+    store.fs.pipe_file(f"{bucket}/runs/x", b"payload")  # a pooled connection, which then goes silent
+    fs = RetryingFileSystem(store.fs.fs, StorageRetry(url, 60), attempt_seconds=2)
+    caplog.set_level(logging.WARNING, logger="dagtune")
+    forwarder.stall()
+
+    def restore_once_reported() -> None:
+        wait_for(lambda: "unreachable since" in caplog.text, 120, "the stalled request to be given up")
+        forwarder.restore()
+
+    threading.Thread(target=restore_once_reported, daemon=True).start()
+    assert fs.cat_file(f"{bucket}/runs/x") == b"payload"  # on a new connection
+    reports = [r.getMessage() for r in caplog.records if r.name == "dagtune"]
+    assert "TimeoutError: no answer within 2 s" in reports[0], reports
+    assert reports[-1].startswith(f"dagtune: storage {url} reachable again after ")
+
+    forwarder.stall()  # for good this time: the bound holds
+    short = RetryingFileSystem(store.fs.fs, StorageRetry(f"{url}/other", 5), attempt_seconds=2)
+    with pytest.raises(StorageUnavailableError, match="storage_retry_seconds=5"):
+        short.cat_file(f"{bucket}/runs/x")
 
 
 def test_results_written_during_an_outage_are_written_when_storage_is_back(cuttable):
