@@ -30,7 +30,10 @@ filesystem (s3fs, gcsfs, adlfs, ...) through `RetryingFileSystem` has a deadline
 (`attempt_deadline`: `ATTEMPT_SECONDS`, plus a second per MiB it sends or, given
 ``expected_bytes``, reads; at most the time left to the bound during an outage). Past it the
 attempt is cancelled (its connection is dropped) and counts as a transient failure: the
-outage is reported, and the operation is retried on a new connection.
+outage is reported, and the operation is retried on a new connection. The filesystems dagtune
+opens for S3 have botocore's own retries off (`single_attempt_options`), so that a failure
+reaches `StorageRetry` at once. The results group (``results.zarr``) is written through zarr's
+own filesystem: its writes are retried whole, but have no attempt deadline.
 
 Retrying an exclusive create (``pipe_file(..., mode="create")``) whose first attempt reached
 the storage but whose answer was lost makes the retry fail with `FileExistsError`; callers of
