@@ -32,6 +32,7 @@ from dagtune.sequences import (
     Warmup,
 )
 from dagtune.space import Grid, Random
+from dagtune.storage_retry import StorageUnavailableError
 from dagtune.study import (
     Result,
     Study,
@@ -43,6 +44,7 @@ from dagtune.study import (
     TrialResult,
     run_alone,
 )
+from dagtune.study_lease import StudyInUseError, StudyLeaseLostError
 from dagtune.trainer import (
     ResumableBatches,
     ResumableBatchSampler,
@@ -80,7 +82,10 @@ __all__ = [
     "ResumeCheckSkippedWarning",
     "Sequence",
     "Steps",
+    "StorageUnavailableError",
     "Study",
+    "StudyInUseError",
+    "StudyLeaseLostError",
     "StudyResults",
     "Surrogate",
     "SurrogateResult",

@@ -11,7 +11,9 @@ except `collect_garbage` (which journals the checkpoints it deletes, as a study 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,9 @@ from dagtune.records import PENDING, Trial, TrialState, is_study_name
 from dagtune.summary import metric_of, trained_to
 
 __all__ = [
+    "NotDagtuneStorageError",
     "StorageError",
+    "StorageReadError",
     "StoredStudy",
     "StudyNameError",
     "check_study_name",
@@ -32,7 +36,10 @@ __all__ = [
     "list_studies",
     "load_study",
     "open_storage",
+    "stored_studies",
 ]
+
+_IDENTITY_DIR = re.compile(r"^[0-9a-f]{16}$")  # a model identity's directory (its plan, checkpoints)
 
 
 class StorageError(ValueError):
@@ -41,6 +48,28 @@ class StorageError(ValueError):
 
 class StudyNameError(StorageError):
     """A name that no study can have (so it can't name a directory in storage either)."""
+
+
+class NotDagtuneStorageError(StorageError):
+    """The storage exists but holds nothing a study writes (the message says what it holds)."""
+
+
+class StorageReadError(StorageError):
+    """Something in storage can't be read (permissions, a directory where a file belongs, an
+    unreachable endpoint): the message names it and the error."""
+
+
+@contextlib.contextmanager
+def _reading(what: str, store: CheckpointStore) -> Iterator[None]:
+    """Turn an OSError while reading `what` into a `StorageReadError` naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise StorageReadError(
+            f"cannot read {what} in {store.url}: {type(error).__name__}: {error}"
+        ) from error
 
 
 def check_study_name(name: str) -> str:
@@ -93,12 +122,40 @@ class StoredStudy:
         }
 
 
+def stored_studies(store: CheckpointStore) -> list[str]:
+    """The names of the studies in `store` (directories ``studies/NAME`` holding records),
+    sorted; `NotDagtuneStorageError` if it holds neither studies nor search plans."""
+    with _reading("the list of studies (studies/)", store):
+        names = list_studies(store)
+        if names:
+            return names
+        store.fs.invalidate_cache(store.root)
+        found = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(store.root, detail=False))
+        if not found or any(_IDENTITY_DIR.match(name) for name in found) or _opened_studies(store):
+            return []  # empty, or dagtune's: search plans and checkpoints, studies opened but not written
+    shown = ", ".join(found[:8]) + (f", ... ({len(found)} in all)" if len(found) > 8 else "")
+    raise NotDagtuneStorageError(
+        f"{store.url} is not dagtune storage: it holds no study records (studies/NAME/journal) or "
+        f"search plans (MODEL/plan); it holds {shown}"
+    )
+
+
+def _opened_studies(store: CheckpointStore) -> bool:
+    """Whether a study took its writer lease in `store` (``studies/NAME/lease``), records or not."""
+    try:
+        paths = store.fs.ls(f"{store.root}/studies", detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(store.fs.isdir(f"{path.rstrip('/')}/lease") for path in paths)
+
+
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
     """The search plan of `identity` read from every writer's journal (nothing written)."""
     journal = PlanJournal(
         SearchPlan(), Journal(store.fs, f"{store.root}/{identity}/plan", header=plan_header(identity))
     )
-    journal.load()
+    with _reading(f"the search plan of model {identity} ({identity}/plan)", store):
+        journal.load()
     return journal
 
 
@@ -108,11 +165,22 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
     Every line is checked as it is read (`dagtune.records`): one that is not what dagtune
     writes is skipped and listed in the study's `incidents` as ``file:line: reason``."""
     check_study_name(name)
-    journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
-    records = read_records(journal)
-    if not records.opened:
-        known = ", ".join(list_studies(store)) or "none"
+    directory = f"{store.root}/studies/{name}/journal"
+    journal = Journal(store.fs, directory, header=records_header(name))
+    with _reading(f"the records of study {name!r} (studies/{name}/journal)", store):
+        records = read_records(journal)
+        exists = bool(journal.incidents) or store.fs.exists(directory)
+    if not records.opened and not exists:
+        with _reading("the list of studies (studies/)", store):
+            known = ", ".join(list_studies(store)) or "none"
         raise StorageError(f"no study {name!r} in {store.url} (studies there: {known})")
+    if not records.opened:
+        skipped = journal.incidents
+        found = f"{len(skipped)} problem(s), the first: {skipped[0]}" if skipped else "no records at all"
+        raise StorageError(
+            f"studies/{name}/journal in {store.url} holds no study records dagtune can read ({found}): "
+            "it was not written by dagtune, or is damaged"
+        )
     opened = records.opened[-1]
     describe = {
         "trainer": opened.trainer,
@@ -152,6 +220,18 @@ def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
     return trials
 
 
+@contextlib.contextmanager
+def _deleting(what: str, store: CheckpointStore) -> Iterator[None]:
+    """Turn an OSError while deleting `what` into a `StorageError` naming it."""
+    try:
+        yield
+    except OSError as error:
+        raise StorageReadError(
+            f"cannot delete {what} in {store.url}: {type(error).__name__}: {error} (nothing after it was "
+            "deleted; what was deleted before is journaled)"
+        ) from error
+
+
 def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = False) -> list[dict]:
     """Collect checkpoints of every model identity in `store` by `policy` (a `GcPolicy`),
     as `Study.gc` does, over the trials of all the identity's studies. What pending trials
@@ -160,9 +240,11 @@ def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = Fals
     summary per identity; with `dry_run`, deletes nothing."""
     plans: dict[str, PlanJournal] = {}
     by_identity: dict[str, list[Trial]] = {}
-    for name in list_studies(store):
+    for name in stored_studies(store):
         try:
             study = load_study(store, name, plans)
+        except StorageReadError:
+            raise  # its pending trials' checkpoints would look unneeded
         except StorageError:
             continue  # a study directory without records yet
         by_identity.setdefault(study.identity, []).extend(study.trials)
@@ -170,7 +252,8 @@ def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = Fals
     for identity, trials in sorted(by_identity.items()):
         journal = plans[identity]
         plan = journal.plan
-        protected = Leases.held(store, identity)  # what live studies of the model need
+        with _reading(f"the leases of model {identity} ({identity}/leases)", store):
+            protected = Leases.held(store, identity)  # what live studies of the model need
         for trial in trials:
             if trial.status == PENDING:
                 latest = plan.latest_checkpoint(trial.node, trial.steps)
@@ -180,9 +263,10 @@ def collect_garbage(store: CheckpointStore, policy: Any, *, dry_run: bool = Fals
         decision = collect(plan, trials, protected, policy, metric=metric, mode=mode)
         if not dry_run:
             for node, step in sorted(decision.delete):
-                plan.drop_checkpoint(node, step)  # journaled first: no study loads it any more
-                journal.journal.flush()
-                store.delete(identity, node, step)
+                with _deleting(f"checkpoint {identity}/checkpoints/{node}/{step:09d}", store):
+                    plan.drop_checkpoint(node, step)  # journaled first: no study loads it any more
+                    journal.journal.flush()
+                    store.delete(identity, node, step)
         summaries.append(
             {
                 "identity": identity,

@@ -42,6 +42,13 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.records import CheckpointInfo
+from dagtune.storage_retry import (
+    DEFAULT_RETRY_SECONDS,
+    RetryingFileSystem,
+    StorageRetry,
+    check_retry_seconds,
+    single_attempt_options,
+)
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 
@@ -89,9 +96,19 @@ class CheckpointStore:
     that uses it. ``memory://`` storage is the memory of one process (`process_local`): a copy
     of such a store in another process refuses to open rather than use an empty memory of its
     own.
+
+    On storage other than a local disk every operation is retried through outages of up to
+    `retry_seconds` (`dagtune.storage_retry`; the filesystem is a `RetryingFileSystem`), in
+    whatever process uses the store, Dask workers included.
     """
 
-    def __init__(self, url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        url: str | os.PathLike,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+    ):
         url = os.fspath(url)
         if not isinstance(url, str) or not url:
             raise ValueError(f"CheckpointStore needs a directory or fsspec URL, got {url!r}")
@@ -99,6 +116,7 @@ class CheckpointStore:
             url = LocalFileSystem._strip_protocol(url)  # absolute, posix
         self.url = url
         self.storage_options = dict(storage_options or {})
+        self.retry_seconds = check_retry_seconds(retry_seconds)
         self._fs: fsspec.AbstractFileSystem | None = None
         self._root = ""
         self._process = _PROCESS  # where it was made
@@ -107,11 +125,17 @@ class CheckpointStore:
         return f"CheckpointStore({self.url!r})"
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "storage_options": self.storage_options, "process": self._process}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "process": self._process,
+            "retry_seconds": self.retry_seconds,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.url = state["url"]
         self.storage_options = state["storage_options"]
+        self.retry_seconds = state.get("retry_seconds", DEFAULT_RETRY_SECONDS)
         self._process = state.get("process", _PROCESS)
         self._fs, self._root = None, ""
 
@@ -123,16 +147,31 @@ class CheckpointStore:
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
-        """The filesystem, opened on first use."""
+        """The filesystem, opened on first use (retrying through outages unless local)."""
         if self._fs is None:
             if self.process_local and self._process != _PROCESS:
                 raise ValueError(
                     f"storage {self.url!r} is the memory of the process that made this store, not of "
                     "this one: its checkpoints can't be shared here (use a directory or an object store)"
                 )
-            fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            retried = self.retry_seconds > 0  # then by dagtune alone (`single_attempt_options`)
+            options = (
+                single_attempt_options(self.url, self.storage_options) if retried else self.storage_options
+            )
+            fs, root = fsspec.core.url_to_fs(self.url, **options)
+            if not isinstance(fs, LocalFileSystem):
+                fs = RetryingFileSystem(fs, StorageRetry(self.url, self.retry_seconds))
             self._fs, self._root = fs, root.rstrip("/")
         return self._fs
+
+    def make_root(self, wait: float) -> None:
+        """Make the storage root, waiting at most `wait` seconds (or the store's retry bound,
+        if shorter) for storage that can't be reached: a first contact, where an unreachable
+        endpoint is more often a wrong one than an outage."""
+        fs = self.fs
+        if isinstance(fs, RetryingFileSystem):  # the same filesystem, with the shorter bound
+            fs = RetryingFileSystem(fs.fs, StorageRetry(self.url, min(wait, self.retry_seconds)))
+        fs.makedirs(self._root, exist_ok=True)
 
     @property
     def root(self) -> str:
@@ -142,7 +181,8 @@ class CheckpointStore:
         return self._root
 
     @property
-    def _local(self) -> bool:
+    def local(self) -> bool:
+        """Whether the storage is a local disk (written with os calls, never retried)."""
         return isinstance(self.fs, LocalFileSystem)
 
     def directory(self, identity: str, node: str, step: int) -> str:
@@ -172,8 +212,10 @@ class CheckpointStore:
         if marker is None:
             raise CheckpointError(f"no committed checkpoint at {directory}: the {MARKER} marker is missing")
         path = f"{directory}/{marker['file']}"
+        # a retrying filesystem gives a large read the time its size needs (`dagtune.storage_retry`)
+        sized = {"expected_bytes": marker["nbytes"]} if isinstance(self.fs, RetryingFileSystem) else {}
         try:
-            data = self.fs.cat_file(path)
+            data = self.fs.cat_file(path, **sized)
         except FileNotFoundError:
             raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
         if len(data) != marker["nbytes"]:
@@ -306,7 +348,7 @@ class CheckpointStore:
 
     def _write_data(self, directory: str, name: str, data: bytes) -> None:
         path = f"{directory}/{name}"
-        if self._local:
+        if self.local:
             os.makedirs(directory, exist_ok=True)
             if os.path.exists(path) and os.path.getsize(path) == len(data):
                 return  # the same content (the name is its hash), written completely by another writer
@@ -323,7 +365,7 @@ class CheckpointStore:
 
     def _create_marker(self, path: str, payload: bytes) -> bool:
         """Write the marker if there is none; False if one exists already."""
-        if self._local:
+        if self.local:
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
                 _write_synced(tmp, payload)

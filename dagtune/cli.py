@@ -6,6 +6,7 @@
                                    [--tensorboard DIR]
                                    [--no-tls | --tls-ca-file PEM --tls-cert PEM [--tls-key PEM]]
                                    [--retry-failed] [--step-timeout SECONDS]
+                                   [--wait-for-lease SECONDS] [--storage-retry SECONDS]
     dagtune status STORAGE [--study NAME]
     dagtune tree STORAGE [--study NAME]
     dagtune gc STORAGE [--keep-best N] [--budget BYTES] [--dry-run]
@@ -33,14 +34,16 @@ import click
 
 import dagtune as dt
 from dagtune.catalog import (
+    NotDagtuneStorageError,
     StorageError,
+    StorageReadError,
     StoredStudy,
     StudyNameError,
     check_study_name,
     collect_garbage,
-    list_studies,
     load_study,
     open_storage,
+    stored_studies,
 )
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import check_fuse
@@ -50,6 +53,7 @@ from dagtune.progress import watch
 from dagtune.records import COMPLETED, PENDING
 from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
+from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
     UNKNOWN_FROM_STORAGE,
     best_of,
@@ -107,6 +111,17 @@ def _user_errors(command: Callable) -> Callable:
             raise UserError(str(error), error.hint) from None
         except StudyNameError as error:
             raise UserError(f"--study {error}", "`dagtune status STORAGE` lists the studies there") from None
+        except StorageReadError as error:
+            raise UserError(
+                str(error),
+                "dagtune reads every file under STORAGE: check its permissions (this user must be able to "
+                "read them; gc also deletes) and that nothing replaced a file or folder; "
+                "`dagtune --debug ...` shows the traceback",
+            ) from None
+        except NotDagtuneStorageError as error:
+            raise UserError(
+                str(error), "give the directory or URL a study wrote to (its storage=..., or --storage)"
+            ) from None
         except StorageError as error:
             raise UserError(
                 str(error), "give a directory or fsspec URL (s3://bucket/prefix) that a study wrote to"
@@ -298,6 +313,19 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
     "tasks of up to N (no N: as many as memory allows); after TARGET.",
 )
 @click.option(
+    "--wait-for-lease",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="If another process has the study open, wait this long for it to close (or for its lease "
+    "to lapse, if it was killed) instead of failing at once.",
+)
+@click.option(
+    "--storage-retry",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="How long to retry storage that can't be reached before the study fails (default 300).",
+)
+@click.option(
     "--step-timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="SECONDS",
@@ -326,6 +354,8 @@ def run(
     tls_key: str | None,
     tensorboard: str | None,
     fuse: str | None,
+    wait_for_lease: float | None,
+    storage_retry: float | None,
     step_timeout: float | None,
     retry_failed: bool,
 ) -> None:
@@ -361,6 +391,10 @@ def run(
         options["fuse"] = fused
     if parsed:
         options["resources"] = parsed
+    if wait_for_lease is not None:
+        options["wait_for_lease"] = wait_for_lease
+    if storage_retry is not None:
+        options["storage_retry_seconds"] = storage_retry
     if retry_failed:
         options["retry_failed"] = True
     if step_timeout is not None:
@@ -372,6 +406,12 @@ def run(
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model
                 ValueError, str, "see `dagtune status STORAGE` for the studies already there"
+            ),
+            _mistake(  # another process has the study open
+                StudyInUseError,
+                str,
+                "stop that process, or wait for it with --wait-for-lease SECONDS (a killed one's lease "
+                "lapses after its ttl; one that ran on this machine is taken over at once)",
             ),
             _mistake(  # a scheduler no worker joined
                 TimeoutError,
@@ -538,11 +578,12 @@ def _studies(storage: str, study: str | None) -> list[StoredStudy]:
     if study is not None:
         check_study_name(study)
     store = open_storage(storage)
-    names = [study] if study else list_studies(store)
+    names = stored_studies(store)
     if not names:
         raise UserError(
             f"no studies in {store.url}", "run one first: `dagtune run SCRIPT --storage " + storage + "`"
         )
+    names = [study] if study else names
     plans: dict = {}
     return [load_study(store, name, plans) for name in names]
 
@@ -622,8 +663,19 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
+        _print_writer(console, open_storage(storage), stored.name)
         for incident in stored.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
+
+
+def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
+    """Which process has the study open, from its writer lease (`dagtune.study_lease`)."""
+    try:
+        status = writer_status(store, name)
+    except OSError as error:
+        status = f"unknown (its lease can't be read: {type(error).__name__}: {error})"
+    if status is not None:
+        console.print(f"writer: {_escape(status)}")
 
 
 def _running(best: dict) -> str:

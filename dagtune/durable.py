@@ -7,6 +7,7 @@ Layout under the storage URL (a directory, ``s3://bucket/prefix``, any fsspec UR
     {identity}/plan/{writer}-{seq:08d}.jsonl       (object stores: numbered segments instead)
     studies/{name}/journal/...                     the study's trial records, same format
     studies/{name}/results.zarr                    trials and learning curves (dagtune.results)
+    studies/{name}/lease/{generation}.json         the study's writer lease (dagtune.study_lease)
     {identity}/leases/{writer}.json                checkpoints a live study needs (Leases)
 
 Every study of one model identity (trainer, its arguments, seed, version) shares the plan:
@@ -14,6 +15,8 @@ what any of them trained, the next one reuses. A study's own records (one ``open
 per session, then ``submit`` / ``extend`` / ``end`` per trial) let the same study resume:
 same name and storage. `Persistence` ties these to a study; the study calls `tick` from its
 driver loop for the periodic work (flushes, picking up other writers' plan events, results).
+A session writes its study's records and results only while it holds the study's writer
+lease (`dagtune.study_lease`): every such write checks it first.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from dagtune.records import (
     read_study_records,
 )
 from dagtune.results import ResultsWriter, results_url
+from dagtune.storage_retry import RetryingFileSystem, StorageRetry
+from dagtune.study_lease import StudyLease
 
 __all__ = [
     "Leases",
@@ -121,14 +126,15 @@ def read_records(journal: Journal) -> StudyRecords:
 
 
 def list_studies(store: CheckpointStore) -> list[str]:
-    """The names of the studies kept in `store`, sorted."""
+    """The names of the studies kept in `store` (directories ``studies/NAME`` with a records
+    journal), sorted."""
     base = f"{store.root}/studies"
     store.fs.invalidate_cache(base)
     try:
         paths = store.fs.ls(base, detail=False)
     except FileNotFoundError:
         return []
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(p))
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if store.fs.isdir(f"{p.rstrip('/')}/journal"))
     return sorted(name for name in names if is_study_name(name))  # no study has another name
 
 
@@ -160,6 +166,8 @@ class Persistence:
     """The durable side of one study session (see the module docstring).
 
     `describe` is the study's identity record (trainer, seed, version; never credentials).
+    `lease` is the study's writer lease, held (`StudyLease.acquire`): its session is the
+    records journal's writer, and every write of the records and results checks it.
     Raises ValueError if the study `name` already exists in storage for another identity.
     """
 
@@ -170,6 +178,7 @@ class Persistence:
         identity: str,
         describe: Mapping[str, Any],
         *,
+        lease: StudyLease,
         refresh_seconds: float = 2.0,
         results_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -181,15 +190,29 @@ class Persistence:
         self.results_seconds = results_seconds
         self.clock = clock
         root = store.root
-        self.records = Journal(store.fs, f"{root}/studies/{name}/journal", header=records_header(name))
+        self.lease = lease
+        guarded = store.fs.with_guard(lease.ensure) if isinstance(store.fs, RetryingFileSystem) else store.fs
+        self.records = Journal(
+            guarded,
+            f"{root}/studies/{name}/journal",
+            header=records_header(name),
+            writer=lease.session,
+            guard=lease.ensure,
+        )
         self.earlier = read_records(self.records)
+        self._submitters = {t.id: t.submitted_by for t in self.earlier.trials.values()}
         self._check_identity(describe)
         self.plan_journal = PlanJournal(
             SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
         )
         self.plan_journal.load()
         self.results = ResultsWriter(
-            results_url(store.url, name), store.storage_options, study=name, identity=identity
+            results_url(store.url, name),
+            store.storage_options,
+            study=name,
+            identity=identity,
+            retry=StorageRetry(store.url, store.retry_seconds),
+            guard=lease.ensure,
         )
         self._work: tuple[int, float] | None = None
         self._write_work((0, 0.0))  # written with the open record: readers know it records its work
@@ -227,9 +250,16 @@ class Persistence:
         return coordinator.restore(self.earlier.trials.values(), retry)
 
     def _record(self, record: dict) -> None:
-        if record["r"] == "end":  # a finished trial: what it needs from the plan goes first
+        kind = record["r"]
+        if kind == "submit":
+            self._submitters[record["trial"]] = self.records.writer
+        if kind in ("submit", "extend", "end", "retry"):  # whose trial it is (`dagtune.records`)
+            submitter = self._submitters.get(record["trial"])
+            if submitter is not None:
+                record = {**record, "submitted_by": submitter}
+        if kind == "end":  # a finished trial: what it needs from the plan goes first
             self.plan_journal.journal.flush()
-        self.records.append(record, sync=record["r"] == "end")
+        self.records.append(record, sync=kind == "end")
 
     @property
     def incidents(self) -> list[str]:
@@ -239,6 +269,7 @@ class Persistence:
         """Periodic work: flush what waited long enough, bring in other writers' plan events
         every `refresh_seconds`, write results every `results_seconds` (all of it with
         `force`)."""
+        self.lease.ensure()  # a session that lost its lease stops here, whatever is due
         now = self.clock()
         if force or now - self._refreshed >= self.refresh_seconds:
             self._refreshed = now
@@ -300,8 +331,8 @@ class Persistence:
 
     def close(self, coordinator: Coordinator) -> None:
         """The study ends: its last work and results are written, both journals flushed and
-        its lease released (what it keeps is in its trial records). The journals and the
-        lease are seen to whatever fails before them; the first failure is raised after."""
+        its leases released (what it keeps is in its trial records). The journals and the
+        leases are seen to whatever fails before them; the first failure is raised after."""
         try:
             self.tick(coordinator, force=True)
         finally:
@@ -309,4 +340,7 @@ class Persistence:
                 self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()
             finally:
-                self.leases.release()
+                try:
+                    self.leases.release()
+                finally:
+                    self.lease.release()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from dagtune.config import config_dumps, config_from_json
 from dagtune.frames import TrialRow, trials_table
 from dagtune.records import Trial, is_study_name
 from dagtune.restore import stored_model
+from dagtune.storage_retry import StorageRetry, single_attempt_options
 from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
@@ -83,14 +84,26 @@ def _open_group(url: str, mode: str, storage_options: Mapping[str, Any] | None):
 
 
 class ResultsWriter:
-    """Writes the trials of one study to its zarr group (the coordinator's job)."""
+    """Writes the trials of one study to its zarr group (the coordinator's job).
+
+    A write that fails with a transient storage error is retried whole by `retry`
+    (`dagtune.storage_retry`; a write is idempotent), and `guard`, if given, is called before
+    every attempt and may raise to forbid it (the study's writer lease)."""
 
     def __init__(
-        self, url: str, storage_options: Mapping[str, Any] | None, *, study: str, identity: str
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None,
+        *,
+        study: str,
+        identity: str,
+        retry: StorageRetry | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.study, self.identity = study, identity
+        self.retry, self.guard = retry, guard
         self._group: Any = None
         self._written: dict[int, tuple] = {}  # trial id -> what its row showed when written
         self._rows: list[int] | None = None  # trial ids in row order, as last written
@@ -102,13 +115,25 @@ class ResultsWriter:
 
     def write(self, trials: Mapping[int, Trial]) -> bool:
         """Bring the group up to date with `trials`; False if nothing had changed."""
+        if self.retry is None:
+            return self._attempt(trials)
+        return self.retry.call(lambda: self._attempt(trials), f"writing {self.url}")
+
+    def _attempt(self, trials: Mapping[int, Trial]) -> bool:
+        if self.guard is not None:
+            self.guard()
         ids = sorted(trials)
         changed = [i for i in ids if self._written.get(i) != _snapshot(trials[i])]
         if not changed:
             return False
         group = self._group
         if group is None:
-            group = self._group = _open_group(self.url, "a", self.storage_options)
+            options = (
+                self.storage_options
+                if self.retry is None
+                else single_attempt_options(self.url, self.storage_options)
+            )
+            group = self._group = _open_group(self.url, "a", options)
         ordered = [trials[i] for i in ids]
         steps = max((t.reached for t in ordered), default=0)
         steps = max(steps, max((s for t in ordered for s, _ in t.curve), default=0))

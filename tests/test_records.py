@@ -560,3 +560,69 @@ def test_a_line_nested_too_deeply_or_stamped_with_no_time_is_a_bad_line():
         body = b'{"r": "open", "t": %s}' % stamp.encode()
         with pytest.raises(ValueError, match="time stamp 't' must be a finite number"):
             decode_line(b"dj1 %08x " % zlib.crc32(body) + body)
+
+
+def test_records_of_two_sessions_numbering_trials_alike_are_never_crossed(base):
+    """Should two sessions ever write one study at once (the writer lease prevents it), each
+    numbers its trials from the same id; a record about one session's trial is never attached
+    to the other's trial of that number."""
+    first, second = "a" * 32, "b" * 32
+    tenth, hundredth = normalize_config({"lr": 0.1}), normalize_config({"lr": 0.01})
+    opened = {"r": "open", "identity": "0123456789abcdef"}
+
+    def submit(config, session):
+        return {
+            "r": "submit",
+            "trial": 0,
+            "config": config_to_json(config),
+            "steps": 4,
+            "submitted_by": session,
+        }
+
+    def end(loss, session):
+        metrics = {"val_loss": loss}
+        return {
+            "r": "end",
+            "trial": 0,
+            "status": "completed",
+            "steps": 4,
+            "metrics": metrics,
+            "submitted_by": session,
+        }
+
+    folded = read_study_records(
+        [
+            (opened, "first:1"),
+            (submit(tenth, first), "first:2"),
+            (opened, "second:1"),
+            (submit(hundredth, second), "second:2"),
+            (end(2.0, second), "second:3"),  # the metrics of lr=0.01
+            (end(1.0, first), "first:3"),
+        ]
+    )
+    (trial,) = folded.trials.values()
+    assert trial.config == tenth and trial.metrics == {"val_loss": 1.0} and trial.submitted_by == first
+    skipped = dict(folded.skipped)
+    assert set(skipped) == {"second:2", "second:3"}
+    assert "two sessions wrote the study at once" in skipped["second:3"]
+
+    # a study writes who submitted each trial into its records, in every session
+    with copy_of(base) as url:
+        with open_study(url) as study:
+            study.submit({"lr": dt.Constant(0.07)}, 6).result()
+            session = study._persistence.records.writer
+        store = CheckpointStore(url)
+        directory = f"{store.root}/studies/{NAME}/journal"
+        lines = [
+            line
+            for path in store.fs.ls(directory, detail=False)
+            if path.rsplit("/", 1)[-1].startswith(session)
+            for line in store.fs.cat_file(path).splitlines()
+        ]
+    mine = [r for r in map(decode_line, lines) if r.get("r") in ("submit", "end")]
+    (submitted,) = [r for r in mine if r["r"] == "submit"]
+    assert submitted["submitted_by"] == session
+    ends = {r["trial"]: r["submitted_by"] for r in mine if r["r"] == "end"}
+    assert ends[submitted["trial"]] == session
+    resumed = [trial for trial in ends if trial != submitted["trial"]]  # LATE, pending in the base
+    assert resumed and all(ends[trial] not in (None, session) for trial in resumed)  # its submitter's

@@ -112,7 +112,8 @@ class Journal:
     `fs` and `directory` locate it; `writer` is this writer's id (a fresh uuid by default);
     `header` names the journal (written at the top of every file, checked when reading; a
     reader without one accepts any header). Problems found while reading are appended to
-    `incidents` (and logged) as ``"path:line: reason"``.
+    `incidents` (and logged) as ``"path:line: reason"``. `guard`, if given, is called before
+    every write and may raise to forbid it (a study's records: `dagtune.study_lease`).
     """
 
     def __init__(
@@ -125,9 +126,11 @@ class Journal:
         flush_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         header: dict | None = None,
+        guard: Callable[[], None] | None = None,
     ):
         self.fs = fs
         self.header = header
+        self.guard = guard
         self.directory = directory.rstrip("/")
         self.writer = writer or uuid.uuid4().hex
         self.flush_events = flush_events
@@ -168,6 +171,8 @@ class Journal:
             return
         data = b"".join(self._buffer)
         heading = encode_line({"h": self.header}) if self.header is not None else b""
+        if self.guard is not None:
+            self.guard()
         if self._local:
             os.makedirs(self.directory, exist_ok=True)
             with open(f"{self.directory}/{self.writer}.jsonl", "ab") as file:

@@ -2,7 +2,14 @@
 ``work``), checked one by one (`parse_trial_record`) and folded into trials
 (`read_study_records`), with the checks that span records: an ``end`` for a trial never
 submitted, an ``extend`` that does not extend, a ``retry`` of a trial that did not fail, a
-session of another model.
+session of another model, a record for another session's trial.
+
+Trial ids are numbers a session gives its trials in order. Should two sessions ever write
+one study at once (the writer lease prevents it: `dagtune.study_lease`), both would use the
+same numbers; so ``submit`` records name the session that submitted the trial
+(``submitted_by``), ``extend``, ``end`` and ``retry`` records the session that submitted the
+trial they are about, and a record about another session's trial of the same number is
+skipped (and reported) rather than attached to a trial with another config.
 """
 
 from __future__ import annotations
@@ -90,27 +97,32 @@ class Opened:
 
 @dataclass(frozen=True)
 class Submitted:
-    """A trial was submitted (``submit``)."""
+    """A trial was submitted (``submit``), by session `submitted_by` (None in records
+    written before sessions were named)."""
 
     trial: int
     config: Config
     steps: int
     tag: Any
     salt: str
+    submitted_by: str | None = None
 
 
 @dataclass(frozen=True)
 class Extended:
-    """A trial was given more steps (``extend``)."""
+    """A trial was given more steps (``extend``); `submitted_by` names the session that
+    submitted the trial."""
 
     trial: int
     steps: int
+    submitted_by: str | None = None
 
 
 @dataclass(frozen=True)
 class Ended:
     """A trial finished (``end``) with `status` after `reached` steps (a failed one says why:
-    `cause`, one of `CAUSES`; None in records written before causes were)."""
+    `cause`, one of `CAUSES`; None in records written before causes were); `submitted_by`
+    names the session that submitted the trial."""
 
     trial: int
     status: str
@@ -118,13 +130,16 @@ class Ended:
     metrics: dict[str, float] | None
     error: str | None
     cause: str | None = None
+    submitted_by: str | None = None
 
 
 @dataclass(frozen=True)
 class Retried:
-    """A failed trial is pending again (``retry``): a session retries it."""
+    """A failed trial is pending again (``retry``): a session retries it; `submitted_by`
+    names the session that submitted the trial."""
 
     trial: int
+    submitted_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,11 +201,22 @@ def _submitted(fields: Fields) -> Submitted:
         raise RecordError(
             f"{fields.kind} field 'config' is not finite over its {steps} steps: {error}"
         ) from None
-    return Submitted(trial, config, steps, fields.record.get("tag"), fields.text("salt", optional=True) or "")
+    return Submitted(
+        trial,
+        config,
+        steps,
+        fields.record.get("tag"),
+        fields.text("salt", optional=True) or "",
+        _submitter(fields),
+    )
+
+
+def _submitter(fields: Fields) -> str | None:
+    return fields.text("submitted_by", pattern=_SESSION, optional=True)
 
 
 def _extended(fields: Fields) -> Extended:
-    return Extended(fields.trial(), fields.step("steps"))
+    return Extended(fields.trial(), fields.step("steps"), _submitter(fields))
 
 
 def _ended(fields: Fields) -> Ended:
@@ -210,11 +236,12 @@ def _ended(fields: Fields) -> Ended:
         cause=fields.get(
             "cause", lambda v: v is None or v in CAUSES, f"one of {', '.join(CAUSES)}", optional=True
         ),
+        submitted_by=_submitter(fields),
     )
 
 
 def _retried(fields: Fields) -> Retried:
-    return Retried(fields.trial())
+    return Retried(fields.trial(), _submitter(fields))
 
 
 def _worked(fields: Fields) -> Worked:
@@ -243,7 +270,7 @@ class TrialState:
     """One trial as a study's records tell it: what resuming it or showing it starts from.
 
     `where` is the ``file:line`` of its submit record; `reached` the steps it reached when it
-    ended (0 while pending)."""
+    ended (0 while pending); `submitted_by` the session that submitted it, if recorded."""
 
     id: int
     config: Config
@@ -251,6 +278,7 @@ class TrialState:
     where: str
     tag: Any = None
     salt: str = ""
+    submitted_by: str | None = None
     status: str = PENDING
     reached: int = 0
     metrics: dict[str, float] | None = None
@@ -291,6 +319,15 @@ class StudyRecords:
             state = self.trials.get(record.trial)
             if state is None:
                 raise RecordError(f"trial {record.trial} was never submitted")
+            if (
+                None not in (record.submitted_by, state.submitted_by)
+                and record.submitted_by != state.submitted_by
+            ):
+                raise RecordError(
+                    f"it is about the trial {record.trial} that session {record.submitted_by} submitted, "
+                    f"but trial {record.trial} here is session {state.submitted_by}'s (submitted at "
+                    f"{state.where}); two sessions wrote the study at once"
+                )
             if isinstance(record, Extended):
                 _extend(state, record)
             elif isinstance(record, Retried):
@@ -309,7 +346,7 @@ class StudyRecords:
                 f"name {sorted(first.config)}"
             )
         self.trials[record.trial] = TrialState(
-            record.trial, record.config, record.steps, where, record.tag, record.salt
+            record.trial, record.config, record.steps, where, record.tag, record.salt, record.submitted_by
         )
 
     def work_total(self) -> dict[str, float] | None:

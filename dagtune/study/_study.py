@@ -42,10 +42,12 @@ from dagtune.progress import watch
 from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
+from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.study._workers import NoWorkersError, WorkerWatch
+from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
 from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
@@ -89,6 +91,17 @@ class Study:
     `gc` (a `GcPolicy`) collects checkpoints automatically; `Study.gc` does it on demand.
     `refresh_seconds` is how often a running study picks up what concurrent studies of the
     same model wrote to the shared search plan.
+
+    One process at a time writes a study (`dagtune.study_lease`): opening a study that another
+    live process holds raises `StudyInUseError` naming it (host, pid, session) and when its
+    lease lapses, or with `wait_for_lease` waits up to that many seconds for it. A holder
+    renews its lease every `lease_ttl` / 3 seconds; a killed one's lease lapses `lease_ttl`
+    seconds after its last renewal (at once for a process of this machine that is gone).
+
+    `storage_retry_seconds`: storage that can't be reached (connection refused or reset,
+    timeouts, throttling, server errors) is retried with backoff for up to this long, by the
+    study and its workers, before the study fails (`dagtune.storage_retry`); other storage
+    errors fail at once.
 
     A trial of an earlier session that failed outside its trainer (reading or writing a
     checkpoint, its workers dying: `dagtune.records.OUTSIDE_THE_TRAINER`) is pending again
@@ -167,6 +180,9 @@ class Study:
         fuse: bool | int = False,
         fusion_check: bool = True,
         link: StudyLink | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        wait_for_lease: float = 0.0,
+        storage_retry_seconds: float = DEFAULT_RETRY_SECONDS,
         loggers: Sequence[Logger] | None = None,
         retry_failed: bool = False,
     ):
@@ -183,6 +199,9 @@ class Study:
         check_evaluate_count(check_resume, "check_resume")
         check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
+        lease_ttl = check_lease_ttl(lease_ttl)
+        wait_for_lease = check_retry_seconds(wait_for_lease, "wait_for_lease")
+        storage_retry_seconds = check_retry_seconds(storage_retry_seconds)
         loggers = check_loggers(loggers)
         if step_timeout is not None and (
             isinstance(step_timeout, bool)
@@ -231,18 +250,27 @@ class Study:
         self._closed = False
         self._gc_at = time.monotonic()
         self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
+        self._lease: StudyLease | None = None
+        self._persistence: Persistence | None = None
         if executor is None:
-            self.store = self._open_storage(storage_options)
+            self.store = self._open_storage(storage_options, storage_retry_seconds)
             if client is None:  # the embedded cluster's workers are processes of their own
                 self._check_shared_storage(None)
-            executor = self._dask_executor(client, workers, security)
+            # the lease first: a study another process has open is refused before a cluster starts
+            self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
+            try:
+                executor = self._dask_executor(client, workers, security)
+            except BaseException:
+                self._lease.release()
+                raise
         else:
             self.store = getattr(executor, "store", None)
+            if isinstance(self.store, CheckpointStore):
+                self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
         self.executor = executor
         spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
         gpus = float((self.resources or {}).get("GPU", 1.0))
-        self._persistence: Persistence | None = None
-        if isinstance(self.store, CheckpointStore):
+        if self._lease is not None:
             self.storage = self.store.url
             describe = {  # what rebuilding a trial's model needs (`dagtune.restore`); no credential
                 "trainer": trainer_name(trainer),
@@ -256,7 +284,12 @@ class Study:
             }
             try:
                 self._persistence = Persistence(
-                    self.store, name, self.identity, describe, refresh_seconds=refresh_seconds
+                    self.store,
+                    name,
+                    self.identity,
+                    describe,
+                    lease=self._lease,
+                    refresh_seconds=refresh_seconds,
                 )
             except BaseException:
                 self.close()
@@ -318,12 +351,15 @@ class Study:
 
         return DemandPublisher(self).start()
 
-    def _open_storage(self, storage_options: Mapping[str, Any] | None) -> CheckpointStore:
+    def _open_storage(
+        self, storage_options: Mapping[str, Any] | None, retry_seconds: float
+    ) -> CheckpointStore:
         """The checkpoint store, its filesystem opened and its root made: a storage URL that
-        can't be used fails here, naming it, before any cluster starts."""
+        can't be used fails here, naming it, before any cluster starts (storage that can't be
+        reached is waited for up to 30 s: more often a wrong endpoint than an outage)."""
         try:
-            store = CheckpointStore(self.storage, storage_options)
-            store.fs.makedirs(store.root, exist_ok=True)
+            store = CheckpointStore(self.storage, storage_options, retry_seconds=retry_seconds)
+            store.make_root(wait=30.0)
         except (ValueError, ImportError, OSError) as error:
             raise ValueError(
                 f"storage={self.storage!r} cannot be used: {type(error).__name__}: {error}"
@@ -680,11 +716,15 @@ class Study:
                     try:
                         self._take_arrived_events()
                         self._collect_when_due()
-                    finally:  # the last work, journal lines and results; the lease goes
+                    finally:  # the last work, journal lines and results; the leases go
                         if self._persistence is not None:
                             self._persistence.close(self.coordinator)
         finally:
-            self._stop_execution()
+            try:
+                self._stop_execution()
+            finally:
+                if self._persistence is None and self._lease is not None:
+                    self._lease.release()  # opening failed before its records were read
 
     def _take_arrived_events(self) -> None:
         """Handle the events that arrived after the driver's last round (an interrupted run
