@@ -131,7 +131,7 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
         assert handle.status == "pending" and 3 <= len(seen) < 10  # before the stage ended
         assert [step for step, _ in seen] == list(range(len(seen)))  # steps count from 0
         assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
-        assert study.coordinator._launched == 1  # one task: the points came as events, not results
+        assert study.coordinator.dispatcher.launched == 1  # one task: the points came as events, not results
         # each message is one step's events, the step last: the step is counted together with
         # its metrics, so the report read when the trial ends has counted every step
         assert study.report["executed_steps"] == 10

@@ -26,8 +26,9 @@ launches share a fused task (`_fusion`, `Study(fuse=...)`), and the figures of i
 each defined once (`_report`).
 """
 
-from dagtune.coordinator._coordinator import Coordinator, TrialListener
+from dagtune.coordinator._coordinator import Coordinator
 from dagtune.coordinator._fusion import check_fuse
+from dagtune.coordinator._ledger import TrialListener
 from dagtune.coordinator._report import report_figures, trial_figures
 
 __all__ = ["Coordinator", "TrialListener", "check_fuse", "report_figures", "trial_figures"]

@@ -385,15 +385,21 @@ class Study:
             events = self.executor.poll(timeout=SUBMIT_QUIET_SECONDS if burst else 0.2)
             with self._lock:
                 try:
-                    for event in events:
-                        self.coordinator.handle(event)
-                    self._tick()
-                    if not self._in_burst():  # else the next round plans the whole burst
-                        self.coordinator.schedule()
+                    self._turn(events)
                     self._no_workers = self._check_workers()
                 except BaseException as error:  # a bug or a storage failure: wake every waiter
                     self._failure = error
                 self._changed.notify_all()
+
+    def _turn(self, events: list | None = None) -> int:
+        """One turn of the study's one loop, under the lock: the executor's next events (or
+        `events`, polled already outside the lock) handled by the coordinator, the periodic
+        durable work, then a scheduling round unless trials are still being submitted on
+        Dask (the next round plans the whole burst); returns how many events."""
+        if events is None:
+            events = self.executor.poll(0.0)
+        self._tick()
+        return self.coordinator.pump(events=events, schedule=self._virtual or not self._in_burst())
 
     def _check_workers(self) -> NoWorkersError | None:
         """On Dask, whether the study has waited too long without any worker (reported live
@@ -424,7 +430,7 @@ class Study:
     def _call(self, function, *args: Any) -> Any:
         with self._lock:
             result = function(*args)
-            self.coordinator.schedule()
+            self.coordinator.schedule()  # delivers what `function` queued, then plans
             self._changed.notify_all()
             return result
 
@@ -437,8 +443,7 @@ class Study:
                 if self._no_workers is not None:
                     raise NoWorkersError(str(self._no_workers))
                 if self._virtual:
-                    self._tick()
-                    if self.coordinator.pump() == 0 and not self.coordinator.running:
+                    if self._turn() == 0 and not self.coordinator.running:
                         if done():
                             return
                         raise RuntimeError("nothing is running and nothing will: the wait can never end")
@@ -541,6 +546,7 @@ class Study:
         if trial is None:
             with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
                 trial = self.coordinator.submit(config, steps)
+                self.coordinator.settle()  # its known results, at once
                 self._submitted_at = time.monotonic()
                 self._changed.notify_all()
         return TrialHandle(self, trial)
@@ -576,7 +582,7 @@ class Study:
             try:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
                 self.coordinator.expect(normalize_config(c, owner="prospect") for c in algorithm.prospects())
-                session.started = True  # known results arriving during start must not end the run
+                self.coordinator.settle()  # the known results of its first trials
                 session.check_end()
                 self.coordinator.schedule()
                 # the run ends when its trials have ended and so has every stage no trial needs
