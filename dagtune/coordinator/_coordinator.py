@@ -11,6 +11,7 @@ from dagtune.coordinator._dispatcher import Dispatcher
 from dagtune.coordinator._ledger import TrialLedger
 from dagtune.coordinator._outcomes import MetricsKnown, Outcome
 from dagtune.coordinator._report import report_figures
+from dagtune.events import TaskEvent
 from dagtune.executor import Executor
 from dagtune.plan import SearchPlan
 from dagtune.records import Trial, TrialState
@@ -123,7 +124,7 @@ class Coordinator:
             self.schedule()
         return len(events)
 
-    def handle(self, event: dict) -> None:
+    def handle(self, event: TaskEvent) -> None:
         """Take one of the executor's events: the dispatcher's outcomes, applied by the ledger."""
         self.apply(self.dispatcher.handle(event))
 

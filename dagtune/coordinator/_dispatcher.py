@@ -21,6 +21,20 @@ from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._memory import WorkerMemory
 from dagtune.coordinator._outcomes import MetricsKnown, Outcome, PointFailed
 from dagtune.coordinator._running import Running, RunningTasks, Slot
+from dagtune.events import (
+    CheckpointCorrupt,
+    CheckpointDeclined,
+    CheckpointSaved,
+    FusionChecked,
+    MetricsReported,
+    StateLoaded,
+    StepDone,
+    TaskEnded,
+    TaskEvent,
+    TaskFailed,
+    TaskStarted,
+    TrainerWarned,
+)
 from dagtune.executor import Executor
 from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
@@ -138,60 +152,66 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ events
 
-    def handle(self, event: dict) -> list[Outcome]:
-        """Take one of the executor's events; returns what it means for trials."""
-        running = self.running.get(event["task"])
-        kind = event["kind"]
+    def handle(self, event: TaskEvent) -> list[Outcome]:
+        """Take one of the executor's events (matched by its type); returns what it means
+        for trials."""
+        running = self.running.get(event.task)
         self.events_seen += 1
-        if kind in ("start", "load", "step", "corrupt"):  # handled once though delivered twice
-            key = (event["task"], event.get("attempt", ""), kind, event["step"])
-            if key in self._seen:
+        if isinstance(event, TaskStarted | StateLoaded | StepDone | CheckpointCorrupt):
+            seen = (event.task, event.attempt, event.kind, event.step)  # handled once though delivered twice
+            if seen in self._seen:
                 return []
-            self._seen.add(key)
-        if kind == "step":
-            self.executed_steps += 1
-            if self.fusion.holding:  # a group waits for this task's point
+            self._seen.add(seen)
+        match event:
+            case StepDone():
+                self.executed_steps += 1
+                if self.fusion.holding:  # a group waits for this task's point
+                    self.dirty = True
+                self.cost.observe(event.node, event.seconds)
+                if running is not None:
+                    running.progress = max(running.progress, event.step)
+                    self._progressed(event.task, running)
+            case MetricsReported():
+                if self.plan.record_metrics(event.node, event.step, event.metrics):
+                    return [MetricsKnown(event.node, event.step, event.metrics)]
+            case CheckpointSaved():
+                if self.plan.record_checkpoint(
+                    event.node, event.step, CheckpointInfo(event.nbytes, event.sha256)
+                ):
+                    self.dirty = True
+            case TaskStarted() if running is not None:
+                running.worker, running.started = event.worker, event.time
+                running.progress = event.step
+                self._progressed(event.task, running)
+                self.memory.hold(running.worker, None)
+                self.memory.release(event.task)
+            case StateLoaded():
+                self.loads[event.origin] += 1
+            case CheckpointDeclined():
                 self.dirty = True
-            self.cost.observe(event["node"], event["seconds"])
-            if running is not None:
-                running.progress = max(running.progress, event["step"])
-                self._progressed(event["task"], running)
-        elif kind == "metrics":
-            if self.plan.record_metrics(event["node"], event["step"], event["metrics"]):
-                return [MetricsKnown(event["node"], event["step"], event["metrics"])]
-        elif kind == "checkpoint":
-            info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
-            if self.plan.record_checkpoint(event["node"], event["step"], info):
+            case TrainerWarned():
+                self.notices.show(event)
+            case CheckpointCorrupt():
+                self._on_corrupt(event)
+                if running is not None:
+                    self._retire(event.task, running, event.time)
+            case TaskEnded() if running is not None:
+                self._retire(event.task, running, event.time)
+                self._ended(running, event)
+            case TaskFailed() if running is not None:
+                self._retire(event.task, running, event.time)
+                return self._failed(event.task, running, event)
+            case FusionChecked():  # a fused task checked the trainer (`dagtune.coordinator._fusion`)
+                self.fusion.verdict(event)
                 self.dirty = True
-        elif kind == "start" and running is not None:
-            running.worker, running.started = event.get("worker"), event.get("time")
-            running.progress = event["step"]
-            self._progressed(event["task"], running)
-            self.memory.hold(running.worker, None)
-            self.memory.release(event["task"])
-        elif kind == "load":
-            self.loads[event["origin"]] += 1
-        elif kind == "declined":
-            self.dirty = True
-        elif kind == "warning":
-            self.notices.show(event)
-        elif kind == "corrupt":
-            self._on_corrupt(event)
-            if running is not None:
-                return self._retire(event["task"], running, {**event, "lost": True})
-        elif kind in ("end", "error") and running is not None:
-            return self._retire(event["task"], running, event)
-        elif kind == "fusion":  # a fused task checked the trainer (`dagtune.coordinator._fusion`)
-            self.fusion.verdict(event)
-            self.dirty = True
         return []
 
-    def _on_corrupt(self, event: dict) -> None:
+    def _on_corrupt(self, event: CheckpointCorrupt) -> None:
         """A checkpoint failed verification on load: report it, drop it from the plan and
         delete it (write-once storage would otherwise keep the bad copy), so its work is
         planned again from an earlier point."""
-        node, step = event["node"], event["step"]
-        message = f"corrupt checkpoint at ({node}, {step}) dropped and recomputed: {event.get('error')}"
+        node, step = event.node, event.step
+        message = f"corrupt checkpoint at ({node}, {step}) dropped and recomputed: {event.error}"
         self.incidents.append(message)
         log.warning("dagtune: %s", message)
         if node in self.plan.nodes:
@@ -206,51 +226,51 @@ class Dispatcher:
             if not running.claimed:
                 self._redirect_due.add(key)
 
-    def _retire(self, key: str, running: Running, event: dict) -> list[Outcome]:
-        """Task `key` ended (``end``), failed or was lost (``error``): free its slot, keep
-        what its worker holds live, count the failure; a point failed past the retries is
-        returned."""
+    def _retire(self, key: str, running: Running, until: float | None) -> None:
+        """Task `key` ended, failed, was lost or found its checkpoint corrupt: free its slot,
+        count its GPU time up to `until`; what its worker holds live is not reusable (an
+        `_ended` task's may be)."""
         self.running.end(key)
         if self.planner is not None:
             self.planner.task_ended(key)
         self.memory.release(key)
-        if running.started is not None and event.get("time") is not None:
-            self.gpu_seconds += running.slot.charge(running.started, event["time"]) * self.gpus_per_task
+        if running.started is not None and until is not None:
+            self.gpu_seconds += running.slot.charge(running.started, until) * self.gpus_per_task
         self.dirty = True
-        if event["kind"] == "end":
-            if running.worker is not None:
-                left = (event["node"], event["step"]) if event["node"] else None
-                # a fused task leaves no live trainer behind
-                kept = not running.slot.fused and not self.memory.promised(running.worker)
-                self.memory.hold(running.worker, left if kept else None)
-            return []
         if running.worker is not None:
             self.memory.hold(running.worker, None)
-        if event["kind"] == "error" and event.get("lost"):  # its worker died or went away
+
+    def _ended(self, running: Running, event: TaskEnded) -> None:
+        """What the ended task's worker keeps live: the trainer at its end point, unless a
+        fused task ran there (it leaves none) or a launched task counts on that worker."""
+        if running.worker is not None:
+            left = (event.node, event.step) if event.node else None
+            kept = not running.slot.fused and not self.memory.promised(running.worker)
+            self.memory.hold(running.worker, left if kept else None)
+
+    def _failed(self, key: str, running: Running, event: TaskFailed) -> list[Outcome]:
+        """Count a failure (a lost task's is not one, unless it took down its workers); a
+        point failed past the retries is returned."""
+        if event.lost:  # its worker died or went away
             # the resume check's second trainer may be what took the worker down (memory):
             # whatever trains these stages again does without it
             self._unchecked.update(segment.node for segment in running.task.segments)
-        if event.get("cause") == "timeout":  # its step hangs: the task still runs there
+        if event.cause == "timeout":  # its step hangs: the task still runs there
             self.executor.abandon(key, running.worker)
-        if event.get("lost") and not event.get("killed"):
+        if event.lost and not event.killed:
             return []  # the worker went away: the stage is simply planned again
-        if event.get("killed"):  # Dask gave up after the task took down several workers
-            first = running.task.segments[0]
-            event = {
-                **event,
-                "node": first.node,
-                "step": running.task.start + 1,
-                "cause": "workers",
-                "traceback": f"{event.get('error')}\nThe Dask workers running this stage died; the "
-                "trainer may exhaust the worker's memory or crash in native code.",
-            }
-        point = (event["node"], event["step"])
+        point, error, cause = (event.node, event.step), event.traceback or event.error, event.cause
+        if event.killed:  # Dask gave up after the task took down several workers
+            point, cause = (running.task.segments[0].node, running.task.start + 1), "workers"
+            error = (
+                f"{event.error}\nThe Dask workers running this stage died; the trainer may exhaust "
+                "the worker's memory or crash in native code."
+            )
         self._failures[point] = failures = self._failures.get(point, 0) + 1
         if running.slot.fused:  # whose failure it was is unknown: the retry runs it alone
             self.fusion.isolate(point)
         if failures > self.max_retries:
-            error = event.get("traceback") or event.get("error")
-            return [PointFailed(point[0], point[1], error, event.get("cause", "trainer"))]
+            return [PointFailed(point[0], point[1], error, cause)]
         return []
 
     # ------------------------------------------------------------------ rounds
