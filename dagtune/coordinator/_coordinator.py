@@ -105,9 +105,7 @@ class Coordinator:
         """Deliver the results and ends the decisions applied so far queued (what listeners
         decide meanwhile is applied and delivered in the same loop); the requests that changed
         make the next `schedule` plan a round."""
-        self.ledger.settle()
-        if self.ledger.changed:
-            self.ledger.changed = False
+        if self.ledger.settle():
             self.dispatcher.dirty = True
 
     # ------------------------------------------------------------------ the loop
@@ -122,11 +120,16 @@ class Coordinator:
             self.handle(event)
         if schedule:
             self.schedule()
+        else:
+            self.settle()
         return len(events)
 
     def handle(self, event: TaskEvent) -> None:
-        """Take one of the executor's events: the dispatcher's outcomes, applied by the ledger."""
-        self.apply(self.dispatcher.handle(event))
+        """Take one of the executor's events: the dispatcher's outcomes, applied by the ledger
+        (most events concern no trial: nothing to apply, nothing queued)."""
+        outcomes = self.dispatcher.handle(event)
+        if outcomes:
+            self.apply(outcomes)
 
     def apply(self, outcomes: list[Outcome]) -> None:
         """Apply what the dispatcher learnt about trials, then deliver what it queued."""

@@ -61,6 +61,9 @@ REPRICE_TOLERANCE = 0.05
 
 Launches = list[tuple[list[Stage], float]]
 
+#: events an executor may deliver twice that must count once (streamed, then in the result)
+_ONCE = (TaskStarted, StateLoaded, StepDone, CheckpointCorrupt)
+
 
 class Dispatcher:
     """Rounds, pauses, redirects, tasks, launches, events and retries (see the module
@@ -157,7 +160,7 @@ class Dispatcher:
         for trials."""
         running = self.running.get(event.task)
         self.events_seen += 1
-        if isinstance(event, TaskStarted | StateLoaded | StepDone | CheckpointCorrupt):
+        if isinstance(event, _ONCE):
             seen = (event.task, event.attempt, event.kind, event.step)  # handled once though delivered twice
             if seen in self._seen:
                 return []

@@ -56,8 +56,7 @@ class TrialLedger:
     """The trials of one coordinator and what they are told (see the module docstring).
 
     `now` is the clock trials are stamped with; `share` False gives each trial a private
-    path (named after `name`). `changed` is set whenever the requests in the plan change
-    (the dispatcher plans a new round then)."""
+    path (named after `name`)."""
 
     def __init__(
         self, plan: SearchPlan, now: Callable[[], float], *, share: bool = True, name: str = "dagtune"
@@ -71,7 +70,7 @@ class TrialLedger:
         self.trials: dict[int, Trial] = {}
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
-        self.changed = False
+        self.changed = False  # the requests in the plan changed since the last `settle`
         self._next_id = 0
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._queue: deque[_Queued] = deque()
@@ -180,9 +179,10 @@ class TrialLedger:
 
     # ------------------------------------------------------------------ delivery
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """Deliver what the decisions applied so far queued, in order, until nothing is left
-        (what a listener decides meanwhile is queued behind)."""
+        (what a listener decides meanwhile is queued behind); returns whether the requests in
+        the plan changed since the last `settle` (the dispatcher then plans a round)."""
         queue = self._queue
         while queue:
             item = queue.popleft()
@@ -199,6 +199,8 @@ class TrialLedger:
                         listener.on_end(trial)
             else:
                 self._replay(trial, item[2])
+        changed, self.changed = self.changed, False
+        return changed
 
     def metrics_known(self, known: MetricsKnown) -> None:
         """Deliver metrics that became known to the trials passing there and complete the

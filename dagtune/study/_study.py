@@ -469,10 +469,12 @@ class Study:
         check_steps(steps)
         config = self._check_config(config)
         trial = self._take_restored(config, steps)
-        if trial is None:
-            with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
+        with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
+            restored = trial is not None
+            if not restored:
                 trial = self.coordinator.submit(config, steps)
-                self.coordinator.settle()  # its known results, at once
+            self.coordinator.settle()  # its known results, at once
+            if not restored:
                 self._loop.submitted()
         return TrialHandle(self, trial)
 
