@@ -4,18 +4,19 @@
 `dagtune.sim.SimulatedExecutor` runs the same tasks in virtual time. The coordinator cannot
 tell them apart, so the planning code tested in simulation is the code that runs on GPUs.
 
-Executors report what happens as plain event dicts (``kind`` is one of ``start``, ``load``,
-``step``, ``metrics``, ``checkpoint``, ``declined``, ``end``, ``error``, ``corrupt``; see
-`dagtune.runner`). An event may be delivered twice (streamed, then again with the task's
+Executors report what happens as the runner's typed events (`dagtune.events`: a task
+started, loaded its state, trained a step, reported metrics, saved a checkpoint, declined
+one, warned, ended, failed, found a corrupt checkpoint, checked fusion). An event may be delivered twice (streamed, then again with the task's
 result); the coordinator ignores repeats. The events of one step come out of one `poll`
 (the runner produces them together), so the step is counted together with the metrics it
-produced, and a task's ``end`` comes after all its other events.
+produced, and a task's `TaskEnded` comes after all its other events.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from dagtune.events import TaskEvent
 from dagtune.tasks import Directive, PathTask
 
 __all__ = ["Executor"]
@@ -41,7 +42,7 @@ class Executor(ABC):
         """Send a running task new wanted checkpoints or a step to stop at."""
 
     @abstractmethod
-    def poll(self, timeout: float | None = None) -> list[dict]:
+    def poll(self, timeout: float | None = None) -> list[TaskEvent]:
         """Events that happened since the last poll, waiting up to `timeout` seconds for one
         (a simulated executor advances virtual time to the next event instead); never part
         of a step's events without the rest."""

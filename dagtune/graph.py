@@ -33,6 +33,7 @@ from distributed.client import FutureCancelledError
 
 from dagtune.cluster import adapts, asking_for_a_worker
 from dagtune.evalcheck import EvaluateChecks
+from dagtune.events import TaskEvent, TaskFailed, from_wire, to_wire
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
 from dagtune.resumecheck import ResumeChecks
@@ -50,7 +51,7 @@ _RESUME_CHECKS: dict[str, ResumeChecks] = {}  # worker address -> its passed res
 _LIVE_LOCK = threading.Lock()
 
 
-def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[dict]:
+def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[TaskEvent]:
     """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
     streaming events and obeying directives."""
     worker, live, checks, resume_checks = _this_worker()
@@ -63,14 +64,11 @@ def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[di
         resume_checks=resume_checks,
     )
 
-    def give_up(seconds: float, stack: str) -> list[dict]:
-        return [runner.timeout_event(seconds, stack)]
-
-    with _StepWatch(worker, task.topic, task.step_timeout, give_up) as watch:
+    with _StepWatch(worker, task.topic, task.step_timeout, runner.timeout_events) as watch:
         return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}, watch))
 
 
-def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[dict]:
+def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[TaskEvent]:
     """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
     each member's events under its own key and applying each member's directive."""
     worker, live, checks, resume_checks = _this_worker()
@@ -102,7 +100,7 @@ class _StepWatch:
         worker: Worker,
         topic: str,
         seconds: float | None,
-        give_up: Callable[[float, str], list[dict]],
+        give_up: Callable[[float, str], list[TaskFailed]],
     ):
         self.worker, self.topic, self.seconds, self.give_up = worker, topic, seconds, give_up
         self.thread = threading.get_ident()
@@ -150,7 +148,7 @@ class _StepWatch:
             self._done = True
         frame = sys._current_frames().get(self.thread)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
-        self.worker.log_event(self.topic, self.give_up(self.seconds, stack))
+        self.worker.log_event(self.topic, [to_wire(event) for event in self.give_up(self.seconds, stack)])
 
 
 def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks, ResumeChecks]:
@@ -168,17 +166,17 @@ def _relay(
     worker: Worker,
     topic: str,
     directives: str,
-    updates: dict[str, Callable[[Directive], list[dict]]],
+    updates: dict[str, Callable[[Directive], list[TaskEvent]]],
     watch: _StepWatch,
-) -> Callable[[list[dict]], None]:
+) -> Callable[[list[TaskEvent]], None]:
     """What a runner calls after each step: send the step's events as one message (so they
     arrive together), then read the current directives and hand each task's to its `updates`
     entry, sending back the checkpoints it declines; `watch` times the steps, not this."""
     variable = Variable(directives)
 
-    def relay(events: list[dict]) -> None:
+    def relay(events: list[TaskEvent]) -> None:
         watch.pause()
-        worker.log_event(topic, events)
+        worker.log_event(topic, [to_wire(event) for event in events])
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
@@ -190,7 +188,7 @@ def _relay(
                 for event in update(Directive.from_dict(current.get(key)))
             ]
             if declined:
-                worker.log_event(topic, declined)
+                worker.log_event(topic, [to_wire(event) for event in declined])
         watch.restart()
 
     return relay
@@ -262,7 +260,7 @@ class DaskExecutor(Executor):
         self.topic = topic
         self.resources = dict(resources) if resources else None
         self._store_ref = None if store is None else register(client, store, f"{topic}-store")
-        self._events: queue.Queue[list[dict]] = queue.Queue()  # batches: a step's events, a result
+        self._events: queue.Queue[list[TaskEvent]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
         self._members: dict[str, list[str]] = {}  # a fused group's Dask key -> its tasks' keys
         self._directives: dict[str, dict] = {}
@@ -275,7 +273,7 @@ class DaskExecutor(Executor):
         client.subscribe_topic(topic, self._on_event)
 
     def _on_event(self, event: tuple[float, list[dict]]) -> None:
-        self._events.put(event[1])
+        self._events.put([from_wire(wire) for wire in event[1]])
 
     def slots(self) -> int:
         now = time.monotonic()
@@ -383,8 +381,8 @@ class DaskExecutor(Executor):
             self._directives[key] = directive.to_dict()
             self._variable.set(dict(self._directives))
 
-    def poll(self, timeout: float | None = None) -> list[dict]:
-        events: list[dict] = []
+    def poll(self, timeout: float | None = None) -> list[TaskEvent]:
+        events: list[TaskEvent] = []
         try:
             events.extend(self._events.get(timeout=timeout) if timeout else self._events.get_nowait())
         except queue.Empty:
@@ -414,18 +412,7 @@ class DaskExecutor(Executor):
             unregister(self.client, self._store_ref)
 
 
-def _lost(key: str, error: str, killed: bool = False) -> dict:
-    """The ``error`` event of a task whose result never came (the stage is planned again;
+def _lost(key: str, error: str, killed: bool = False) -> TaskFailed:
+    """The `TaskFailed` of a task whose result never came (the stage is planned again;
     `killed`: it took down the workers that ran it)."""
-    event = {
-        "kind": "error",
-        "task": key,
-        "node": "",
-        "step": 0,
-        "lost": True,
-        "error": error,
-        "time": time.time(),
-    }
-    if killed:
-        event["killed"] = True
-    return event
+    return TaskFailed(key, "", "", 0, time.time(), error, lost=True, killed=killed)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from dagtune.events import TrainerWarned
+
 __all__ = [
     "NondeterministicTrainingWarning",
     "Notices",
@@ -62,13 +64,12 @@ class Notices:
         self.shown: list[str] = []
         self._seen: set[str] = set()
 
-    def show(self, event: dict[str, Any]) -> None:
-        """Warn with a ``warning`` event's message in its category, unless one about the same
+    def show(self, warned: TrainerWarned) -> None:
+        """Warn with a `TrainerWarned`'s message in its category, unless one about the same
         thing was shown already."""
-        once = str(event.get("once", event.get("message", "")))
+        once = warned.once or warned.message
         if once in self._seen:
             return
         self._seen.add(once)
-        message = str(event.get("message", ""))
-        self.shown.append(message)
-        warnings.warn(message, _CATEGORIES.get(str(event.get("category")), UserWarning), stacklevel=2)
+        self.shown.append(warned.message)
+        warnings.warn(warned.message, _CATEGORIES.get(warned.category, UserWarning), stacklevel=2)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from dagtune.checkpoints import CheckpointError, CheckpointStore
+from dagtune.events import TaskFailed
 from dagtune.fusion import FusedPathRunner
 from dagtune.identity import model_identity, trainer_name
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
@@ -183,9 +184,9 @@ class Restorer:
             runner = FusedPathRunner([task], capture) if self.fused else PathRunner(task, capture)
             events = runner.run()
         for event in events:
-            if event["kind"] == "error":
+            if isinstance(event, TaskFailed):
                 raise RuntimeError(
-                    f"rebuilding {what} failed at step {event['step']}:\n{event.get('traceback', event.get('error'))}"
+                    f"rebuilding {what} failed at step {event.step}:\n{event.traceback or event.error}"
                 )
         if capture.saved is None:
             raise RuntimeError(f"rebuilding {what} ended before step {path.step}")

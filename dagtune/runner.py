@@ -14,7 +14,7 @@ from exactly that point continues in memory without reading storage.
 
 A checkpoint that fails verification (`CheckpointError`: missing marker, bad checksum,
 truncated file, or a committed state that is not a trainer state and RNG states as this
-module saves them) is never used: the task ends with a ``corrupt`` event naming the point,
+module saves them) is never used: the task ends with a `CheckpointCorrupt` naming the point,
 and the coordinator plans the work again from an earlier one.
 
 A checkpoint also carries the metrics of the steps it covers that the coordinator may not
@@ -45,6 +45,19 @@ import torch
 from dagtune.checkpoints import CheckpointError, serialize_state
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
+from dagtune.events import (
+    CheckpointCorrupt,
+    CheckpointDeclined,
+    CheckpointSaved,
+    MetricsReported,
+    StateLoaded,
+    StepDone,
+    TaskEnded,
+    TaskEvent,
+    TaskFailed,
+    TaskStarted,
+    TrainerWarned,
+)
 from dagtune.hpreads import RecordingValues, unread_message
 from dagtune.notices import (
     NondeterministicTrainingWarning,
@@ -79,13 +92,16 @@ from dagtune.trainer import (
 __all__ = [
     "Carried",
     "CheckpointBackend",
+    "CorruptPointError",
     "LiveTrainers",
+    "MemberPath",
     "PathRunner",
     "StepTimeoutError",
     "StorageFailedError",
     "checkpoint_parts",
     "checkpoint_state",
     "failure_fields",
+    "run_to_end",
     "through_storage",
     "timeout_fields",
     "to_metrics",
@@ -246,7 +262,7 @@ class StepTimeoutError(Exception):
 
 
 def failure_fields(error: BaseException) -> dict[str, str]:
-    """The fields an ``error`` event gives a failure: `error` (one line), `traceback` and
+    """The fields a `TaskFailed` gives a failure: `error` (one line), `traceback` and
     `cause` (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`,
     else ``trainer``)."""
     if isinstance(error, StorageFailedError):
@@ -275,22 +291,243 @@ def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
     return fields
 
 
-class _CorruptError(Exception):
-    """The checkpoint at ``(node, step)`` failed verification."""
+class CorruptPointError(Exception):
+    """The checkpoint at ``(node, step)`` failed verification (`CheckpointError`): the task
+    ends with a `CheckpointCorrupt` event instead of training."""
 
     def __init__(self, node: str, step: int, error: CheckpointError):
         super().__init__(str(error))
         self.node, self.step = node, step
 
 
-class PathRunner:
-    """Trains one `PathTask`, one step at a time, producing events.
+class MemberPath:
+    """One task as a runner trains it, alone (`PathRunner`) or in a fused group
+    (`dagtune.fusion.FusedPathRunner`): where it is on its path, its directive, where it
+    resumes, what it reads back there, and every event it sends, made here once for both."""
 
-    Iterate `steps()`: each item is the list of events of one step (``metrics``,
-    ``checkpoint``, then ``step``) after the first, which also carries ``start`` and ``load``
-    (and, resuming from a checkpoint the coordinator may not know, the metrics it carries and
-    its ``checkpoint``); the last item carries ``end``. `update` applies a directive between
-    steps.
+    def __init__(
+        self, task: PathTask, worker: str, wallclock: Callable[[], float], started: float | None = None
+    ):
+        self.task = task
+        self.worker = worker
+        self.wallclock = wallclock
+        self.started_at = started  # when the task started (None: when it sends `started`)
+        self.attempt = uuid.uuid4().hex[:12]
+        self.directive = Directive()
+        self.position = task.start  # steps trained so far along the path
+        self.executed = 0
+        self.halted = False  # set by `halt`: no further step, whatever later directives say
+        self.done = False  # its end (or failure) is sent
+        self.evaluating = False  # evaluating step `position` (an error there is that step's)
+        self.values: dict[str, Any] | None = None  # the values its trainer was last set up with
+        self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
+        self.current: int | None = None  # the step being trained (None: acquiring the trainer)
+
+    # ------------------------------------------------------------------ the path
+
+    def update(self, directive: Directive) -> list[CheckpointDeclined]:
+        """Take a new directive; returns a `CheckpointDeclined` for each wanted checkpoint
+        already passed (the coordinator then plans to recompute it)."""
+        passed = sorted(s for s in directive.checkpoints - self.directive.checkpoints if s <= self.position)
+        self.directive = directive
+        task = self.task
+        return [
+            CheckpointDeclined(task.key, self.attempt, task.node_at(s), s) for s in passed if s > task.start
+        ]
+
+    @property
+    def paused(self) -> bool:
+        """At the boundary the coordinator asked to pause at (its checkpoint is saved)."""
+        return self.position == self.directive.pause_at and self.task.start < self.position < self.task.end
+
+    def next_step(self) -> tuple[Segment, int] | None:
+        """The (segment, step) to train next, or None where this task stops now (its end,
+        the directive's stop or pause, or `halted`)."""
+        for segment in self.task.segments:
+            if self.position < segment.end:
+                if self.directive.stop_at is not None and self.position >= self.directive.stop_at:
+                    return None
+                if self.paused or self.halted:
+                    return None
+                return segment, max(segment.start, self.position)
+        return None
+
+    def changes(self, segment: Segment, t: int) -> dict[str, Any]:
+        """The values `setup` gets before step `t`: all of them first, then the changed ones."""
+        now = config_values(segment.config, t)
+        if self.values is None:
+            changes = dict(now)
+        else:
+            changes = {k: v for k, v in now.items() if not same_value(v, self.values.get(k, _MISSING))}
+        self.values = now
+        return changes
+
+    def owner(self, step: int) -> str | None:
+        """The node owning point `step` of this path (None for a fresh trainer at step 0)."""
+        if step > self.task.start:
+            return self.task.node_at(step)
+        return self.task.source[0] if self.task.source is not None else None
+
+    # ------------------------------------------------------------------ where it resumes
+
+    def resume_point(
+        self, store: CheckpointBackend | None
+    ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
+        """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
+        coordinator resumes from it) with its commit info, else the task's own source (None:
+        the coordinator knows it)."""
+        if store is not None:
+            identity = self.task.trainer.identity
+            for step in sorted(self.task.checkpoints, reverse=True):
+                if self.task.start < step < self.task.end:
+                    node = self.task.node_at(step)
+                    try:
+                        committed = through_storage(store.info, identity, node, step)
+                    except CheckpointError as error:  # a malformed commit marker
+                        raise CorruptPointError(node, step, error) from error
+                    if committed is not None:
+                        return (node, step), committed
+        return self.task.source, None
+
+    def read_point(
+        self, store: CheckpointBackend | None, live: LiveTrainers | None, node: str, step: int
+    ) -> tuple[Trainer | None, Any, Any, Carried, str]:
+        """What the task resumes from at ``(node, step)``: the worker's live trainer (then
+        its state is None) or the state storage holds (then the trainer is None), the RNG
+        states, the carried metrics, and where it came from (``memory``, ``storage``)."""
+        identity = self.task.trainer.identity
+        taken = None if live is None else live.take(identity, node, step)
+        if taken is not None:
+            return taken.trainer, None, taken.rng, taken.carried, "memory"
+        if store is None:
+            raise RuntimeError(
+                f"task {self.task.key} resumes from {(node, step)} but has no checkpoint store"
+            )
+        try:
+            state, rng, carried = checkpoint_parts(through_storage(store.load, identity, node, step))
+        except CheckpointError as error:
+            raise CorruptPointError(node, step, error) from error
+        return None, state, rng, carried, "storage"
+
+    def resumed(
+        self, node: str, step: int, origin: str, found: CheckpointInfo | None, carried: Carried
+    ) -> list[TaskEvent]:
+        """The events of resuming at ``(node, step)`` from `origin`: when the checkpoint is
+        one the coordinator may not know (`found`), the metrics it carries and itself first."""
+        task, attempt = self.task.key, self.attempt
+        events: list[TaskEvent] = [StateLoaded(task, attempt, node, step, origin)]
+        if found is not None:
+            self.carried = list(carried)
+            events.extend(MetricsReported(task, attempt, n, t, m) for n, t, m in carried)
+            events.append(CheckpointSaved(task, attempt, node, step, found.nbytes, found.sha256))
+        return events
+
+    # ------------------------------------------------------------------ events
+
+    def started(self) -> TaskStarted:
+        when = self.wallclock() if self.started_at is None else self.started_at
+        return TaskStarted(
+            self.task.key, self.attempt, self.task.segments[0].node, self.position, self.worker, when
+        )
+
+    def corrupt(self, corrupt: CorruptPointError) -> CheckpointCorrupt:
+        self.done = True
+        return CheckpointCorrupt(
+            self.task.key,
+            self.attempt,
+            corrupt.node,
+            corrupt.step,
+            self.worker,
+            self.wallclock(),
+            str(corrupt),
+        )
+
+    def metrics(self, node: str, step: int, metrics: dict[str, float]) -> MetricsReported:
+        return MetricsReported(self.task.key, self.attempt, node, step, metrics)
+
+    def saved(self, node: str, step: int, info: CheckpointInfo) -> CheckpointSaved:
+        return CheckpointSaved(self.task.key, self.attempt, node, step, info.nbytes, info.sha256)
+
+    def stepped(self, node: str, step: int, seconds: float, train: dict[str, float]) -> StepDone:
+        return StepDone(self.task.key, self.attempt, node, step, seconds, train)
+
+    def warned(self, node: str, step: int, fields: dict[str, str]) -> TrainerWarned:
+        """A `TrainerWarned` with `dagtune.notices.warning_event`'s `fields`."""
+        return TrainerWarned(self.task.key, self.attempt, node, step, **fields)
+
+    def ended(self, reason: str | None = None) -> TaskEnded:
+        """Its `TaskEnded` where it is (`reason`: ``done`` at its end, else ``stopped``)."""
+        self.done = True
+        reason = reason or ("done" if self.position >= self.task.end else "stopped")
+        return TaskEnded(
+            self.task.key,
+            self.attempt,
+            self.owner(self.position),
+            self.position,
+            self.worker,
+            reason,
+            self.wallclock(),
+        )
+
+    def failed(self, error: BaseException) -> TaskFailed:
+        """The `TaskFailed` of a failure while training the step after ``position``, or while
+        evaluating the step ``position`` it has trained."""
+        self.done = True
+        step = self.position if self.evaluating else min(self.position + 1, self.task.end)
+        return self._failed(step, failure_fields(error))
+
+    def timed_out(self, seconds: float, stack: str = "") -> TaskFailed:
+        """The `TaskFailed` of a step that has not finished `seconds` after it began
+        (`StepTimeoutError`; `stack`: where the step was then, for the traceback); the
+        task may still end or fail later."""
+        step = self.position if self.current is None else self.current
+        return self._failed(min(step + 1, self.task.end), timeout_fields(step, seconds, stack))
+
+    def _failed(self, step: int, fields: dict[str, str]) -> TaskFailed:
+        return TaskFailed(
+            self.task.key,
+            self.attempt,
+            self.task.node_at(step),
+            step,
+            self.wallclock(),
+            worker=self.worker,
+            **fields,
+        )
+
+
+def run_to_end(runner: Any, on_events: Callable[[list[TaskEvent]], None] | None = None) -> list[TaskEvent]:
+    """Run `runner` (a `PathRunner` or a `FusedPathRunner`) to its end, handing each step's
+    events to `on_events`; returns every event (a failure becomes the `TaskFailed` of every
+    task still training, not an exception)."""
+    everything: list[TaskEvent] = []
+    try:
+        for events in runner.steps():
+            everything.extend(events)
+            if on_events is not None:
+                on_events(events)
+    except Exception as error:  # a trainer's failure is reported, not raised
+        events = runner.error_events(error)
+        everything.extend(events)
+        if on_events is not None:
+            on_events(events)
+    return everything
+
+
+class PathRunner:
+    """Trains one `PathTask`, one step at a time, producing events (`dagtune.events`).
+
+    Iterate `steps()`: each item is the list of events of one step (`MetricsReported`,
+    `CheckpointSaved`, then `StepDone`) after the first, which also carries `TaskStarted`
+    and `StateLoaded` (and, resuming from a checkpoint the coordinator may not know, the
+    metrics it carries and its `CheckpointSaved`); the last item carries `TaskEnded`.
+    `update` applies a directive between steps. Its task's position, directive and events
+    are its `path` (`MemberPath`, as a fused group's member's), also its only entry in
+    `members`.
+
+    `clock` measures the steps; `step_seconds`, when given, says instead how long the step
+    just trained took (an executor in virtual time charges it before the step runs);
+    `started`, when given, is the wall-clock time the task started (default: when `steps`
+    begins: an executor that queued the task knows better).
     """
 
     def __init__(
@@ -303,97 +540,51 @@ class PathRunner:
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
         resume_checks: ResumeChecks | None = None,
+        step_seconds: Callable[[], float] | None = None,
+        started: float | None = None,
     ):
         self.task = task
         self.store = store
         self.live = live
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
-        self.worker = worker
         self.clock = clock
-        self.wallclock = wallclock
-        self.attempt = uuid.uuid4().hex[:12]
-        self.directive = Directive()
-        self.position = task.start  # steps trained so far along the path
-        self.executed = 0
-        self.evaluating = False  # evaluating step `position` (an error there is that step's)
+        self.step_seconds = step_seconds
+        self.path = MemberPath(task, worker, wallclock, started)
+        self.members = {task.key: self.path}
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
         self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
-        self.halted = False  # set by `halt`: no further step, whatever later directives say
-        self.carried: Carried = []  # what its next checkpoint carries (the module docstring)
-        self.current: int | None = None  # the step being trained (None: acquiring the trainer)
 
-    def update(self, directive: Directive) -> list[dict]:
-        """Take a new directive; returns ``declined`` events for wanted checkpoints already
-        passed (the coordinator then plans to recompute them)."""
-        passed = sorted(s for s in directive.checkpoints - self.directive.checkpoints if s <= self.position)
-        self.directive = directive
-        return [self._event("declined", self.task.node_at(s), s) for s in passed if s > self.task.start]
+    def update(self, directive: Directive) -> list[CheckpointDeclined]:
+        """Take a new directive (`MemberPath.update`)."""
+        return self.path.update(directive)
 
-    def _event(self, kind: str, node: str, step: int, **fields: Any) -> dict:
-        return {
-            "kind": kind,
-            "task": self.task.key,
-            "attempt": self.attempt,
-            "node": node,
-            "step": step,
-            **fields,
-        }
+    def halt(self, key: str | None = None) -> None:
+        """Train no further step (an executor that has decided this task ends now: the
+        simulated one charges virtual time before a step runs, so it must not run one it
+        did not charge)."""
+        self.path.halted = True
 
     # ------------------------------------------------------------------ acquiring the trainer
 
-    def _resume_point(self) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
-        """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
-        coordinator resumes from it) with its commit info, else the task's own source (None:
-        the coordinator knows it)."""
-        if self.store is not None:
-            identity = self.task.trainer.identity
-            for step in sorted(self.task.checkpoints, reverse=True):
-                if self.task.start < step < self.task.end:
-                    node = self.task.node_at(step)
-                    try:
-                        committed = through_storage(self.store.info, identity, node, step)
-                    except CheckpointError as error:  # a malformed commit marker
-                        raise _CorruptError(node, step, error) from error
-                    if committed is not None:
-                        return (node, step), committed
-        return self.task.source, None
-
-    def _acquire(self) -> tuple[Trainer, list[dict]]:
-        spec = self.task.trainer
-        point, found = self._resume_point()
+    def _acquire(self) -> tuple[Trainer, list[TaskEvent]]:
+        spec, path = self.task.trainer, self.path
+        point, found = path.resume_point(self.store)
         if point is None:
-            self.position = 0
+            path.position = 0
             return build_trainer(spec.cls, spec.kwargs, spec.seed), []
         node, step = point
-        self.position = step
-        live = None if self.live is None else self.live.take(spec.identity, node, step)
-        if live is not None:
-            trainer, rng_state, carried = live.trainer, live.rng, live.carried
-            origin = "memory"
-        elif self.store is None:
-            raise RuntimeError(f"task {self.task.key} resumes from {point} but has no checkpoint store")
-        else:
-            try:
-                trainer_state, rng_state, carried = checkpoint_parts(
-                    through_storage(self.store.load, spec.identity, node, step)
-                )
-            except CheckpointError as error:
-                raise _CorruptError(node, step, error) from error
+        path.position = step
+        trainer, state, rng_state, carried, origin = path.read_point(self.store, self.live, node, step)
+        if trainer is None:
             trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-            trainer.load_state_dict(trainer_state)
-            origin = "storage"
+            trainer.load_state_dict(state)
         restore_rng(rng_state)
-        events = [self._event("load", node, step, origin=origin)]
-        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
-            self.carried = list(carried)
-            events.extend(self._event("metrics", n, t, metrics=m) for n, t, m in carried)
-            events.append(self._event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
-        return trainer, events
+        return trainer, path.resumed(node, step, origin, found, carried)
 
     # ------------------------------------------------------------------ the loop
 
-    def steps(self) -> Iterator[list[dict]]:
+    def steps(self) -> Iterator[list[TaskEvent]]:
         """The events of each step (see the class docstring). The trainer's code (building,
         loading, every step) runs with torch's thread count set to the task's
         ``torch_threads``; the caller's count is back between steps."""
@@ -405,63 +596,52 @@ class PathRunner:
                 return
             yield events
 
-    def _steps(self) -> Iterator[list[dict]]:
-        task = self.task
+    def _steps(self) -> Iterator[list[TaskEvent]]:
+        task, path = self.task, self.path
         try:
             trainer, events = self._acquire()
-        except _CorruptError as corrupt:
-            fields = {"worker": self.worker, "time": self.wallclock(), "error": str(corrupt)}
-            yield [self._event("corrupt", corrupt.node, corrupt.step, **fields)]
+        except CorruptPointError as corrupt:
+            yield [path.corrupt(corrupt)]
             return
-        events.insert(
-            0,
-            self._event(
-                "start", task.segments[0].node, self.position, worker=self.worker, time=self.wallclock()
-            ),
-        )
-        values: dict | None = None
+        events.insert(0, path.started())
         recording: RecordingValues | None = None
         keep = True  # the trainer stays live at its end (not if it trained a step past it)
-        for segment, t in self._schedule():
+        while (next_step := path.next_step()) is not None:
+            segment, t = next_step
             if self._after_checkpoint is not None:  # its events are out: probe the step after it
                 events.extend(self._resumed_next(*self._after_checkpoint))
                 self._after_checkpoint = None
-            self.current = t
-            if values is None:
-                values = config_values(segment.config, t)
-                recording = RecordingValues(values)
+            path.current = t
+            first = path.values is None
+            changes = path.changes(segment, t)
+            if first:
+                recording = RecordingValues(changes)
                 trainer.setup(recording)
-            else:
-                now = config_values(segment.config, t)
-                changes = {k: v for k, v in now.items() if not same_value(v, values.get(k, _MISSING))}
-                if changes:
-                    trainer.setup(changes)
-                values = now
+            elif changes:
+                trainer.setup(changes)
             began = self.clock()
             train_metrics = to_metrics(trainer.train(), "Trainer.train()")
-            seconds = self.clock() - began
+            seconds = self.step_seconds() if self.step_seconds is not None else self.clock() - began
             if recording is not None:  # the first setup() and train() of the task are over
                 recording.recording = False
                 events.extend(self._unread(recording))
                 recording = None
             if self._probe is not None and self._probe.step == t:
                 events.extend(self._compare(trainer, trainer_outcome(trainer, train_metrics)))
-            self.position = n = t + 1
-            self.executed += 1
-            wanted = n in task.checkpoints or n in self.directive.checkpoints
-            last = n == task.end or n == self.directive.stop_at
+            path.position = n = t + 1
+            path.executed += 1
+            wanted = n in task.checkpoints or n in path.directive.checkpoints
+            last = n == task.end or n == path.directive.stop_at
             diverging = not all(math.isfinite(v) for v in train_metrics.values())
             if wanted or last or diverging or n % task.eval_every == 0:
                 # training metrics go with the step's validation metrics (which win a name clash)
                 metrics = {**train_metrics, **self._evaluate(trainer)}
-                self.carried.append((segment.node, n, metrics))
-                events.append(self._event("metrics", segment.node, n, metrics=metrics))
+                path.carried.append((segment.node, n, metrics))
+                events.append(path.metrics(segment.node, n, metrics))
             if wanted and self.store is not None:
-                state = checkpoint_state(trainer.state_dict(), self.carried)
+                state = checkpoint_state(trainer.state_dict(), path.carried)
                 info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
-                events.append(
-                    self._event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256)
-                )
+                events.append(path.saved(segment.node, n, info))
                 if self._probe is None and self._resume_due():
                     load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
                     if n < task.end:  # the next step is the path's own: probed once this one is out
@@ -469,32 +649,27 @@ class PathRunner:
                     else:  # checked before the step is reported, so a failure fails the trials ending here
                         events.extend(self._resumed_next(segment, n, load))
                         if self._probe is not None:
-                            events.extend(self._check_at_the_end(trainer, values))
+                            events.extend(self._check_at_the_end(trainer, path.values))
                             keep = False
             elif self.store is None and n == task.start + 1 and self._resume_due():  # run_alone: in memory
                 saved = serialize_state({"trainer": trainer.state_dict(), "rng": capture_rng()})
                 self._after_checkpoint = (segment, n, functools.partial(_in_memory, saved))
             # ``step`` comes last: a coordinator that has seen it has seen everything the step
             # produced, so a point it believes passed is never one whose checkpoint is on its way
-            events.append(self._event("step", segment.node, n, seconds=seconds, train=train_metrics))
+            events.append(path.stepped(segment.node, n, seconds, train_metrics))
             yield events
             events = []
-        end_node = self._owner(self.position)
+        end_node = path.owner(path.position)
         if self._after_checkpoint is not None:  # it stopped or paused at its last checkpoint
             events.extend(self._resumed_next(*self._after_checkpoint))
             if self._probe is not None:
-                events.extend(self._check_at_the_end(trainer, values or {}))
+                events.extend(self._check_at_the_end(trainer, path.values or {}))
                 keep = False
         if self.live is not None and end_node is not None and keep:
             self.live.put(
-                _Live(task.trainer.identity, end_node, self.position, trainer, capture_rng(), self.carried)
+                _Live(task.trainer.identity, end_node, path.position, trainer, capture_rng(), path.carried)
             )
-        reason = "done" if self.position >= task.end else "stopped"
-        events.append(
-            self._event(
-                "end", end_node, self.position, worker=self.worker, reason=reason, time=self.wallclock()
-            )
-        )
+        events.append(path.ended())
         yield events
 
     def _evaluate(self, trainer: Trainer) -> dict[str, float]:
@@ -502,27 +677,26 @@ class PathRunner:
         modules' training modes put back after; while the worker's checks are due, the state
         (``state_dict()``) is compared before and after."""
         identity, limit = self.task.trainer.identity, self.task.check_evaluate
-        self.evaluating = True
+        self.path.evaluating = True
         before = training_state(trainer) if self.checks.due(identity, limit) else None
         with isolated_rng(), kept_training_modes(trainer):
             metrics = to_metrics(trainer.evaluate(), "Trainer.evaluate()")
         if before is not None:
             self.checks.verify(identity, limit, before, training_state(trainer))
-        self.evaluating = False
+        self.path.evaluating = False
         return metrics
 
     # ------------------------------------------------------------------ warnings and the resume check
 
-    def _unread(self, recording: RecordingValues) -> list[dict]:
-        """A ``warning`` event for each hyper-parameter the first setup() and train() never read."""
+    def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
+        """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""
         cls = self.task.trainer.cls
         name = getattr(cls, "__qualname__", repr(cls))
         return [
-            self._event(
-                "warning",
+            self.path.warned(
                 self.task.segments[0].node,
-                self.position,
-                **warning_event(
+                self.path.position,
+                warning_event(
                     UnreadHyperparameterWarning,
                     unread_message(name, key, recording.asked),
                     f"unread {getattr(cls, '__module__', '')}.{name} {key}",
@@ -531,7 +705,7 @@ class PathRunner:
             for key in recording.unread()
         ]
 
-    def _resumed_next(self, segment: Segment, n: int, load: Callable[[], Any]) -> list[dict]:
+    def _resumed_next(self, segment: Segment, n: int, load: Callable[[], Any]) -> list[TaskEvent]:
         """At a checkpoint at step `n` (`load` reads it back), while this worker's resume
         checks of the model are due: train the next step on a fresh trainer loaded from it,
         to compare with the next step of this one (`_compare`). The next step is this path's
@@ -574,7 +748,7 @@ class PathRunner:
                     raise _NoRoomError(f"{type(error).__name__}: {error}") from error
                 return failed_outcome(error)
 
-    def _compare(self, trainer: Trainer, live: StepOutcome) -> list[dict]:
+    def _compare(self, trainer: Trainer, live: StepOutcome) -> list[TaskEvent]:
         """Compare the step this trainer just trained after the probed checkpoint with the
         fresh trainer's: a pass is counted; a difference raises `ResumeChangedTrainingError`,
         unless a second fresh trainer differs from the first too (training is not
@@ -594,7 +768,7 @@ class PathRunner:
         saved = checkpoint_parts(probe.load())[0]
         raise ResumeChangedTrainingError(probe.step, keys, likely_causes(vars(trainer), saved, keys), limit)
 
-    def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[dict]:
+    def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:
         """The path ends at the probed checkpoint (`values`: the last step's): this trainer
         trains the probed step too (it is not kept live afterwards: a later stage loads the
         checkpoint), and the two are compared. Its random draws are isolated; a failure of
@@ -614,7 +788,7 @@ class PathRunner:
                 live = failed_outcome(error)
         return self._compare(trainer, live)
 
-    def _nondeterministic(self, step: int, keys: list[str]) -> dict:
+    def _nondeterministic(self, step: int, keys: list[str]) -> TrainerWarned:
         cls = self.task.trainer.cls
         message = (
             f"{getattr(cls, '__qualname__', cls)}: the same step trained twice from the checkpoint at "
@@ -622,93 +796,34 @@ class PathRunner:
             "(e.g. GPU kernels that add in any order), so results are not bit for bit those of "
             "run_alone, and the resume check cannot tell a resume bug from this noise."
         )
-        return self._event(
-            "warning",
+        return self.path.warned(
             self.task.node_at(step) if step > self.task.start else self.task.segments[0].node,
             step,
-            **warning_event(
+            warning_event(
                 NondeterministicTrainingWarning, message, f"nondeterministic {self.task.trainer.identity}"
             ),
         )
 
-    def _skipped(self, why: str) -> dict:
+    def _skipped(self, why: str) -> TrainerWarned:
         cls = self.task.trainer.cls
         message = f"{getattr(cls, '__qualname__', cls)}: the resume check was skipped: {why}; check_resume=0 turns it off."
-        return self._event(
-            "warning",
+        return self.path.warned(
             self.task.segments[0].node,
-            self.position,
-            **warning_event(ResumeCheckSkippedWarning, message, f"skipped {self.task.trainer.identity}"),
+            self.path.position,
+            warning_event(ResumeCheckSkippedWarning, message, f"skipped {self.task.trainer.identity}"),
         )
 
-    def _schedule(self) -> Iterator[tuple[Segment, int]]:
-        """The (segment, step) pairs still to train, ending early at the directive's stop."""
-        for segment in self.task.segments:
-            for t in range(max(segment.start, self.position), segment.end):
-                if self.directive.stop_at is not None and self.position >= self.directive.stop_at:
-                    return
-                if self.paused or self.halted:
-                    return
-                yield segment, t
+    def error_events(self, error: BaseException) -> list[TaskFailed]:
+        """The `TaskFailed` of its task when `error` stopped it (`MemberPath.failed`)."""
+        return [self.path.failed(error)]
 
-    def halt(self) -> None:
-        """Train no further step (an executor that has decided this task ends now: the
-        simulated one charges virtual time before a step runs, so it must not run one it
-        did not charge)."""
-        self.halted = True
+    def timeout_events(self, seconds: float, stack: str = "") -> list[TaskFailed]:
+        """The `TaskFailed` of its step given up after `seconds` (`MemberPath.timed_out`)."""
+        return [self.path.timed_out(seconds, stack)]
 
-    @property
-    def paused(self) -> bool:
-        """At the boundary the coordinator asked to pause at (its checkpoint is saved)."""
-        return self.position == self.directive.pause_at and self.task.start < self.position < self.task.end
-
-    def _owner(self, step: int) -> str | None:
-        """The node owning point `step` of this path (None for a fresh trainer at step 0)."""
-        if step > self.task.start:
-            return self.task.node_at(step)
-        return self.task.source[0] if self.task.source is not None else None
-
-    def error_event(self, error: BaseException) -> dict:
-        """The ``error`` event for a failure while training the step after ``position``, or
-        while evaluating the step ``position`` it has trained."""
-        step = self.position if self.evaluating else min(self.position + 1, self.task.end)
-        return self._event(
-            "error",
-            self.task.node_at(step),
-            step,
-            worker=self.worker,
-            time=self.wallclock(),
-            **failure_fields(error),
-        )
-
-    def timeout_event(self, seconds: float, stack: str = "") -> dict:
-        """The ``error`` event of a step that has not finished `seconds` after it began
-        (`StepTimeoutError`; `stack`: where the step was then, for the traceback)."""
-        step = self.position if self.current is None else self.current
-        point = min(step + 1, self.task.end)
-        return self._event(
-            "error",
-            self.task.node_at(point),
-            point,
-            worker=self.worker,
-            time=self.wallclock(),
-            **timeout_fields(step, seconds, stack),
-        )
-
-    def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:
-        """Run to the end; returns every event (errors become an ``error`` event)."""
-        everything: list[dict] = []
-        try:
-            for events in self.steps():
-                everything.extend(events)
-                if on_events is not None:
-                    on_events(events)
-        except Exception as error:  # a trainer's failure is reported, not raised
-            event = self.error_event(error)
-            everything.append(event)
-            if on_events is not None:
-                on_events([event])
-        return everything
+    def run(self, on_events: Callable[[list[TaskEvent]], None] | None = None) -> list[TaskEvent]:
+        """Run to the end (`run_to_end`)."""
+        return run_to_end(self, on_events)
 
 
 _MISSING = object()

@@ -31,6 +31,7 @@ import torch
 
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks
+from dagtune.events import CheckpointCorrupt, TaskEnded, TaskEvent, TaskFailed
 from dagtune.executor import Executor
 from dagtune.fusion import FusedPathRunner
 from dagtune.records import CheckpointInfo
@@ -83,8 +84,7 @@ class _Slot:
     worker: int
     launched: float
     keys: set[str]  # the tasks whose end is still to come
-    charged: float = 0.0  # virtual seconds of the step (the fused round) in flight
-    training: int = 1  # tasks training in that step
+    charged: list[float]  # [virtual seconds of the step (the fused round) in flight]: its runner's
     rng: Any = None  # the global generators' states where its last step left them
 
 
@@ -126,7 +126,7 @@ class SimulatedExecutor(Executor):
         self._live = [LiveTrainers() for _ in range(workers)]
         self._checks = [EvaluateChecks() for _ in range(workers)]
         self._resume_checks = [ResumeChecks() for _ in range(workers)]
-        self._pending: list[dict] = []
+        self._pending: list[TaskEvent] = []
 
     def slots(self) -> int:
         return self.workers
@@ -154,18 +154,20 @@ class SimulatedExecutor(Executor):
         key = tasks[0].key
         worker = self._worker(key, prefer)
         live = self._live[worker]
+        charged: list[float] = []  # the step in flight's virtual seconds (set by `_queue`)
         runner = runner_type(
             tasks[0] if runner_type is PathRunner else tasks,
             self.store,
             live,
             worker=f"sim-{worker}",
-            clock=lambda: 0.0,
             wallclock=self.now,
             checks=self._checks[worker],
             resume_checks=self._resume_checks[worker],
+            step_seconds=lambda: charged[0],
+            started=self._clock,
         )
         keys = {task.key for task in tasks}
-        slot = _Slot(runner, runner.steps(), worker, launched=self._clock, keys=keys)
+        slot = _Slot(runner, runner.steps(), worker, launched=self._clock, keys=keys, charged=charged)
         self._slots[key] = slot
         self._slot_of.update(dict.fromkeys(keys, key))
         loads = sum(
@@ -177,37 +179,18 @@ class SimulatedExecutor(Executor):
         slot = self._slots.get(self._slot_of.get(key, key))
         if slot is None:
             return
-        runner = slot.runner
-        if isinstance(runner, FusedPathRunner):
-            self._pending.extend(runner.update(key, directive))
-        else:
-            self._pending.extend(runner.update(directive))
+        self._pending.extend(slot.runner.members[key].update(directive))
 
     def fused_round_seconds(self, costs: list[float]) -> float:
         """Virtual seconds of a fused round whose members' steps cost `costs` alone."""
         return max(costs) * (1 + self.fused_member_seconds * (len(costs) - 1))
 
     def _queue(self, key: str, slot: _Slot, overhead: float = 0.0) -> None:
-        """Schedule the runner's next step (or its end) to complete after its virtual cost."""
+        """Schedule the runner's next step (its next round: a fused group) to complete after
+        its virtual cost; the tasks that train in it are decided now (the others are halted:
+        what is decided now holds, even if a later directive would continue them), and it is
+        charged by `fused_round_seconds` (one task: its step's cost)."""
         runner = slot.runner
-        if isinstance(runner, FusedPathRunner):
-            self._queue_round(key, slot, runner, overhead)
-            return
-        task, position, stop = runner.task, runner.position, runner.directive.stop_at
-        slot.charged = 0.0
-        if position < task.end and (stop is None or position < stop) and not runner.paused:
-            segment = next(s for s in task.segments if s.start <= position < s.end)
-            slot.charged = self.step_cost(config_values(segment.config, position))
-            if position + 1 in task.checkpoints or position + 1 in runner.directive.checkpoints:
-                overhead += self.save_seconds
-        else:
-            runner.halt()  # what is decided now holds, even if a later directive would continue
-        self._sequence += 1
-        heapq.heappush(self._heap, (self._clock + overhead + slot.charged, self._sequence, key))
-
-    def _queue_round(self, key: str, slot: _Slot, runner: FusedPathRunner, overhead: float) -> None:
-        """`_queue` for a fused group: the members that train in its next round are decided
-        now (the others are halted) and the round charged by `fused_round_seconds`."""
         costs = []
         for member_key, member in runner.members.items():
             step = None if member.done else member.next_step()
@@ -218,12 +201,12 @@ class SimulatedExecutor(Executor):
             costs.append(self.step_cost(config_values(segment.config, t)))
             if t + 1 in member.task.checkpoints or t + 1 in member.directive.checkpoints:
                 overhead += self.save_seconds
-        slot.charged = self.fused_round_seconds(costs) if costs else 0.0
-        slot.training = max(1, len(costs))
+        charged = self.fused_round_seconds(costs) if costs else 0.0
+        slot.charged[:] = [charged / max(1, len(costs))]  # each training task's share
         self._sequence += 1
-        heapq.heappush(self._heap, (self._clock + overhead + slot.charged, self._sequence, key))
+        heapq.heappush(self._heap, (self._clock + overhead + charged, self._sequence, key))
 
-    def poll(self, timeout: float | None = None) -> list[dict]:
+    def poll(self, timeout: float | None = None) -> list[TaskEvent]:
         """The events of the next virtual instant at which something happens."""
         if self._pending:
             events, self._pending = self._pending, []
@@ -237,29 +220,20 @@ class SimulatedExecutor(Executor):
             return self._advance(key, slot)
         return []
 
-    def _advance(self, key: str, slot: _Slot) -> list[dict]:
+    def _advance(self, key: str, slot: _Slot) -> list[TaskEvent]:
         runner = slot.runner
         try:
             # each virtual worker has the global random generators to itself, as a process does
             with own_rng(slot):
                 events = next(slot.steps)
         except Exception as error:  # the trainer's failure becomes an event
-            if isinstance(runner, FusedPathRunner):
-                events = runner.error_events(error)
-                for member in runner.members.values():
-                    member.done = True
-            else:
-                events = [runner.error_event(error)]
+            events = runner.error_events(error)
         for event in events:
-            if event["kind"] == "step":
-                event["seconds"] = slot.charged / slot.training
-            elif event["kind"] == "start":
-                event["time"] = slot.launched
-            if event["kind"] in ("end", "error", "corrupt"):
-                slot.keys.discard(event["task"])
+            if isinstance(event, TaskEnded | TaskFailed | CheckpointCorrupt):
+                slot.keys.discard(event.task)
         if not slot.keys:
             del self._slots[key]
-            for ended in runner.members if isinstance(runner, FusedPathRunner) else [runner.task.key]:
+            for ended in runner.members:
                 del self._slot_of[ended]
             self._free.append(slot.worker)
             self._free.sort()

@@ -41,6 +41,7 @@ from typing import Any
 import dagtune as dt
 from dagtune.algos import ASHA, GridSearch, SuccessiveHalving
 from dagtune.config import config_values, normalize_config
+from dagtune.events import StepDone, TaskEvent
 from dagtune.plan import SearchPlan
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from perf import schedulers, spaces
@@ -198,12 +199,12 @@ def run_study(
     seen: set[tuple] = set()
     handle = coordinator.handle
 
-    def recording(event: dict) -> None:
-        key = (event["task"], event.get("attempt", ""), event["step"])
-        if event["kind"] == "step" and key not in seen:
+    def recording(event: TaskEvent) -> None:
+        key = (event.task, event.attempt, event.step)
+        if isinstance(event, StepDone) and key not in seen:
             seen.add(key)
-            trained_points.append((event["node"], event["step"]))
-            training[0] += event["seconds"]
+            trained_points.append((event.node, event.step))
+            training[0] += event.seconds
         handle(event)
 
     coordinator.handle = recording

@@ -29,6 +29,15 @@ from collections import defaultdict
 from typing import Any
 
 import dagtune as dt
+from dagtune.events import (
+    CheckpointSaved,
+    StateLoaded,
+    StepDone,
+    TaskEnded,
+    TaskEvent,
+    TaskFailed,
+    TaskStarted,
+)
 
 _TIMES: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # name -> [calls, seconds]
 _LOCK = threading.Lock()
@@ -99,13 +108,13 @@ class TimedStudy(dt.Study):
     ``profile=True`` the driver thread also runs under cProfile."""
 
     def __init__(self, *args: Any, profile: bool = False, **kwargs: Any):
-        self.events: list[tuple[float, dict]] = []
+        self.events: list[tuple[float, TaskEvent]] = []
         self.coordinator_seconds: dict[str, float] = defaultdict(float)
         self.profiler = cProfile.Profile() if profile else None
         self._profiled = threading.Event()
         super().__init__(*args, **kwargs)
         coordinator = self.coordinator
-        handle, schedule, tick = coordinator.handle, coordinator.schedule, self._tick
+        handle, schedule, tick = coordinator.handle, coordinator.schedule, self._loop.periodic
 
         def timed_handle(event: dict) -> None:
             began = time.perf_counter()
@@ -123,21 +132,29 @@ class TimedStudy(dt.Study):
             tick(force)
             self.coordinator_seconds["journal and results"] += time.perf_counter() - began
 
-        coordinator.handle, coordinator.schedule, self._tick = timed_handle, timed_schedule, timed_tick
+        coordinator.handle, coordinator.schedule, self._loop.periodic = (
+            timed_handle,
+            timed_schedule,
+            timed_tick,
+        )
+        if self.profiler is not None:  # the driver thread's turns (its waits for events excluded)
+            self._loop.turn = self._profiled_turn(self._loop.turn)
         if getattr(self, "client", None) is not None:
             self.client.run(install_worker_timers, self.trainer)
             self.client.run(worker_times)  # start from zero
 
-    def _drive(self) -> None:
-        if self.profiler is None:
-            super()._drive()
-            return
-        self.profiler.enable()
-        try:
-            super()._drive()
-        finally:
-            self.profiler.disable()
-            self._profiled.set()
+    def _profiled_turn(self, turn: Any) -> Any:
+        """The loop's `turn`, run under cProfile (in the driver thread, where it turns)."""
+
+        def profiled(events: Any = None) -> int:
+            self.profiler.enable()
+            try:
+                return turn(events)
+            finally:
+                self.profiler.disable()
+                self._profiled.set()
+
+        return profiled
 
     def worker_times(self) -> dict[str, list[float]]:
         """Every worker's timers, summed."""
@@ -187,34 +204,33 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def account(study: TimedStudy, wall: float, began: float, workers: int) -> dict[str, Any]:
     """Worker-seconds of a run (workers x `wall` from time.time() `began`), by activity."""
-    starts: dict[str, dict] = {}
-    ends: dict[str, dict] = {}
+    starts: dict[str, TaskStarted] = {}
+    ends: dict[str, TaskEnded | TaskFailed] = {}
     train = 0.0
     steps = checkpoints = 0
     loads = {"memory": 0, "storage": 0}
     seen: set[tuple] = set()
     for _, event in study.events:
-        kind = event["kind"]
-        key = (event["task"], event.get("attempt", ""), kind, event.get("step"), event.get("node"))
+        key = (event.task, event.attempt, event.kind, event.step, event.node)
         if key in seen:  # events arrive twice: streamed, then repeated in the task's result
             continue
         seen.add(key)
-        if kind == "start":
-            starts.setdefault(event["task"], event)
-        elif kind in ("end", "error"):
-            ends.setdefault(event["task"], event)
-        elif kind == "step":
-            train += event["seconds"]
+        if isinstance(event, TaskStarted):
+            starts.setdefault(event.task, event)
+        elif isinstance(event, TaskEnded | TaskFailed):
+            ends.setdefault(event.task, event)
+        elif isinstance(event, StepDone):
+            train += event.seconds
             steps += 1
-        elif kind == "checkpoint":
+        elif isinstance(event, CheckpointSaved):
             checkpoints += 1
-        elif kind == "load":
-            loads[event["origin"]] += 1
+        elif isinstance(event, StateLoaded):
+            loads[event.origin] += 1
     per_worker: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for key, start in starts.items():
         end = ends.get(key)
-        if end is not None and end.get("time") is not None:
-            per_worker[start["worker"]].append((start["time"], end["time"]))
+        if end is not None and end.time is not None:
+            per_worker[start.worker].append((start.time, end.time))
     busy = {worker: _union(spans) for worker, spans in per_worker.items()}
     in_stage = sum(stop - begin for spans in busy.values() for begin, stop in spans)
     gaps, tail = [], 0.0

@@ -17,6 +17,7 @@ from torch import nn
 
 import dagtune as dt
 from dagtune.config import normalize_config
+from dagtune.events import MetricsReported, StepDone, to_wire
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 IDENTITY = "a1b2c3d4e5f60718"
@@ -148,7 +149,7 @@ def task(
 def comparable(events: Iterable[dict]) -> list[dict]:
     """Events without what differs between two runs of the same training (attempt ids,
     wall-clock times, step durations)."""
-    return [{k: v for k, v in e.items() if k not in ("attempt", "time", "seconds")} for e in events]
+    return [{k: v for k, v in to_wire(e).items() if k not in ("attempt", "time", "seconds")} for e in events]
 
 
 def drive(steps: Iterator[list[dict]], update, directives: dict[tuple[str, int], Directive]) -> list[dict]:
@@ -159,18 +160,18 @@ def drive(steps: Iterator[list[dict]], update, directives: dict[tuple[str, int],
     for events in steps:
         everything.extend(events)
         for event in events:
-            directive = directives.get((event["task"], event["step"])) if event["kind"] == "step" else None
+            directive = directives.get((event.task, event.step)) if isinstance(event, StepDone) else None
             if directive is not None:
-                everything.extend(update(event["task"], directive))
+                everything.extend(update(event.task, directive))
     return everything
 
 
 def of(events: Iterable[dict], key: str) -> list[dict]:
-    return [e for e in events if e["task"] == key]
+    return [e for e in events if e.task == key]
 
 
 def metrics(events: Iterable[dict]) -> list[dict]:
-    return [e["metrics"] for e in events if e["kind"] == "metrics"]
+    return [e.metrics for e in events if isinstance(e, MetricsReported)]
 
 
 # --------------------------------------------------------------------------- models of each kind

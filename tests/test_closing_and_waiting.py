@@ -265,12 +265,12 @@ def test_a_fused_task_given_up_fails_each_member():
     ]
     runner = FusedPathRunner(members, None)  # given up while building: before the first step
     events = runner.timeout_events(7.0, "  File ...")
-    assert [(e["kind"], e["task"], e["step"], e["cause"]) for e in events] == [
+    assert [(e.kind, e.task, e.step, e.cause) for e in events] == [
         ("error", "a", 1, "timeout"),
         ("error", "b", 1, "timeout"),
     ]
     assert (
-        events[1]["error"]
+        events[1].error
         == "StepTimeoutError: step 0 did not finish within step_timeout=7 s; its worker is replaced"
     )
-    assert events[1]["traceback"].endswith("Where the step was when it was given up:\n  File ...")
+    assert events[1].traceback.endswith("Where the step was when it was given up:\n  File ...")

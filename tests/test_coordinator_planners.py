@@ -11,7 +11,7 @@ import random
 import pytest
 
 import dagtune as dt
-import dagtune.coordinator._coordinator as coordinator_module
+import dagtune.coordinator._dispatcher as dispatcher_module
 import dagtune.study._study as study_module
 from dagtune.algos import ASHA, PBT, GridSearch, SuccessiveHalving
 from dagtune.config import config_dumps
@@ -86,7 +86,7 @@ def run(name: str, planner: str, monkeypatch) -> tuple[list[tuple], dict, Coordi
         patch.setattr(study_module, "Coordinator", functools.partial(Coordinator, planner=planner))
         study = Study(SyntheticTrainer, executor=SimulatedExecutor(workers))
     if planner == "incremental":  # it must not fall back on rebuilding the tree
-        monkeypatch.setattr(coordinator_module, "build_stage_tree", None)
+        monkeypatch.setattr(dispatcher_module, "build_stage_tree", None)
     try:
         result = study.run(algorithm())
     finally:

@@ -23,6 +23,7 @@ from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_to_json, normalize_config
 from dagtune.durable import records_header
+from dagtune.events import TaskFailed
 from dagtune.gc import GcPolicy
 from dagtune.plan import SearchPlan
 from dagtune.plan._journal import Journal, PlanJournal, encode_line
@@ -427,7 +428,7 @@ def test_failed_and_diverged_trials_are_kept_with_their_reason(storage):
         errors = []
         handle = study.coordinator.handle
         study.coordinator.handle = lambda event: (
-            errors.append((event["node"], event["step"])) if event["kind"] == "error" else None,
+            errors.append((event.node, event.step)) if isinstance(event, TaskFailed) else None,
             handle(event),
         )
         handles = [study.submit(c, n) for c, n in ((bad, 8), (wild, 30), (good, 8))]

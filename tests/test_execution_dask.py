@@ -8,6 +8,7 @@ import pytest
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.events import MetricsReported, StateLoaded, StepDone, TaskStarted, from_wire
 from dagtune.sim import SyntheticTrainer
 from dagtune.study import Study, run_alone
 
@@ -67,7 +68,7 @@ def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client
         study.coordinator.handle = lambda event: (events.append(event), handle(event))
         study.submit(base, 5).result(timeout=60)
         assert study.coordinator.loads == {"memory": 0, "storage": 0}
-        (parent,) = {e["worker"] for e in events if e["kind"] == "start"}
+        (parent,) = {e.worker for e in events if isinstance(e, TaskStarted)}
         (elsewhere,) = set(client.scheduler_info(n_workers=-1)["workers"]) - {parent}
         # the coordinator places the child that can continue the live trainer on its worker;
         # the other one it leaves to Dask, which here is told to use the other worker
@@ -81,8 +82,8 @@ def test_child_on_the_same_worker_continues_in_memory_and_elsewhere_loads(client
         assert other.result(timeout=60) == run_alone(SyntheticTrainer, branch, 8)[-1]
         assert study.coordinator.loads == {"memory": 1, "storage": 1}
         assert study.report["executed_steps"] == 5 + 3 + 3
-    worker_of = {e["task"]: e["worker"] for e in events if e["kind"] == "start"}
-    loads = {e["origin"]: worker_of[e["task"]] for e in events if e["kind"] == "load"}
+    worker_of = {e.task: e.worker for e in events if isinstance(e, TaskStarted)}
+    loads = {e.origin: worker_of[e.task] for e in events if isinstance(e, StateLoaded)}
     # the child on the parent's worker continued the live trainer without reading storage;
     # the child on the other worker read the parent's checkpoint from storage
     assert loads == {"memory": parent, "storage": elsewhere}
@@ -131,13 +132,13 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
         assert handle.status == "pending" and 3 <= len(seen) < 10  # before the stage ended
         assert [step for step, _ in seen] == list(range(len(seen)))  # steps count from 0
         assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 10)[-1]
-        assert study.coordinator._launched == 1  # one task: the points came as events, not results
+        assert study.coordinator.dispatcher.launched == 1  # one task: the points came as events, not results
         # each message is one step's events, the step last: the step is counted together with
         # its metrics, so the report read when the trial ends has counted every step
         assert study.report["executed_steps"] == 10
-        messages = [batch for _, batch in client.get_events(study.coordinator.topic)]
-        steps = [batch for batch in messages if any(e["kind"] == "metrics" for e in batch)]
-        assert [[e["step"] for e in batch if e["kind"] in ("metrics", "step")] for batch in steps] == [
+        messages = [[from_wire(e) for e in batch] for _, batch in client.get_events(study.coordinator.topic)]
+        steps = [batch for batch in messages if any(isinstance(e, MetricsReported) for e in batch)]
+        assert [[e.step for e in batch if isinstance(e, MetricsReported | StepDone)] for batch in steps] == [
             [n, n] for n in range(1, 11)
         ]
-        assert all(batch[-1]["kind"] == "step" for batch in steps)
+        assert all(isinstance(batch[-1], StepDone) for batch in steps)

@@ -11,6 +11,7 @@ import pytest
 import dagtune as dt
 from dagtune.algos import Algorithm, GridSearch, Submit
 from dagtune.config import normalize_config
+from dagtune.events import StepDone, TaskEnded
 from dagtune.plan import SearchPlan, Stage
 from dagtune.scheduling import BreadthFirst, CriticalPath, Pausable
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
@@ -186,11 +187,11 @@ def test_paused_paths_resume_where_they_paused_and_results_are_unchanged():
     ends = []
     handle = study.coordinator.handle
     study.coordinator.handle = lambda event: (
-        ends.append(event) if event["kind"] == "end" else None,
+        ends.append(event) if isinstance(event, TaskEnded) else None,
         handle(event),
     )
     report = study.run(GridSearch(configs, metric="val_loss", mode="min", steps=60)).report
-    paused = [e for e in ends if e["reason"] == "stopped"]
+    paused = [e for e in ends if e.reason == "stopped"]
     assert paused  # this tree makes the critical path pause running paths
     assert report["executed_steps"] == report["unique_steps"]  # a pause recomputes nothing
     for trial in study.coordinator.trials.values():
@@ -269,7 +270,7 @@ class LateDirectives(SimulatedExecutor):
 
     def poll(self, timeout=None):
         events = super().poll(timeout)
-        for key in {e["task"] for e in events if e["kind"] == "step"}:
+        for key in {e.task for e in events if isinstance(e, StepDone)}:
             if key in self.late:
                 super().direct(key, self.late.pop(key))
         return events

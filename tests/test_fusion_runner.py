@@ -17,6 +17,7 @@ from fusion_helpers import IDENTITY, NODES, TinyCNN, TinyMLP, comparable, drive,
 
 import dagtune as dt
 from dagtune.checkpoints import CheckpointStore
+from dagtune.events import CheckpointSaved, MetricsReported, StateLoaded, TaskEnded, TaskFailed
 from dagtune.fusion import FusedPathRunner, FusionError, same_state
 from dagtune.runner import PathRunner
 from dagtune.sim import SyntheticTrainer
@@ -67,9 +68,9 @@ def test_each_task_gets_the_events_its_path_runner_gives_it(tmp_path):
     unfused = unfused_events(tasks, CheckpointStore(str(tmp_path / "unfused")), directives)
     for one in tasks:
         assert comparable(of(fused, one.key)) == comparable(of(unfused, one.key))
-    kinds = {key: [e["kind"] for e in of(fused, key)] for key in "abc"}
+    kinds = {key: [e.kind for e in of(fused, key)] for key in "abc"}
     assert kinds["a"].count("checkpoint") == 3 and kinds["a"][-1] == "end"
-    assert [e["reason"] for e in fused if e["kind"] == "end"] == ["stopped", "stopped", "done"]  # b, c, a
+    assert [e.reason for e in fused if isinstance(e, TaskEnded)] == ["stopped", "stopped", "done"]  # b, c, a
     assert "declined" in kinds["c"]
 
 
@@ -78,7 +79,7 @@ def test_a_rerun_resumes_each_member_from_its_latest_checkpoint(tmp_path):
     first = task("a", {"lr": 0.1, **BS}, 5, checkpoints=[2, 5])
     lost = PathRunner(first, store)  # the worker dies after saving step 2
     for events in lost.steps():
-        if any(e["kind"] == "checkpoint" for e in events):
+        if any(isinstance(e, CheckpointSaved) for e in events):
             break
     tasks = [first, task("b", {"lr": 0.02, **BS}, 5, checkpoints=[5], node=10)]
     reference_store = CheckpointStore(str(tmp_path / "reference"))
@@ -87,11 +88,11 @@ def test_a_rerun_resumes_each_member_from_its_latest_checkpoint(tmp_path):
     runner = FusedPathRunner(tasks, store)
     fused = runner.run()
     assert len(runner.cohorts) == 2  # a at step 2, b at step 0
-    loads = [e for e in fused if e["kind"] == "load"]
-    assert [(e["task"], e["step"], e["origin"]) for e in loads] == [("a", 2, "storage")]
+    loads = [e for e in fused if isinstance(e, StateLoaded)]
+    assert [(e.task, e.step, e.origin) for e in loads] == [("a", 2, "storage")]
     # the checkpoint at 2 carries the metrics of steps 1 and 2, sent with it before step 3's:
     # the coordinator that never heard of it (the worker died first) gets the whole curve
-    resumed = [(e["kind"], e["step"]) for e in of(fused, "a") if e["kind"] in ("metrics", "checkpoint")]
+    resumed = [(e.kind, e.step) for e in of(fused, "a") if isinstance(e, MetricsReported | CheckpointSaved)]
     assert resumed[:3] == [("metrics", 1), ("metrics", 2), ("checkpoint", 2)]
     assert metrics(of(fused, "a")) == dt.run_alone(TinyMLP, {"lr": 0.1, **BS}, 5)
     assert metrics(of(fused, "b")) == dt.run_alone(TinyMLP, {"lr": 0.02, **BS}, 5)
@@ -197,8 +198,8 @@ def test_a_corrupt_source_ends_only_its_member(tmp_path):
         for i, key in enumerate("ab")
     ]
     events = FusedPathRunner(tails, store).run()
-    assert [e["kind"] for e in of(events, "a2")] == ["corrupt"]
-    assert [e["kind"] for e in of(events, "b2")].count("step") == 2
+    assert [e.kind for e in of(events, "a2")] == ["corrupt"]
+    assert [e.kind for e in of(events, "b2")].count("step") == 2
     assert metrics(of(events, "b2")) == dt.run_alone(TinyMLP, {"lr": 0.1, **BS}, 4)[2:]
 
 
@@ -225,10 +226,10 @@ def test_a_failing_step_ends_every_member_still_training_with_an_error():
         task("c", config, 1, cls=Exploding, node=20),
     ]
     events = FusedPathRunner(tasks, None).run()
-    errors = [e for e in events if e["kind"] == "error"]
-    assert [(e["task"], e["step"]) for e in errors] == [("a", 3), ("b", 3)]
-    assert "RuntimeError: exploded" in errors[0]["error"]
-    assert [e["kind"] for e in of(events, "c")][-1] == "end"  # c had left before
+    errors = [e for e in events if isinstance(e, TaskFailed)]
+    assert [(e.task, e.step) for e in errors] == [("a", 3), ("b", 3)]
+    assert "RuntimeError: exploded" in errors[0].error
+    assert [e.kind for e in of(events, "c")][-1] == "end"  # c had left before
 
 
 @pytest.mark.parametrize(
@@ -309,7 +310,7 @@ def test_a_fused_check_names_the_member_being_evaluated_at_its_step():
     tasks.append(task("b", {"lr": 0.2, **BS}, 3, cls=MovesTheDataWhileEvaluating, node=10))
     tasks = [dataclasses.replace(t, check_evaluate=2) for t in tasks]
     events = FusedPathRunner(tasks, None).run()
-    errors = [(e["task"], e["step"]) for e in events if e["kind"] == "error"]
+    errors = [(e.task, e.step) for e in events if isinstance(e, TaskFailed)]
     assert errors == [("a", 1), ("b", 1)]
     checked = [dataclasses.replace(t, check_evaluate=0) for t in tasks]
-    assert not [e for e in FusedPathRunner(checked, None).run() if e["kind"] == "error"]
+    assert not [e for e in FusedPathRunner(checked, None).run() if isinstance(e, TaskFailed)]

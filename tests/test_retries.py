@@ -19,6 +19,7 @@ from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.cli import main
 from dagtune.config import config_to_json, normalize_config
 from dagtune.durable import records_header
+from dagtune.events import CheckpointSaved, MetricsReported, StateLoaded, StepDone
 from dagtune.plan import Journal
 from dagtune.records import RecordError, parse_trial_record, read_study_records
 from dagtune.runner import PathRunner, checkpoint_parts
@@ -141,14 +142,18 @@ def test_a_task_resuming_from_a_checkpoint_the_coordinator_never_heard_of_sends_
     store = CheckpointStore(str(tmp_path / "runs"))
     lost = PathRunner(path_task([2, 4, 6]), store)  # its worker dies after saving step 4
     for events in lost.steps():
-        if any(e["kind"] == "checkpoint" and e["step"] == 4 for e in events):
+        if any(isinstance(e, CheckpointSaved) and e.step == 4 for e in events):
             break
     again = PathRunner(path_task([2, 4, 6]), store).run()
-    kinds = [(e["kind"], e["step"]) for e in again if e["kind"] in ("load", "metrics", "checkpoint", "step")]
+    kinds = [
+        (e.kind, e.step)
+        for e in again
+        if isinstance(e, StateLoaded | MetricsReported | CheckpointSaved | StepDone)
+    ]
     # first what the checkpoint at 4 covers (its metrics, then itself), then steps 5 and 6
     assert kinds[:6] == [("load", 4), *(("metrics", s) for s in (1, 2, 3, 4)), ("checkpoint", 4)]
     assert kinds[6:] == [("metrics", 5), ("step", 5), ("metrics", 6), ("checkpoint", 6), ("step", 6)]
-    metrics = [e["metrics"] for e in again if e["kind"] == "metrics"]
+    metrics = [e.metrics for e in again if isinstance(e, MetricsReported)]
     assert metrics == run_alone(SyntheticTrainer, CONFIG, 6)  # the whole curve, bit for bit
 
 

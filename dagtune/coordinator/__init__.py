@@ -4,30 +4,39 @@ Data flows one way. Trials become requests in the search plan; the stage tree fo
 plan (kept up to date by `dagtune.planner.IncrementalPlanner` as requests, checkpoints,
 metrics and task progress arrive, or rebuilt from the plan at each scheduling round with
 ``planner="rebuild"``, the reference); the scheduling policy picks paths of ready stages
-for the free slots and the executor runs them; the events they report (metrics,
-checkpoints, progress, ends, errors) update the plan, which resolves requests and reports
-results to the trials' listener. Running tasks are never re-issued: the tree asks them
-(`InFlight`) for the points they will still pass, which also tells each task which extra
-checkpoints it should save on its way and where it may stop.
+for the free slots and the executor runs them; the events they report (`dagtune.events`:
+metrics, checkpoints, progress, ends, errors) update the plan, which resolves requests and
+reports results to the trials' listeners. Running tasks are never re-issued: the tree asks
+them (`InFlight`) for the points they will still pass, which also tells each task which
+extra checkpoints it should save on its way and where it may stop.
+
+Two parts, joined by values (docs/architecture.md draws them): the trial ledger
+(`_ledger`: trials, requests, delivery, records; it knows no executor) and the dispatcher
+(`_dispatcher`: rounds, pauses, redirects, task building, launch, retirement, retries,
+protected points; it knows no algorithm and no `Trial`). The dispatcher returns what an
+event means for trials (`_outcomes`: metrics became known, a point failed for good) and the
+ledger applies it; what a listener decides is queued and delivered after it is applied
+(`Coordinator.settle`), so nothing re-enters.
 
 Durability hooks: every trial change (submit, extend, end) is handed to `recorders` as a
 plain record, which is how a study journals its trials, and `restore` rebuilds trials from
 those records, checked and folded by `dagtune.records`, when a study resumes. A checkpoint
-that fails verification when a task loads it (``corrupt`` event) is dropped from the plan and
-deleted, and the work it held is planned again from an earlier point; it is not a trainer
-failure. `absorb` takes plan events written by other coordinators (studies of the same model
-running at the same time).
+that fails verification when a task loads it (`CheckpointCorrupt`) is dropped from the plan
+and deleted, and the work it held is planned again from an earlier point; it is not a
+trainer failure. `absorb` takes plan events written by other coordinators (studies of the
+same model running at the same time).
 
 The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
 
-Its parts: the loop itself (`_coordinator`), the running tasks and what they will deliver
-(`_running`), the points where later trials would branch off a path (`_branches`), which
-launches share a fused task (`_fusion`, `Study(fuse=...)`), and the figures of its report,
-each defined once (`_report`).
+Its other parts: the running tasks and what they will deliver (`_running`), the trainers
+workers keep live (`_memory`), the points where later trials would branch off a path
+(`_branches`), which launches share a fused task (`_fusion`, `Study(fuse=...)`), and the
+figures of its report, each defined once (`_report`).
 """
 
-from dagtune.coordinator._coordinator import Coordinator, TrialListener
+from dagtune.coordinator._coordinator import Coordinator
 from dagtune.coordinator._fusion import check_fuse
+from dagtune.coordinator._ledger import TrialListener
 from dagtune.coordinator._report import report_figures, trial_figures
 
 __all__ = ["Coordinator", "TrialListener", "check_fuse", "report_figures", "trial_figures"]

@@ -52,6 +52,7 @@ import torch
 
 from dagtune.config import Config, config_values
 from dagtune.coordinator._running import Running
+from dagtune.events import FusionChecked
 from dagtune.fusion import (
     CpuMemory,
     FusibleTrainer,
@@ -153,12 +154,12 @@ class Fusion:
         check = "agreement" if self.check else "probe"
         return [dataclasses.replace(task, fusion_check=check) for task in tasks]
 
-    def verdict(self, event: dict) -> None:
-        """A fused task's ``fusion`` event: the trainer fuses, or trains unfused from now on."""
-        if event.get("ok"):
+    def verdict(self, event: FusionChecked) -> None:
+        """A fused task's `FusionChecked`: the trainer fuses, or trains unfused from now on."""
+        if event.ok:
             self.verified = True
         else:
-            self.refuse(str(event.get("reason") or "its fused task said it cannot fuse"))
+            self.refuse(str(event.reason or "its fused task said it cannot fuse"))
 
     def refuse(self, reason: str) -> None:
         """Train unfused from now on, warning once why (the running fused tasks end or

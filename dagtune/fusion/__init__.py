@@ -18,7 +18,7 @@ from dagtune.fusion._count import (
 from dagtune.fusion._group import FusedGroup, FusionError, MemberModel
 from dagtune.fusion._grouping import can_fuse, fusion_conflict, fusion_groups
 from dagtune.fusion._optimizers import SGD, AdamW, FusedAdamW, FusedOptimizer, FusedSGD, OptimizerSpec
-from dagtune.fusion._runner import FusedPathRunner, MemberPath
+from dagtune.fusion._runner import FusedPathRunner
 from dagtune.fusion._state import TRAINER_STATE_KEYS, same_state, split, stack
 from dagtune.fusion._trace import ModuleTrace
 from dagtune.fusion._trainer import FusibleTrainer, mean_loss
@@ -42,7 +42,6 @@ __all__ = [
     "FusionVerdict",
     "FusionWarning",
     "MemberModel",
-    "MemberPath",
     "MemoryProbe",
     "ModuleTrace",
     "OptimizerSpec",

@@ -2,8 +2,8 @@
 
 `FusedPathRunner` takes path tasks that `can_fuse` pairwise and trains them lock-stepped: one
 fused step per round for all members still training. For each task it produces exactly the
-events a `PathRunner` would (``start``, ``load``, ``metrics``, ``checkpoint``, ``step``,
-``end``, ``declined``, ``corrupt``, ``error``, under the task's key), takes directives per
+events a `PathRunner` would (`dagtune.events`, under the task's key: each task is a
+`dagtune.runner.MemberPath`, which makes them for both), takes directives per
 task (extra checkpoints, ``stop_at``, ``pause_at``), saves each task's checkpoints in the
 unfused `FusibleTrainer` format at its own steps, and lets a member leave at its own end,
 stop or pause at a step boundary while the others go on (the group is compacted).
@@ -20,10 +20,10 @@ its cohort's fused step time (the members' shares add up to the time spent), and
 task leaves no live trainer behind (its members continue from their checkpoints).
 
 A task with a ``fusion_check`` first checks its trainer (`check_fusion`, on a throwaway
-trainer) and reports the verdict as a ``fusion`` event (``ok``, ``reason``) under its key.
+trainer) and reports the verdict as a `FusionChecked` (``ok``, ``reason``) under its key.
 When the trainer cannot fuse, or a fused step later fails with an error of vmap itself (an
 operation it cannot batch), every member still training ends with reason ``"unfused"`` at
-the point it reached (its checkpoints are kept) after that ``fusion`` event: the coordinator
+the point it reached (its checkpoints are kept) after that `FusionChecked`: the coordinator
 then trains it unfused.
 """
 
@@ -33,7 +33,6 @@ import copy
 import functools
 import math
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +42,13 @@ import torch
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
 from dagtune.evalcheck import EvaluateChecks, training_state
+from dagtune.events import FusionChecked, TaskEvent, TaskFailed
 from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion
 from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
-from dagtune.records import CheckpointInfo
 from dagtune.resumecheck import (
     ResumeChangedTrainingError,
     ResumeChecks,
@@ -61,17 +60,15 @@ from dagtune.resumecheck import (
     step_outcome,
 )
 from dagtune.runner import (
-    Carried,
     CheckpointBackend,
+    CorruptPointError,
     LiveTrainers,
-    checkpoint_parts,
+    MemberPath,
     checkpoint_state,
-    failure_fields,
+    run_to_end,
     through_storage,
-    timeout_fields,
     to_metrics,
 )
-from dagtune.sequences import same_value
 from dagtune.tasks import Directive, PathTask, Segment
 from dagtune.trainer import (
     build_trainer,
@@ -82,7 +79,7 @@ from dagtune.trainer import (
     torch_threads,
 )
 
-__all__ = ["FusedPathRunner", "MemberPath"]
+__all__ = ["FusedPathRunner"]
 
 
 #: in the message of an error vmap raises for what it cannot batch
@@ -94,134 +91,6 @@ class _UnfusibleError(Exception):
 
     def __init__(self, error: BaseException):
         super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
-
-
-class _CorruptError(Exception):
-    """The checkpoint at ``(node, step)`` failed verification."""
-
-    def __init__(self, node: str, step: int, error: CheckpointError):
-        super().__init__(str(error))
-        self.node, self.step = node, step
-
-
-class MemberPath:
-    """One task of a fused run: its position, directive and event construction, as a
-    `PathRunner` keeps them for its single task."""
-
-    def __init__(self, task: PathTask, worker: str, wallclock: Callable[[], float]):
-        self.task = task
-        self.worker = worker
-        self.wallclock = wallclock
-        self.attempt = uuid.uuid4().hex[:12]
-        self.directive = Directive()
-        self.position = task.start
-        self.executed = 0
-        self.halted = False
-        self.done = False
-        self.evaluating = False  # evaluating step `position` (an error there is that step's)
-        self.values: dict[str, Any] | None = None
-        self.carried: Carried = []  # what its next checkpoint carries (`dagtune.runner`)
-        self.current: int | None = None  # the step being trained (None: loading its state)
-
-    def event(self, kind: str, node: str | None, step: int, **fields: Any) -> dict:
-        return {
-            "kind": kind,
-            "task": self.task.key,
-            "attempt": self.attempt,
-            "node": node,
-            "step": step,
-            **fields,
-        }
-
-    def update(self, directive: Directive) -> list[dict]:
-        passed = sorted(s for s in directive.checkpoints - self.directive.checkpoints if s <= self.position)
-        self.directive = directive
-        return [self.event("declined", self.task.node_at(s), s) for s in passed if s > self.task.start]
-
-    @property
-    def paused(self) -> bool:
-        """At the boundary the coordinator asked to pause at (its checkpoint is saved)."""
-        return self.position == self.directive.pause_at and self.task.start < self.position < self.task.end
-
-    def next_step(self) -> tuple[Segment, int] | None:
-        """The (segment, step) to train next, or None where this task stops now."""
-        for segment in self.task.segments:
-            for t in range(max(segment.start, self.position), segment.end):
-                if self.directive.stop_at is not None and self.position >= self.directive.stop_at:
-                    return None
-                if self.paused or self.halted:
-                    return None
-                return segment, t
-        return None
-
-    def changes(self, segment: Segment, t: int) -> dict[str, Any]:
-        """The values `setup` gets before step `t`: all of them first, then the changed ones."""
-        now = config_values(segment.config, t)
-        if self.values is None:
-            changes = dict(now)
-        else:
-            changes = {
-                k: v for k, v in now.items() if k not in self.values or not same_value(v, self.values[k])
-            }
-        self.values = now
-        return changes
-
-    def resume_point(
-        self, store: CheckpointBackend | None
-    ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
-        """The latest committed checkpoint of this path with its commit info, else the task's
-        source (None: the coordinator knows it)."""
-        if store is not None:
-            for step in sorted(self.task.checkpoints, reverse=True):
-                if self.task.start < step < self.task.end:
-                    node = self.task.node_at(step)
-                    try:
-                        committed = through_storage(store.info, self.task.trainer.identity, node, step)
-                    except CheckpointError as error:
-                        raise _CorruptError(node, step, error) from error
-                    if committed is not None:
-                        return (node, step), committed
-        return self.task.source, None
-
-    def owner(self, step: int) -> str | None:
-        if step > self.task.start:
-            return self.task.node_at(step)
-        return self.task.source[0] if self.task.source is not None else None
-
-    def end_event(self, reason: str | None = None) -> dict:
-        reason = reason or ("done" if self.position >= self.task.end else "stopped")
-        return self.event(
-            "end",
-            self.owner(self.position),
-            self.position,
-            worker=self.worker,
-            reason=reason,
-            time=self.wallclock(),
-        )
-
-    def timeout_event(self, seconds: float, stack: str) -> dict:
-        """The ``error`` event of its step given up after `seconds` (`PathRunner.timeout_event`)."""
-        step = self.position if self.current is None else self.current
-        point = min(step + 1, self.task.end)
-        return self.event(
-            "error",
-            self.task.node_at(point),
-            point,
-            worker=self.worker,
-            time=self.wallclock(),
-            **timeout_fields(step, seconds, stack),
-        )
-
-    def error_event(self, error: BaseException) -> dict:
-        step = self.position if self.evaluating else min(self.position + 1, self.task.end)
-        return self.event(
-            "error",
-            self.task.node_at(step),
-            step,
-            worker=self.worker,
-            time=self.wallclock(),
-            **failure_fields(error),
-        )
 
 
 class _NoRoomError(Exception):
@@ -275,8 +144,11 @@ class FusedPathRunner:
     """Trains `tasks` (pairwise `can_fuse`) as fused groups, one step per round.
 
     Iterate `steps()`: each item is the list of events of one round, for every task that
-    produced any (the first round also carries the ``start`` and ``load`` events). `update`
-    applies a task's directive between rounds; `run` runs to the end.
+    produced any (the first round also carries the `TaskStarted` and `StateLoaded` events).
+    `update` applies a task's directive between rounds; `run` runs to the end. Each task's
+    position, directive and events are its `MemberPath` in `members`, as `PathRunner`'s.
+    `clock`, `step_seconds` (here: each member's share of a round) and `started` are
+    `PathRunner`'s.
     """
 
     def __init__(
@@ -289,6 +161,8 @@ class FusedPathRunner:
         wallclock: Callable[[], float] = time.time,
         checks: EvaluateChecks | None = None,
         resume_checks: ResumeChecks | None = None,
+        step_seconds: Callable[[], float] | None = None,
+        started: float | None = None,
     ):
         tasks = list(tasks)
         if not tasks:
@@ -304,9 +178,10 @@ class FusedPathRunner:
         self.store = store
         self.live = live
         self.clock = clock
+        self.step_seconds = step_seconds
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
-        self.members = {task.key: MemberPath(task, worker, wallclock) for task in tasks}
+        self.members = {task.key: MemberPath(task, worker, wallclock, started) for task in tasks}
         self.cohorts: list[_Cohort] = []
         wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
         for check in wanted:
@@ -316,9 +191,8 @@ class FusedPathRunner:
 
     # ------------------------------------------------------------------ directives
 
-    def update(self, key: str, directive: Directive) -> list[dict]:
-        """Take task `key`'s new directive; returns ``declined`` events for wanted checkpoints
-        it has already passed."""
+    def update(self, key: str, directive: Directive) -> list[TaskEvent]:
+        """Take task `key`'s new directive (`MemberPath.update`)."""
         return self.members[key].update(directive)
 
     def halt(self, key: str | None = None) -> None:
@@ -328,59 +202,31 @@ class FusedPathRunner:
 
     # ------------------------------------------------------------------ acquiring the states
 
-    def _load(self, member: MemberPath, host_state: dict, host_rng: dict) -> tuple[_Loaded, list[dict]]:
-        task = member.task
+    def _load(self, member: MemberPath, host_state: dict, host_rng: dict) -> tuple[_Loaded, list[TaskEvent]]:
         point, found = member.resume_point(self.store)
         if point is None:
             member.position = 0
             return _Loaded(member, host_state, host_rng, 0), []
         node, step = point
         member.position = step
-        identity = task.trainer.identity
-        live = None if self.live is None else self.live.take(identity, node, step)
-        if live is not None:
-            loaded = _Loaded(member, live.trainer.state_dict(), live.rng, step)
-            carried, origin = live.carried, "memory"
-        elif self.store is None:
-            raise RuntimeError(f"task {task.key} resumes from {point} but has no checkpoint store")
-        else:
-            try:
-                trainer_state, rng_state, carried = checkpoint_parts(
-                    through_storage(self.store.load, identity, node, step)
-                )
-            except CheckpointError as error:
-                raise _CorruptError(node, step, error) from error
-            loaded, origin = _Loaded(member, trainer_state, rng_state, step), "storage"
-        events = [member.event("load", node, step, origin=origin)]
-        if found is not None:  # a checkpoint the coordinator may not know: what it covers first
-            member.carried = list(carried)
-            events.extend(member.event("metrics", n, t, metrics=m) for n, t, m in carried)
-            events.append(member.event("checkpoint", node, step, nbytes=found.nbytes, sha256=found.sha256))
-        return loaded, events
+        trainer, state, rng, carried, origin = member.read_point(self.store, self.live, node, step)
+        loaded = _Loaded(member, trainer.state_dict() if trainer is not None else state, rng, step)
+        return loaded, member.resumed(node, step, origin, found, carried)
 
-    def _acquire(self) -> list[dict]:
+    def _acquire(self) -> list[TaskEvent]:
         """Load every member's state and form the cohorts; the first round's events."""
         spec = next(iter(self.members.values())).task.trainer
         fresh_host = build_trainer(spec.cls, spec.kwargs, spec.seed)
         fresh_state, fresh_rng = fresh_host.state_dict(), capture_rng()
-        events: list[dict] = []
+        events: list[TaskEvent] = []
         loaded: list[_Loaded] = []
         for member in self.members.values():
             try:
                 entry, loads = self._load(member, fresh_state, fresh_rng)
-            except _CorruptError as corrupt:
-                member.done = True
-                fields = {"worker": member.worker, "time": member.wallclock(), "error": str(corrupt)}
-                events.append(member.event("corrupt", corrupt.node, corrupt.step, **fields))
+            except CorruptPointError as corrupt:
+                events.append(member.corrupt(corrupt))
                 continue
-            start = member.event(
-                "start",
-                member.task.segments[0].node,
-                member.position,
-                worker=member.worker,
-                time=member.wallclock(),
-            )
-            events.extend([start, *loads])
+            events.extend([member.started(), *loads])
             loaded.append(entry)
         cohorts: list[list[_Loaded]] = []
         for entry in loaded:
@@ -406,7 +252,7 @@ class FusedPathRunner:
 
     # ------------------------------------------------------------------ the loop
 
-    def steps(self) -> Iterator[list[dict]]:
+    def steps(self) -> Iterator[list[TaskEvent]]:
         """The events of each round. The trainers' code runs with torch's thread count set to
         the tasks' ``torch_threads``; the caller's count is back between rounds."""
         inner = self._rounds()
@@ -418,7 +264,7 @@ class FusedPathRunner:
                 return
             yield events
 
-    def _rounds(self) -> Iterator[list[dict]]:
+    def _rounds(self) -> Iterator[list[TaskEvent]]:
         events = []
         if self.fusion_check is not None:
             verdict = self._check()
@@ -451,37 +297,33 @@ class FusedPathRunner:
             spec.cls, spec.kwargs, spec.seed, values, agreement=self.fusion_check == "agreement"
         )
 
-    def _fusion_event(self, ok: bool, reason: str) -> dict:
-        """The ``fusion`` event (under the first task's key) of a verdict."""
+    def _fusion_event(self, ok: bool, reason: str) -> FusionChecked:
+        """The `FusionChecked` (under the first task's key) of a verdict."""
         first = next(iter(self.members.values()))
         node = first.task.segments[0].node
-        return first.event(
-            "fusion", node, first.position, worker=first.worker, time=first.wallclock(), ok=ok, reason=reason
+        return FusionChecked(
+            first.task.key, first.attempt, node, first.position, first.worker, first.wallclock(), ok, reason
         )
 
-    def _end_unfused(self, started: bool) -> list[dict]:
+    def _end_unfused(self, started: bool) -> list[TaskEvent]:
         """Every member still training ends where it is, with reason ``"unfused"`` (after a
-        ``start`` when it had not started)."""
-        events = []
+        `TaskStarted` when it had not started)."""
+        events: list[TaskEvent] = []
         for member in self.members.values():
             if member.done:
                 continue
             if not started:
-                node = member.task.segments[0].node
-                fields = {"worker": member.worker, "time": member.wallclock()}
-                events.append(member.event("start", node, member.position, **fields))
-            member.done = True
-            events.append(member.end_event("unfused"))
+                events.append(member.started())
+            events.append(member.ended("unfused"))
         return events
 
-    def _round(self, cohort: _Cohort, several: bool, events: list[dict]) -> bool:
-        """One step of `cohort` (after its leaving members' ``end`` events); whether it trained."""
+    def _round(self, cohort: _Cohort, several: bool, events: list[TaskEvent]) -> bool:
+        """One step of `cohort` (after its leaving members' `TaskEnded`); whether it trained."""
         plan = [(k, member, member.next_step()) for k, member in enumerate(cohort.members)]
         staying = [(k, member, step) for k, member, step in plan if step is not None]
         for _, member, step in plan:
             if step is None:
-                member.done = True
-                events.append(member.end_event())
+                events.append(member.ended())
         if not staying:
             cohort.members = []
             return False
@@ -502,7 +344,10 @@ class FusedPathRunner:
             if any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
                 raise _UnfusibleError(error) from error
             raise
-        seconds = (self.clock() - began) / len(staying)
+        if self.step_seconds is not None:  # the executor says each member's share
+            seconds = self.step_seconds()
+        else:
+            seconds = (self.clock() - began) / len(staying)
         for k, (_, member, (segment, t)) in enumerate(staying):
             events.extend(self._after_step(member, group, k, segment, t, metrics[k], seconds))
         if several:
@@ -518,33 +363,33 @@ class FusedPathRunner:
         t: int,
         raw: Any,
         seconds: float,
-    ) -> list[dict]:
+    ) -> list[TaskEvent]:
         """A member's events for step `t`, exactly as `PathRunner` makes them."""
         task = member.task
         train_metrics = to_metrics(raw, "Trainer.train()")
         member.position = n = t + 1
         member.executed += 1
-        events = []
+        events: list[TaskEvent] = []
         wanted = n in task.checkpoints or n in member.directive.checkpoints
         last = n == task.end or n == member.directive.stop_at
         diverging = not all(math.isfinite(v) for v in train_metrics.values())
         if wanted or last or diverging or n % task.eval_every == 0:
             metrics = {**train_metrics, **self._evaluate(member, group, k)}
             member.carried.append((segment.node, n, metrics))
-            events.append(member.event("metrics", segment.node, n, metrics=metrics))
+            events.append(member.metrics(segment.node, n, metrics))
         if wanted and self.store is not None:
             state = checkpoint_state(group.state_dict(k), member.carried)
             info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
-            events.append(member.event("checkpoint", segment.node, n, nbytes=info.nbytes, sha256=info.sha256))
+            events.append(member.saved(segment.node, n, info))
             events.extend(self._check_resume(member, group, state, segment, n))
-        events.append(member.event("step", segment.node, n, seconds=seconds, train=train_metrics))
+        events.append(member.stepped(segment.node, n, seconds, train_metrics))
         return events
 
     # ------------------------------------------------------------------ the resume check
 
     def _check_resume(
         self, member: MemberPath, group: FusedGroup, saved: dict, segment: Segment, n: int
-    ) -> list[dict]:
+    ) -> list[TaskEvent]:
         """At a member's checkpoint at step `n` (`saved`: what was saved there), while this worker's resume checks of the
         model are due: the next step (its path's, or at its end its last segment's) trained
         as a group of one twice, once on a copy of the live host (the trainer object holding
@@ -566,7 +411,7 @@ class FusedPathRunner:
             )
             resumed = self._resumed_step(task, load, values)
         except (_NoRoomError, _NoCopyError) as error:
-            return [member.event("warning", segment.node, n, **_skipped(task, str(error)))]
+            return [member.warned(segment.node, n, _skipped(task, str(error)))]
         if resumed is None:
             return []
         keys = differences(live, resumed)
@@ -582,7 +427,7 @@ class FusedPathRunner:
                 "resume bug from this noise."
             )
             fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
-            return [member.event("warning", segment.node, n, **fields)]
+            return [member.warned(segment.node, n, fields)]
         raise ResumeChangedTrainingError(
             n, keys, likely_causes(_host_attributes(group.host), load()["trainer"], keys), task.check_resume
         )
@@ -639,28 +484,15 @@ class FusedPathRunner:
         member.evaluating = False
         return metrics
 
-    def timeout_events(self, seconds: float, stack: str = "") -> list[dict]:
-        """The ``error`` events of the round given up after `seconds`, one for every task
-        still training (`PathRunner.timeout_event`)."""
-        return [member.timeout_event(seconds, stack) for member in self.members.values() if not member.done]
+    def timeout_events(self, seconds: float, stack: str = "") -> list[TaskFailed]:
+        """The `TaskFailed` of the round given up after `seconds`, one for every task still
+        training (`MemberPath.timed_out`)."""
+        return [member.timed_out(seconds, stack) for member in self.members.values() if not member.done]
 
-    def error_events(self, error: BaseException) -> list[dict]:
-        """An ``error`` event for every task still training when `error` stopped the run."""
-        return [member.error_event(error) for member in self.members.values() if not member.done]
+    def error_events(self, error: BaseException) -> list[TaskFailed]:
+        """A `TaskFailed` for every task still training when `error` stopped the run."""
+        return [member.failed(error) for member in self.members.values() if not member.done]
 
-    def run(self, on_events: Callable[[list[dict]], None] | None = None) -> list[dict]:
-        """Run to the end; returns every event (a failure becomes ``error`` events)."""
-        everything: list[dict] = []
-        try:
-            for events in self.steps():
-                everything.extend(events)
-                if on_events is not None:
-                    on_events(events)
-        except Exception as error:  # a trainer's failure is reported, not raised
-            events = self.error_events(error)
-            for member in self.members.values():
-                member.done = True
-            everything.extend(events)
-            if on_events is not None:
-                on_events(events)
-        return everything
+    def run(self, on_events: Callable[[list[TaskEvent]], None] | None = None) -> list[TaskEvent]:
+        """Run to the end (`dagtune.runner.run_to_end`)."""
+        return run_to_end(self, on_events)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagtune.config import normalize_config
+from dagtune.events import MetricsReported, TaskFailed, TrainerWarned
 from dagtune.fusion import FusedPathRunner
 from dagtune.notices import Notices
 from dagtune.runner import PathRunner
@@ -63,11 +64,11 @@ def run_alone(
     events = FusedPathRunner([task], None).run() if fused else PathRunner(task, None).run()
     notices = Notices()
     for event in events:
-        if event["kind"] == "warning":
+        if isinstance(event, TrainerWarned):
             notices.show(event)
-        if event["kind"] == "error":
-            raise TrialError(f"run_alone failed at step {event['step']}:\n{event['traceback']}")
-    return [e["metrics"] for e in events if e["kind"] == "metrics"]
+        if isinstance(event, TaskFailed):
+            raise TrialError(f"run_alone failed at step {event.step}:\n{event.traceback}")
+    return [e.metrics for e in events if isinstance(e, MetricsReported)]
 
 
 def check_evaluate_count(value: Any, name: str = "check_evaluate") -> None:

@@ -1,4 +1,8 @@
-"""One algorithm's run: its callbacks routed from the coordinator, its decisions applied."""
+"""One algorithm's run: its callbacks routed from the coordinator, its decisions applied.
+
+Nothing re-enters: applying a decision only changes the coordinator's trial ledger, which
+queues what follows (known results, ends) and delivers it at its next `settle`, after the
+decision is applied; each callback is answered, then applied, in the coordinator's loop."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 from dagtune.algos import Algorithm, Decision, Extend, Stop, Submit
 from dagtune.config import Config
 from dagtune.coordinator import Coordinator
-from dagtune.records import COMPLETED, PENDING, Trial
+from dagtune.records import PENDING, Trial
 
 __all__ = ["Session"]
 
@@ -34,9 +38,6 @@ class Session:
         self.trials: dict[int, Trial] = {}
         self.error: BaseException | None = None
         self.finished = False
-        self.started = False  # the algorithm's first decisions are all applied
-        self._applying = False
-        self._depth = 0  # nested callbacks: known results arrive while decisions are applied
         self._pending: set[int] = set()  # its trials still pending: the run ends when none is
 
     def _adopt(self, trial: Trial) -> None:
@@ -55,13 +56,9 @@ class Session:
                 if restored is not None:
                     restored.tag = decision.tag
                     self._adopt(restored)
-                    self._replay(restored)
+                    coordinator.ledger.replay(restored, self)  # what it reported, told in turn
                     continue
-                self._applying = True  # results known already arrive inside submit
-                try:
-                    self._adopt(coordinator.submit(config, decision.steps, decision.tag))
-                finally:
-                    self._applying = False
+                self._adopt(coordinator.submit(config, decision.steps, decision.tag))
             elif isinstance(decision, Extend):
                 trial = coordinator.extend(decision.trial, decision.steps)
                 if trial.id in self.trials and trial.status == PENDING:  # known results may complete it
@@ -71,30 +68,17 @@ class Session:
             else:
                 raise TypeError(f"{type(self.algorithm).__name__} returned {decision!r}, not a decision")
 
-    def _replay(self, trial: Trial) -> None:
-        """Tell the algorithm what a trial restored from an earlier session already reported."""
-        for step, metrics in list(trial.curve):
-            self.on_result(trial, step, metrics)
-        if trial.status == COMPLETED:
-            self.on_complete(trial)
-        elif trial.status != PENDING:
-            self.on_end(trial)
-
     def _callback(self, trial: Trial | None, method: str, *args: Any) -> None:
-        if trial is not None and self._applying:
-            self._adopt(trial)
+        """Ask the algorithm (`method`), then apply its decisions."""
         if self.error is not None or (trial is not None and trial.id not in self.trials):
             return
-        self._depth += 1
         try:
             decide = getattr(self.algorithm, method)
             self.apply(decide(*args) if trial is None else decide(trial, *args))
         except BaseException as error:  # surfaced by Study.run in the caller's thread
             self.error = error
-        finally:
-            self._depth -= 1
-        if self._depth == 0 and self.error is None:
-            self.check_end()
+            return
+        self.check_end()
 
     def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
         self._callback(trial, "on_result", step, metrics)
@@ -108,7 +92,7 @@ class Session:
         self._callback(trial, "on_end")
 
     def on_idle(self, free: int) -> None:
-        if self.started and not self.finished:
+        if not self.finished:
             self._callback(None, "on_idle", free)
 
     def check_end(self) -> None:
@@ -116,5 +100,4 @@ class Session:
         if self.algorithm.is_finished():
             for trial_id in sorted(self._pending):
                 self.coordinator.stop(trial_id)
-        if self.started:
-            self.finished = not self._pending
+        self.finished = not self._pending

@@ -2,9 +2,9 @@
 
 A `Study` owns a coordinator for one model identity (trainer class, trainer arguments,
 seed, version) and an executor: the embedded local Dask cluster by default, an existing
-Dask `Client`, or a `SimulatedExecutor`. On Dask a driver thread pumps the coordinator so
-trials progress while you do something else; in simulation the waiting caller pumps
-virtual time, which keeps runs deterministic.
+Dask `Client`, or a `SimulatedExecutor`. Its one event loop (`dagtune.study._loop`) turns
+the coordinator: on Dask a driver thread, so trials progress while you do something else;
+in simulation the waiting caller, which keeps runs deterministic.
 
 A study whose checkpoints are durable (a `CheckpointStore`: the default, or an executor
 given one) keeps its search plan, trial records and results under the storage URL
@@ -44,9 +44,10 @@ from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
+from dagtune.study._loop import StudyLoop
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
-from dagtune.study._workers import NoWorkersError, WorkerWatch
+from dagtune.study._workers import WorkerWatch
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
 from dagtune.summary import error_line
 from dagtune.tasks import TrainerSpec
@@ -58,12 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dagtune")
 
 __all__ = ["Study", "TrialHandle"]
-
-#: a burst of `Study.submit` calls (a plain loop) is planned as one: the driver launches work
-#: for submitted trials once this long passed without a submission. A stage launched for
-#: the first trial alone would run past the point where the next ones branch off, and that
-#: prefix would be trained again.
-SUBMIT_QUIET_SECONDS = 0.05
 
 
 class Study:
@@ -243,13 +238,9 @@ class Study:
         self._owned_cluster = None
         self._names: tuple[str, ...] | None = None
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._failure: BaseException | None = None
-        self._no_workers: NoWorkersError | None = None  # set while the cluster has none too long
         self._workers: WorkerWatch | None = None
         self._closed = False
         self._gc_at = time.monotonic()
-        self._submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit
         self._lease: StudyLease | None = None
         self._persistence: Persistence | None = None
         if executor is None:
@@ -316,6 +307,7 @@ class Study:
             fuse=fuse,
             fusion_check=fusion_check,
         )
+        self._loop = StudyLoop(executor, self.coordinator, self._lock, self._tick, self._workers)
         # trial models after a run (`TrialResult.load_trainer`): from the study's checkpoints
         self._restorer = Restorer(
             self.store, self.identity, lambda: spec, fused=bool(fuse), torch_threads=torch_threads
@@ -331,10 +323,7 @@ class Study:
             self.coordinator.listeners.append(self._logging)
             self._logging.replay(self.coordinator.trials.values())
         self._metric: tuple[str | None, str] = (None, "max")
-        self._virtual = getattr(executor, "virtual", False)
-        if not self._virtual:
-            self._driver = threading.Thread(target=self._drive, name=f"dagtune-{name}", daemon=True)
-            self._driver.start()
+        self._loop.start(name)
         self._dashboard = None
         if getattr(self, "client", None) is not None:
             from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
@@ -415,74 +404,16 @@ class Study:
 
     # ------------------------------------------------------------------ driving
 
-    def _drive(self) -> None:
-        while not self._closed:
-            burst = self._in_burst()
-            events = self.executor.poll(timeout=SUBMIT_QUIET_SECONDS if burst else 0.2)
-            with self._lock:
-                try:
-                    for event in events:
-                        self.coordinator.handle(event)
-                    self._tick()
-                    if not self._in_burst():  # else the next round plans the whole burst
-                        self.coordinator.schedule()
-                    self._no_workers = self._check_workers()
-                except BaseException as error:  # a bug or a storage failure: wake every waiter
-                    self._failure = error
-                self._changed.notify_all()
-
-    def _check_workers(self) -> NoWorkersError | None:
-        """On Dask, whether the study has waited too long without any worker (reported live
-        meanwhile: `dagtune.study._workers`)."""
-        if self._workers is None:
-            return None
-        slots = self.executor.slots()
-        waiting = 0 if slots else sum(len(waiters) for waiters in self.coordinator.plan.active.values())
-        return self._workers.check(slots, waiting)
-
-    def _in_burst(self) -> bool:
-        """Trials were submitted less than `SUBMIT_QUIET_SECONDS` ago (more may follow)."""
-        return time.monotonic() - self._submitted_at < SUBMIT_QUIET_SECONDS
-
     def _tick(self, force: bool = False) -> None:
-        """Periodic durable work (journals, results) and automatic checkpoint collection."""
+        """The periodic work of the study's loop: durable work (journals, results; `force`:
+        whatever is due) and automatic checkpoint collection when the study's policy
+        collects every so often and it is time."""
         if self._persistence is not None:
             self._persistence.tick(self.coordinator, force=force)
-        self._collect_when_due()
-
-    def _collect_when_due(self) -> None:
-        """Collect checkpoints if the study's policy collects every so often and it is time."""
         policy = self.gc_policy
         interval = None if policy is None else policy.interval_seconds
         if interval is not None and time.monotonic() - self._gc_at >= interval:
             self._collect(policy)
-
-    def _call(self, function, *args: Any) -> Any:
-        with self._lock:
-            result = function(*args)
-            self.coordinator.schedule()
-            self._changed.notify_all()
-            return result
-
-    def _wait(self, done, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while not done():
-                if self._failure is not None:
-                    raise RuntimeError("the dagtune coordinator failed") from self._failure
-                if self._no_workers is not None:
-                    raise NoWorkersError(str(self._no_workers))
-                if self._virtual:
-                    self._tick()
-                    if self.coordinator.pump() == 0 and not self.coordinator.running:
-                        if done():
-                            return
-                        raise RuntimeError("nothing is running and nothing will: the wait can never end")
-                    continue
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"still waiting after {timeout} s")
-                self._changed.wait(0.5 if remaining is None else min(remaining, 0.5))
 
     # ------------------------------------------------------------------ trials
 
@@ -574,11 +505,13 @@ class Study:
         check_steps(steps)
         config = self._check_config(config)
         trial = self._take_restored(config, steps)
-        if trial is None:
-            with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
+        with self._lock:  # planned with the rest of a burst (`SUBMIT_QUIET_SECONDS`)
+            restored = trial is not None
+            if not restored:
                 trial = self.coordinator.submit(config, steps)
-                self._submitted_at = time.monotonic()
-                self._changed.notify_all()
+            self.coordinator.settle()  # its known results, at once
+            if not restored:
+                self._loop.submitted()
         return TrialHandle(self, trial)
 
     def evaluate(
@@ -612,13 +545,13 @@ class Study:
             try:
                 session.apply(algorithm.start(Context(slots=self.executor.slots(), seed=self.seed)))
                 self.coordinator.expect(normalize_config(c, owner="prospect") for c in algorithm.prospects())
-                session.started = True  # known results arriving during start must not end the run
+                self.coordinator.settle()  # the known results of its first trials
                 session.check_end()
                 self.coordinator.schedule()
                 # the run ends when its trials have ended and so has every stage no trial needs
                 # any more: the report then counts every step trained for the run (see
                 # `dagtune.coordinator.report_figures`), those a stop reached late included
-                self._wait(
+                self._loop.wait(
                     lambda: (
                         session.error is not None or (session.finished and not self.coordinator.unneeded())
                     ),
@@ -708,30 +641,22 @@ class Study:
         if self._closed:
             return
         self._closed = True
-        if getattr(self, "_driver", None) is not None:
-            self._driver.join(timeout=5)
         try:
-            if getattr(self, "coordinator", None) is not None:
-                with self._lock:
-                    try:
-                        self._take_arrived_events()
-                        self._collect_when_due()
-                    finally:  # the last work, journal lines and results; the leases go
-                        if self._persistence is not None:
+            if getattr(self, "_loop", None) is not None:
+                try:
+                    self._loop.stop()  # the driver's last turn, and the events that came after it
+                    with self._lock:
+                        self._tick()
+                finally:  # the last work, journal lines and results; the lease goes
+                    if self._persistence is not None:
+                        with self._lock:
                             self._persistence.close(self.coordinator)
         finally:
             try:
                 self._stop_execution()
             finally:
-                if self._persistence is None and self._lease is not None:
-                    self._lease.release()  # opening failed before its records were read
-
-    def _take_arrived_events(self) -> None:
-        """Handle the events that arrived after the driver's last round (an interrupted run
-        closes at once): the plan keeps the checkpoints and metrics they report."""
-        if not self._virtual:  # a simulation's poll would advance its virtual time
-            for event in self.executor.poll(0):
-                self.coordinator.handle(event)
+                if self._lease is not None and (self._persistence is None or not hasattr(self, "_loop")):
+                    self._lease.release()  # opening failed before the study could run
 
     def _stop_execution(self) -> None:
         """Stop the loggers (writing what is left), the dashboard feed, the demand, the
@@ -816,7 +741,7 @@ class TrialHandle:
         metrics; a failed one raises `TrialError`, one whose run was interrupted (pending, no
         longer training) a RuntimeError."""
         interrupted = self._study.coordinator.interrupted
-        self._study._wait(lambda: self.trial.done or self.trial.id in interrupted, timeout)
+        self._study._loop.wait(lambda: self.trial.done or self.trial.id in interrupted, timeout)
         if self.trial.id in interrupted:
             raise RuntimeError(
                 f"trial {self.trial.id} is pending but its run was interrupted: run the algorithm again, "
@@ -833,7 +758,7 @@ class TrialHandle:
         return [(k - 1, dict(m)) for k, m in self.trial.curve]
 
     def stop(self) -> None:
-        self._study._call(self._study.coordinator.stop, self.trial.id)
+        self._study._loop.call(self._study.coordinator.stop, self.trial.id)
 
     def __repr__(self) -> str:
         return f"<TrialHandle {self.trial.id} {self.trial.status} steps={self.trial.steps}>"
