@@ -8,7 +8,10 @@ or, where it is a schedule in some trial, the schedule itself as a category (its
 hyper-parameter with one value over those trials explains nothing and gets 0; one that alone
 varies explains all that varies and gets 1 without an evaluator (Optuna's fANOVA takes time
 exponential in a category's number of values: one of 22 values took 92 s on a busy 2-core
-machine, one of 26 more than 300 s).
+machine, one of 26 more than 300 s). For the same reason, when a varying category has more than
+`FANOVA_MAX_CHOICES` values (many schedules), Optuna's mean decrease in impurity
+(`MeanDecreaseImpurityImportanceEvaluator`, a random forest over one-hot categories) scores
+them instead of fANOVA, and `method_of` says so.
 
 With Optuna installed (``pip install 'dagtune[optuna]'``), the trials become Optuna trials
 and Optuna's evaluator scores them: fANOVA (`optuna.importance.FanovaImportanceEvaluator`,
@@ -31,12 +34,15 @@ from dagtune.config import config_dumps
 from dagtune.frames import is_constant, readable
 from dagtune.records import COMPLETED, Trial
 
-__all__ = ["FALLBACK", "hyperparameter_importance", "importance_key", "method_of"]
+__all__ = ["FALLBACK", "FANOVA_MAX_CHOICES", "hyperparameter_importance", "importance_key", "method_of"]
 
 log = logging.getLogger("dagtune")
 
 #: what scores importance without Optuna
 FALLBACK = "random-forest impurity (scikit-learn; install optuna for fANOVA)"
+
+#: the most values a category may have for fANOVA to score it (its time is exponential in them)
+FANOVA_MAX_CHOICES = 12
 
 
 def _finite(value: Any) -> bool:
@@ -77,7 +83,7 @@ def hyperparameter_importance(
         )
     columns = _variables(used)
     values = [float(t.metrics[metric]) for t in used]
-    varying = [name for name, column in columns.items() if len(set(map(json.dumps, column))) > 1]
+    varying = _varying(columns)
     scores = dict.fromkeys(columns, 0.0)
     if len(varying) == 1:
         scores[varying[0]] = 1.0
@@ -127,7 +133,9 @@ def _optuna(
             for name in varying
         }
         study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
-    if evaluator is None:
+    if evaluator is None and _widest_category(columns, varying) > FANOVA_MAX_CHOICES:
+        evaluator = optuna.importance.MeanDecreaseImpurityImportanceEvaluator(seed=seed)
+    elif evaluator is None:
         evaluator = optuna.importance.FanovaImportanceEvaluator(seed=seed)
     found = optuna.importance.get_param_importances(
         study, evaluator=evaluator, params=varying, normalize=True
@@ -135,14 +143,33 @@ def _optuna(
     return {name: float(score) for name, score in found.items()}
 
 
-def method_of(evaluator: Any = None) -> str:
-    """What scores importance: the evaluator's name, Optuna's fANOVA, or the fallback."""
+def _varying(columns: dict[str, list[Any]]) -> list[str]:
+    return [name for name, column in columns.items() if len(set(map(json.dumps, column))) > 1]
+
+
+def _widest_category(columns: dict[str, list[Any]], varying: list[str]) -> int:
+    """The most values of a varying non-numeric hyper-parameter (0 if none)."""
+    return max((len(set(map(str, columns[n]))) for n in varying if not _numeric(columns[n])), default=0)
+
+
+def method_of(evaluator: Any = None, trials: Iterable[Trial] | None = None, metric: str | None = None) -> str:
+    """What scores importance: the evaluator's name, Optuna's fANOVA (or its mean decrease
+    in impurity for `trials` whose categories are too wide for fANOVA), or the fallback."""
     if evaluator is not None:
         return type(evaluator).__name__
     try:
         import optuna  # noqa: F401
     except ImportError:
         return FALLBACK
+    if trials is not None and metric is not None:
+        used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
+        columns = _variables(used)
+        varying = _varying(columns)
+        widest = _widest_category(columns, varying)
+        if len(varying) > 1 and widest > FANOVA_MAX_CHOICES:
+            return (
+                f"mean decrease in impurity (optuna; fANOVA is exponential in a category's {widest} values)"
+            )
     return "fANOVA (optuna)"
 
 

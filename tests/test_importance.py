@@ -13,7 +13,7 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.dashboard import snapshot as snapshots
 from dagtune.dashboard.figures import StudyView, importance_html
 from dagtune.dashboard.snapshot import live_snapshot, result_snapshot, stored_snapshot
-from dagtune.importance import hyperparameter_importance
+from dagtune.importance import hyperparameter_importance, method_of
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 optuna = pytest.importorskip("optuna")
@@ -115,3 +115,29 @@ def test_a_hyper_parameter_that_alone_varies_gets_everything_without_an_evaluato
         "momentum": 0.0,
     }
     assert found.importance() == {"lr": 1.0, "momentum": 0.0} and Counting.calls == 0
+
+
+def test_a_category_too_wide_for_fanova_is_scored_by_impurity_and_said_so(monkeypatch):
+    """Two hyper-parameters vary, one of them over 18 schedules: fANOVA (exponential in a
+    category's values) is not run; Optuna's mean decrease in impurity scores them, and the
+    method says why."""
+    import optuna
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("fANOVA must not run on a category of 18 values")
+
+    monkeypatch.setattr(optuna.importance.FanovaImportanceEvaluator, "evaluate", refuse)
+    space = [
+        {"lr": dt.MultiStep(2.0**k, [milestone], 0.1), "momentum": momentum}
+        for k in range(-6, 0)
+        for milestone in range(1, 4)
+        for momentum in (0.5, 0.9)
+    ]
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(4))
+    found = study.run(GridSearch(space, metric="val_loss", mode="min", steps=4))
+    trials = list(study.coordinator.trials.values())
+    scores = found.importance()
+    assert set(scores) == {"lr", "momentum"} and sum(scores.values()) == pytest.approx(1.0)
+    method = method_of(trials=trials, metric="val_loss")
+    assert method.startswith("mean decrease in impurity") and "18 values" in method
+    assert method_of() == "fANOVA (optuna)"

@@ -205,7 +205,8 @@ def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | No
         except (ValueError, ImportError, RuntimeError):
             found = None
         else:
-            method = method_of() + (f", {len(used)} of {total} trials" if len(used) < total else "")
+            method = method_of(trials=used, metric=metric)
+            method += f", {len(used)} of {total} trials" if len(used) < total else ""
             found = {"method": method, "names": list(scores), "values": list(scores.values())}
         while len(_IMPORTANCE) >= _IMPORTANCE_KEPT:
             _IMPORTANCE.pop(next(iter(_IMPORTANCE)))
