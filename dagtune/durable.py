@@ -27,7 +27,7 @@ from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
-from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
+from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
     COMPLETED,
     OUTSIDE_THE_TRAINER,
@@ -160,6 +160,8 @@ class Persistence:
     """The durable side of one study session (see the module docstring).
 
     `describe` is the study's identity record (trainer, seed, version; never credentials).
+    `commit_seconds` bounds the time between journaling a record and its commit (default:
+    ``DAGTUNE_COMMIT_SECONDS`` from the environment, else 50 ms; `dagtune.plan.GroupCommit`).
     Raises ValueError if the study `name` already exists in storage for another identity.
     """
 
@@ -172,6 +174,7 @@ class Persistence:
         *,
         refresh_seconds: float = 2.0,
         results_seconds: float = 5.0,
+        commit_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.store = store
@@ -181,12 +184,16 @@ class Persistence:
         self.results_seconds = results_seconds
         self.clock = clock
         root = store.root
-        self.records = Journal(store.fs, f"{root}/studies/{name}/journal", header=records_header(name))
+        # one group commit for both journals, the plan's first: its events reach the disk no
+        # later than the trial records that need them
+        self.commit = GroupCommit(commit_seconds)
+        plan = Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity), commit=self.commit)
+        self.records = Journal(
+            store.fs, f"{root}/studies/{name}/journal", header=records_header(name), commit=self.commit
+        )
         self.earlier = read_records(self.records)
         self._check_identity(describe)
-        self.plan_journal = PlanJournal(
-            SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
-        )
+        self.plan_journal = PlanJournal(SearchPlan(), plan)
         self.plan_journal.load()
         self.results = ResultsWriter(
             results_url(store.url, name), store.storage_options, study=name, identity=identity
@@ -227,18 +234,16 @@ class Persistence:
         return coordinator.restore(self.earlier.trials.values(), retry)
 
     def _record(self, record: dict) -> None:
-        if record["r"] == "end":  # a finished trial: what it needs from the plan goes first
-            self.plan_journal.journal.flush()
-        self.records.append(record, sync=record["r"] == "end")
+        self.records.append(record)  # committed with (after) the plan events before it
 
     @property
     def incidents(self) -> list[str]:
         return [*self.plan_journal.journal.incidents, *self.records.incidents]
 
     def tick(self, coordinator: Coordinator, *, force: bool = False) -> None:
-        """Periodic work: flush what waited long enough, bring in other writers' plan events
-        every `refresh_seconds`, write results every `results_seconds` (all of it with
-        `force`)."""
+        """Periodic work: bring in other writers' plan events every `refresh_seconds`, write
+        results every `results_seconds` (all of it, and a commit of the journals, with
+        `force`; the journals commit on their own within `commit_seconds` otherwise)."""
         now = self.clock()
         if force or now - self._refreshed >= self.refresh_seconds:
             self._refreshed = now
@@ -250,19 +255,13 @@ class Persistence:
             self._record_work(coordinator)
         if force:
             self.flush()
-        else:
-            self.plan_journal.journal.maybe_flush()
-            self.records.maybe_flush()
         if results_due:  # last: the journals never wait for the results
             self.results.write(coordinator.trials)
 
     def flush(self) -> None:
-        """Write both journals' buffered lines: the plan's first (a trial's end record must
-        never be read before the plan events it needs)."""
-        try:
-            self.plan_journal.journal.flush()
-        finally:
-            self.records.flush()
+        """Commit both journals' buffered lines now: the plan's first (a trial's end record
+        must never be read before the plan events it needs)."""
+        self.commit.commit()
 
     def _record_work(self, coordinator: Coordinator) -> None:
         """What this session trained so far (executed steps, GPU-seconds of finished tasks),
