@@ -358,8 +358,11 @@ class StudyResults:
             )
         ):
             metrics = {m: float(v[i]) for m, v in finals.items() if not np.isnan(v[i])}
-            config = config_from_json(json.loads(str(text))) if text else {}
-            rows.append(TrialRow(int(trial_id), str(status), int(steps), metrics, config, str(error)))
+            text = str(text)
+            config = config_from_json(json.loads(text)) if text else {}
+            rows.append(
+                TrialRow(int(trial_id), str(status), int(steps), metrics, config, str(error), text or None)
+            )
         return rows
 
     @property

@@ -32,6 +32,7 @@ BENCHMARKS = (
     ("surrogate", "8. Hyper-parameter transfer across width (muP surrogates)"),
     ("scale", "9. Coordinator at scale"),
     ("resume_check", "10. The resume check's cost"),
+    ("stored_reads", "11. Reading a large stored study (durable path)"),
 )
 
 

@@ -40,13 +40,13 @@ def _cpu() -> float:
 
 def child(command: str, storage: str) -> dict[str, Any]:
     """Run `command` on `storage` here (imports first, then measured)."""
+    import pandas  # noqa: F401 - imported by the views that need it
+    import rich.console  # noqa: F401
+
     import dagtune as dt
     from dagtune.catalog import load_study, open_storage
     from dagtune.cli import main
     from dagtune.dashboard.snapshot import stored_snapshot
-
-    import pandas  # noqa: F401 - imported by the views that need it
-    import rich.console  # noqa: F401
 
     imports = _peak_mb()
     extra: dict[str, Any] = {}

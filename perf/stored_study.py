@@ -61,7 +61,9 @@ def generate(n: int, cache: Path = CACHE) -> str:
     plan_journal = PlanJournal(
         plan, Journal(store.fs, f"{store.root}/{IDENTITY}/plan", header=plan_header(IDENTITY), commit=commit)
     )
-    records = Journal(store.fs, f"{store.root}/studies/{NAME}/journal", header=records_header(NAME), commit=commit)
+    records = Journal(
+        store.fs, f"{store.root}/studies/{NAME}/journal", header=records_header(NAME), commit=commit
+    )
     records.append(
         {
             "r": "open",
@@ -78,7 +80,9 @@ def generate(n: int, cache: Path = CACHE) -> str:
         warm = 0.01 + 0.001 * (i // per_root)
         lr = 0.001 + 0.0001 * (i % per_root)
         config = {"lr": dt.Steps([warm, lr], [BRANCH_AT]), "momentum": dt.Constant(0.9)}
-        records.append({"r": "submit", "trial": i, "config": config_to_json(config), "steps": STEPS, "tag": None})
+        records.append(
+            {"r": "submit", "trial": i, "config": config_to_json(config), "steps": STEPS, "tag": None}
+        )
         node = plan.locate(config, STEPS, create=True)
         path = plan.segments(node, STEPS)
         fate = i % 100
@@ -86,11 +90,15 @@ def generate(n: int, cache: Path = CACHE) -> str:
         for owner, start, end in path:
             for step in range(start + 1, min(end, reached) + 1):
                 if plan.metrics_at(owner, step) is None:
-                    plan.record_metrics(owner, step, {"val_loss": _loss(warm, lr, step), "train_loss": 1.0 / step})
+                    plan.record_metrics(
+                        owner, step, {"val_loss": _loss(warm, lr, step), "train_loss": 1.0 / step}
+                    )
             if end <= reached and plan.checkpoint_at(owner, end) is None:
                 plan.record_checkpoint(owner, end, CheckpointInfo(4_000_000, f"{i:064x}"))
         trial = Trial(i, config, STEPS, node=node, segments=path)
-        trial.curve = [(s, plan.metrics_at(o, s)) for o, a, b in path for s in range(a + 1, min(b, reached) + 1)]
+        trial.curve = [
+            (s, plan.metrics_at(o, s)) for o, a, b in path for s in range(a + 1, min(b, reached) + 1)
+        ]
         trial.reported = reached
         if fate == 97:  # pending: interrupted, no end record
             trials[i] = trial
@@ -98,12 +106,21 @@ def generate(n: int, cache: Path = CACHE) -> str:
         status = {98: "stopped", 99: "failed"}.get(fate, "completed")
         trial.status, trial.metrics = status, (trial.curve[-1][1] if status != "failed" else None)
         trial.error = TRACEBACK if status == "failed" else None
-        end = {"r": "end", "trial": i, "status": status, "steps": reached, "metrics": trial.metrics, "error": trial.error}
+        end = {
+            "r": "end",
+            "trial": i,
+            "status": status,
+            "steps": reached,
+            "metrics": trial.metrics,
+            "error": trial.error,
+        }
         if status == "failed":
             end["cause"] = "trainer"
         records.append(end)
         trials[i] = trial
-    records.append({"r": "work", "session": records.writer, "executed_steps": 2 * n + 2 * ROOTS, "gpu_seconds": 0.1 * n})
+    records.append(
+        {"r": "work", "session": records.writer, "executed_steps": 2 * n + 2 * ROOTS, "gpu_seconds": 0.1 * n}
+    )
     plan_journal.journal.flush()
     ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=IDENTITY).write(trials)
     (directory / "READY").write_text(f"{n} trials\n")

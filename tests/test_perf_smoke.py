@@ -34,6 +34,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "surrogate",
         "scale",
         "resume_check",
+        "stored_reads",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(
