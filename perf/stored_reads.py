@@ -30,7 +30,11 @@ COMMANDS = ("status", "status --study", "tree", "open_results", "page snapshot")
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """The process's peak resident set (``VmHWM``: of this program's memory, where
+    ``ru_maxrss`` would count the parent's it was forked from)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
 
 
 def _cpu() -> float:
