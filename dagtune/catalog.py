@@ -20,7 +20,7 @@ from dagtune.coordinator import trial_figures
 from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan
-from dagtune.records import PENDING, Trial, TrialState, is_study_name
+from dagtune.records import PENDING, Trial, TrialState, is_study_name, parsed_configs_shared
 from dagtune.summary import metric_of, trained_from_trials, trained_to
 
 __all__ = [
@@ -129,6 +129,11 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
     Every line is checked as it is read (`dagtune.records`): one that is not what dagtune
     writes is skipped and listed in the study's `incidents` as ``file:line: reason``."""
     check_study_name(name)
+    with parsed_configs_shared():  # the records' configs are the plan's nodes': each parsed once
+        return _load_study(store, name, plans)
+
+
+def _load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None) -> StoredStudy:
     journal = Journal(store.fs, f"{store.root}/studies/{name}/journal", header=records_header(name))
     records = read_records(journal)
     if not records.opened:
