@@ -153,4 +153,5 @@ def markdown(result: dict[str, Any]) -> str:
         "ratios are what the store's guarantees cost. "
         f"Measured at commit {result.get('commit', '?')} with a load average of "
         f"{result.get('load_average', float('nan')):.1f} on this machine's cores when it began."
+        + (f" {result['note']}" if result.get("note") else "")
     )

@@ -126,6 +126,7 @@ def markdown(result: dict[str, Any]) -> str:
             ],
         )
         + f"\n\nMeasured at commit {result['commit']} on the durable path (storage on local disk)."
+        + (f" {result['note']}" if result.get("note") else "")
     )
 
 
