@@ -22,8 +22,8 @@ from dagtune.coordinator import trial_figures
 from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan
-from dagtune.records import PENDING, Trial, TrialState, is_study_name
-from dagtune.summary import metric_of, trained_to
+from dagtune.records import PENDING, Trial, TrialState, is_study_name, parsed_configs_shared
+from dagtune.summary import metric_of, trained_from_trials, trained_to
 
 __all__ = [
     "NotDagtuneStorageError",
@@ -33,6 +33,7 @@ __all__ = [
     "StudyNameError",
     "check_study_name",
     "collect_garbage",
+    "figures_of",
     "list_studies",
     "load_study",
     "open_storage",
@@ -114,7 +115,7 @@ class StoredStudy:
         trained = sum(trained_to(n) - n.start for n in self.plan.nodes.values())
         checkpoints = [i for n in self.plan.nodes.values() for i in n.checkpoints.values()]
         return {
-            **trial_figures(self.trials),
+            **figures_of(self.trials, self.plan),
             "plan_steps": trained,
             "checkpoints": len(checkpoints),
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
@@ -149,6 +150,26 @@ def _opened_studies(store: CheckpointStore) -> bool:
     return any(store.fs.isdir(f"{path.rstrip('/')}/lease") for path in paths)
 
 
+def figures_of(trials: list[Trial], plan: SearchPlan) -> dict[str, Any]:
+    """``trials``, ``trial_steps``, ``unique_steps`` and ``merge_rate`` of stored `trials`,
+    exactly as `dagtune.coordinator.trial_figures` gives them, read off the paths the plan
+    gave the trials (each node counts to the furthest step a trial reached on it: the union
+    of their paths) rather than by building a plan of their configs again; that is a walk
+    of their segments. Trials with a private path (trial-based studies) or none (the plan
+    lacks their node events) are counted as `trial_figures` counts them."""
+    reached = [t for t in trials if t.reached > 0]
+    if any(t.salt or not t.segments for t in reached):
+        return trial_figures(trials)
+    trial_steps = sum(t.reached for t in reached)
+    unique = sum(end - plan.nodes[node].start for node, end in trained_from_trials(reached).items())
+    return {
+        "trials": len(trials),
+        "trial_steps": trial_steps,
+        "unique_steps": unique,
+        "merge_rate": trial_steps / unique if unique else 1.0,
+    }
+
+
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:
     """The search plan of `identity` read from every writer's journal (nothing written)."""
     journal = PlanJournal(
@@ -165,6 +186,11 @@ def load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] 
     Every line is checked as it is read (`dagtune.records`): one that is not what dagtune
     writes is skipped and listed in the study's `incidents` as ``file:line: reason``."""
     check_study_name(name)
+    with parsed_configs_shared():  # the records' configs are the plan's nodes': each parsed once
+        return _load_study(store, name, plans)
+
+
+def _load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal] | None) -> StoredStudy:
     directory = f"{store.root}/studies/{name}/journal"
     journal = Journal(store.fs, directory, header=records_header(name))
     with _reading(f"the records of study {name!r} (studies/{name}/journal)", store):
@@ -205,7 +231,13 @@ def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
     trials = []
     for state in sorted(states, key=lambda s: s.id):
         trial = Trial(
-            state.id, state.config, state.steps, status=state.status, error=state.error, cause=state.cause
+            state.id,
+            state.config,
+            state.steps,
+            status=state.status,
+            error=state.error,
+            cause=state.cause,
+            salt=state.salt,
         )
         trial.node = plan.locate(state.config, state.steps, salt=state.salt) or ""  # reading writes nothing
         trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []

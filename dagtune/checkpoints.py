@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -215,7 +216,7 @@ class CheckpointStore:
         # a retrying filesystem gives a large read the time its size needs (`dagtune.storage_retry`)
         sized = {"expected_bytes": marker["nbytes"]} if isinstance(self.fs, RetryingFileSystem) else {}
         try:
-            data = self.fs.cat_file(path, **sized)
+            data = self.fs.cat_file(path, **sized)  # one read: the bytes are hashed and loaded from it
         except FileNotFoundError:
             raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
         if len(data) != marker["nbytes"]:
@@ -223,16 +224,23 @@ class CheckpointStore:
                 f"{path}: has {len(data)} bytes, the {MARKER} marker says {marker['nbytes']} "
                 "(truncated or overwritten)"
             )
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != marker["sha256"]:
+        # hashed on another thread while torch reads the same bytes (hashlib releases the GIL);
+        # what was loaded is given back only if the hash matches
+        with _Digest(data) as digest:
+            try:
+                state = torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
+            except Exception as error:
+                failure: Exception | None = error
+            else:
+                failure = None
+        if digest.hexdigest != marker["sha256"]:
             raise CheckpointError(
-                f"{path}: sha256 is {digest}, the {MARKER} marker says {marker['sha256']} (corrupted)"
+                f"{path}: sha256 is {digest.hexdigest}, the {MARKER} marker says {marker['sha256']} (corrupted)"
             )
-        try:
-            return torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
-        except Exception as error:
-            reason = _short(error)
-            raise CheckpointError(f"{path}: cannot be loaded with weights_only=True: {reason}") from error
+        if failure is not None:
+            reason = _short(failure)
+            raise CheckpointError(f"{path}: cannot be loaded with weights_only=True: {reason}") from failure
+        return state
 
     def points(self, identity: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
         """Every committed checkpoint of `identity` as ``(node, step, info)``, in node and step
@@ -327,16 +335,19 @@ class CheckpointStore:
         existing = self._read_marker(directory)
         if existing is not None:
             return CheckpointInfo(existing["nbytes"], existing["sha256"])
-        data = serialize_state(state)
-        sha = hashlib.sha256(data).hexdigest()
-        name = f"state-{sha[:16]}.pt"
+        buffer = _serialize(state)
+        data = buffer.getbuffer()  # no copy: hashed and written from torch.save's buffer
+        try:
+            sha = self._write_data(directory, data)
+            name, nbytes = f"state-{sha[:16]}.pt", len(data)
+        finally:
+            data.release()
         marker = json.dumps(
-            {"format": FORMAT_VERSION, "file": name, "nbytes": len(data), "sha256": sha}, sort_keys=True
+            {"format": FORMAT_VERSION, "file": name, "nbytes": nbytes, "sha256": sha}, sort_keys=True
         ).encode()
-        self._write_data(directory, name, data)
         for _ in range(3):
             if self._create_marker(f"{directory}/{MARKER}", marker):
-                return CheckpointInfo(len(data), sha)
+                return CheckpointInfo(nbytes, sha)
             winner = self._read_marker(directory)
             if winner is not None:  # another writer committed first: yield to it
                 if winner["file"] != name:
@@ -346,22 +357,28 @@ class CheckpointStore:
             f"{directory}: could not commit; the checkpoint is being saved and deleted concurrently"
         )
 
-    def _write_data(self, directory: str, name: str, data: bytes) -> None:
-        path = f"{directory}/{name}"
-        if self.local:
-            os.makedirs(directory, exist_ok=True)
-            if os.path.exists(path) and os.path.getsize(path) == len(data):
-                return  # the same content (the name is its hash), written completely by another writer
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            try:
-                _write_synced(tmp, data)
-                os.replace(tmp, path)  # atomic: readers see no file or the whole file
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        else:
+    def _write_data(self, directory: str, data: memoryview) -> str:
+        """Write `data` as the data file named by its hash (``state-<sha256[:16]>.pt``) in
+        `directory`; returns the sha256. On a local disk the bytes are hashed on another
+        thread while they are written and fsynced under a temporary name, then renamed."""
+        if not self.local:
+            sha = hashlib.sha256(data).hexdigest()
             self.fs.makedirs(directory, exist_ok=True)
-            self.fs.pipe_file(path, data)  # an object store shows a whole object at once
+            self.fs.pipe_file(f"{directory}/state-{sha[:16]}.pt", bytes(data))  # a whole object at once
+            return sha
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{directory}/state.tmp-{uuid.uuid4().hex}"
+        try:
+            with _Digest(data) as digest:
+                _write_synced(tmp, data)
+            path = f"{directory}/state-{digest.hexdigest[:16]}.pt"
+            if not (os.path.exists(path) and os.path.getsize(path) == len(data)):
+                os.replace(tmp, path)  # atomic: readers see no file or the whole file
+            # else: the same content (the name is its hash), written completely by another writer
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return digest.hexdigest
 
     def _create_marker(self, path: str, payload: bytes) -> bool:
         """Write the marker if there is none; False if one exists already."""
@@ -425,7 +442,7 @@ def _modified(details: Mapping[str, Any]) -> float:
     return math.inf
 
 
-def _write_synced(path: str, data: bytes) -> None:
+def _write_synced(path: str, data: bytes | memoryview) -> None:
     with open(path, "wb") as file:
         file.write(data)
         file.flush()
@@ -442,6 +459,11 @@ _CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
 def serialize_state(state: dict) -> bytes:
     """``torch.save`` of `state` into bytes, refused (TypeError) unless
     ``torch.load(weights_only=True)`` can read it back."""
+    return _serialize(state).getvalue()
+
+
+def _serialize(state: dict) -> io.BytesIO:
+    """`serialize_state`, in the buffer torch.save wrote (no copy of the bytes)."""
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
     unusual = _first_unusual(state, "state")
@@ -457,14 +479,35 @@ def serialize_state(state: dict) -> bytes:
             raise
         where, kind = unusual
         raise TypeError(f"{where} is of type {kind}, {refusal} (torch.save: {_short(error)})") from error
-    data = buffer.getvalue()
     if unusual is not None:  # not obviously safe: let torch decide
+        buffer.seek(0)
         try:
-            torch.load(io.BytesIO(data), weights_only=True)
+            torch.load(buffer, weights_only=True)
         except Exception as error:
             where, kind = unusual
             raise TypeError(f"{where} is of type {kind}, {refusal} ({_short(error)})") from None
-    return data
+    return buffer
+
+
+class _Digest:
+    """The sha256 of `data`, computed on a thread of its own inside the ``with`` block
+    (hashlib releases the GIL), so that reading or writing the same bytes overlaps it;
+    `hexdigest` once the block is left."""
+
+    def __init__(self, data: bytes | memoryview):
+        self._data = data
+        self.hexdigest = ""
+        self._thread = threading.Thread(target=self._run, name="dagtune-checkpoint-hash", daemon=True)
+
+    def _run(self) -> None:
+        self.hexdigest = hashlib.sha256(self._data).hexdigest()
+
+    def __enter__(self) -> _Digest:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join()
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")

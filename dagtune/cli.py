@@ -41,6 +41,7 @@ from dagtune.catalog import (
     StudyNameError,
     check_study_name,
     collect_garbage,
+    figures_of,
     load_study,
     open_storage,
     stored_studies,
@@ -62,6 +63,7 @@ from dagtune.summary import (
     metric_of,
     reuse_text,
     seconds_label,
+    status_counts,
     trials_frame,
 )
 
@@ -599,8 +601,6 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
     """Trials, best so far and reuse of the studies in STORAGE."""
     from rich.table import Table
 
-    from dagtune.dashboard.snapshot import stored_snapshot  # the dashboard package loads distributed
-
     console = _console()
     studies = _studies(storage, study)
     table = Table(title=f"dagtune studies in {storage}")
@@ -622,7 +622,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         table.add_column("surrogate study")
     snapshots = {}
     for stored in studies:
-        snapshot = snapshots[stored.name] = stored_snapshot(stored, metric, mode)
+        snapshot = snapshots[stored.name] = _figures(stored, metric, mode)
         c, best = snapshot["counters"], snapshot["best"]
         link = links[stored.name]
         table.add_row(
@@ -648,7 +648,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
     if study:
         (stored,) = studies
         snapshot = snapshots[stored.name]
-        report = stored.report()
+        report = snapshot["report"]
         console.print(
             f"reuse: {report['trial_steps']} trial steps need {report['unique_steps']} unique steps "
             f"(merge rate {report['merge_rate']:.2f}); the search plan of {stored.identity} holds "
@@ -678,6 +678,37 @@ def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
         console.print(f"writer: {_escape(status)}")
 
 
+def _figures(stored: StoredStudy, metric: str | None, mode: str | None) -> dict[str, Any]:
+    """What `status` shows of a stored study, as the page's snapshot has it (``metric``,
+    ``mode``, ``hp``, ``best``, ``counters``, with `dagtune.summary`'s figures) and its
+    ``report``: a walk of the trials, without the stage tree's layout and learning curves
+    the page draws."""
+    trials = stored.trials
+    if metric is None:
+        metric, guessed = metric_of(trials)
+        mode = mode or guessed
+    mode = mode or "max"
+    report = stored.report()
+    ended = [t for t in trials if t.done and t.reached > 0]
+    so_far = figures_of(ended, stored.plan)["merge_rate"] if ended else None  # summary.merge_rate_so_far
+    best = best_of(trials, metric, mode)
+    return {
+        "metric": metric,
+        "mode": mode,
+        "hp": sorted({name for t in trials for name in t.config}),
+        "report": report,
+        "counters": {**status_counts(trials), **report, "merge_rate_ended": so_far, "ended": len(ended)},
+        "best": None
+        if best is None
+        else {
+            "trial": best.id,
+            "value": float(best.metrics[metric]),
+            "steps": best.reached,
+            "status": best.status,
+        },
+    }
+
+
 def _running(best: dict) -> str:
     """`` (at step 18, running)`` when the best value is a pending trial's (it may still change)."""
     return f" (at step {best['steps']}, running)" if best["status"] == "pending" else ""
@@ -698,13 +729,20 @@ def _print_failures(console: Any, stored: StoredStudy, storage: str, limit: int 
 
 
 def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
+    import heapq
+
     from rich.table import Table
 
     metric = snapshot["metric"]
-    frame = trials_frame(stored.trials).reset_index()
+    scored = [t for t in stored.trials if metric is not None and t.metrics and metric in t.metrics]
+    sign = -1.0 if snapshot["mode"] == "min" else 1.0
+    # the best `top` first (NaN last), then the frame of those alone: its columns are the same
+    ranked = heapq.nsmallest(
+        top, scored, key=lambda t: (t.metrics[metric] != t.metrics[metric], -sign * t.metrics[metric], t.id)
+    )
+    frame = trials_frame(ranked).reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
-    frame = frame.sort_values(metric, ascending=snapshot["mode"] == "min").head(top)
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
     shown = (c for hp in snapshot["hp"] for c in (hp, f"{hp}/schedule") if c in frame)
     columns = ["trial_id", "status", "steps", metric, *shown]
@@ -718,19 +756,40 @@ def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> N
 @main.command()
 @click.argument("storage")
 @click.option("--study", help="Only this study.")
+@click.option(
+    "--depth",
+    default=3,
+    show_default=True,
+    help="Levels of branches shown (0: all); deeper ones are counted.",
+)
+@click.option(
+    "--width",
+    default=8,
+    show_default=True,
+    help="Branches shown under each node (0: all); the rest are counted.",
+)
 @_user_errors
-def tree(storage: str, study: str | None) -> None:
-    """The stage tree of the studies in STORAGE: shared prefixes and where trials branch."""
+def tree(storage: str, study: str | None, depth: int, width: int) -> None:
+    """The stage tree of the studies in STORAGE: shared prefixes and where trials branch.
+
+    A large tree is folded: `--depth` levels, `--width` branches under each node (those
+    with the most trials first) and the first trials ending on each node; each fold says
+    how many branches and trials it holds and how to see them."""
     from rich.tree import Tree
 
     from dagtune.dashboard.figures import COLORS  # the dashboard loads bokeh and distributed
     from dagtune.dashboard.snapshot import stored_snapshot
 
+    for name, value in (("--depth", depth), ("--width", width)):
+        if value < 0:
+            raise UserError(f"{name} must be 0 (all) or more, got {value}", f"e.g. {name} 3")
     console = _console()
+    folded = False
     for stored in _studies(storage, study):
         snapshot = stored_snapshot(stored)
+        t = snapshot["tree"]
         pieces: dict[str, list[int]] = {}
-        for i, node in enumerate(snapshot["tree"]["node"]):
+        for i, node in enumerate(t["node"]):
             pieces.setdefault(node, []).append(i)
         ends: dict[str, list[str]] = {}
         metric = snapshot["metric"]
@@ -741,18 +800,78 @@ def tree(storage: str, study: str | None) -> None:
             shown = f"{value:.4g}" if isinstance(value, float) else "—"
             ends.setdefault(trial.segments[-1][0], []).append(f"#{trial.id} {shown}")
         root = Tree(f"[bold]{_escape(stored.name)}[/] ({len(stored.trials)} trials, {_escape(metric)})")
-        branches: dict[str | None, Any] = {None: root}
-        parents = snapshot["parents"]
-        for node in sorted(parents, key=lambda n: snapshot["tree"]["row"][pieces[n][0]]):
-            t = snapshot["tree"]
-            runs = " ".join(
-                f"[{COLORS.get(t['state'][i], 'white')}]{t['start'][i]}–{t['end'][i]}[/]×{t['trials'][i]}"
-                for i in pieces[node]
-            )
-            label = _escape(t["label"][pieces[node][0]])
-            trials = f"  → {', '.join(ends[node])}" if node in ends else ""
-            branches[node] = branches[parents[node]].add(f"{runs}  [dim]{label}[/]{trials}")
+        children: dict[str | None, list[str]] = {}
+        for node in sorted(snapshot["parents"], key=lambda n: t["row"][pieces[n][0]]):
+            children.setdefault(snapshot["parents"][node], []).append(node)
+        folds = _FoldedTree(t, pieces, children, ends, COLORS, depth, width)
+        folded |= folds.add(root, None, 1)
         console.print(root)
+    if folded:
+        console.print(
+            "[dim]folded: `--depth 0 --width 0` shows the whole tree; `dagtune dashboard` draws it[/]"
+        )
+
+
+class _FoldedTree:
+    """`dagtune tree`'s branches of one study, added to a rich Tree `depth` levels deep and
+    `width` branches wide (0: all), the branches with the most trials first."""
+
+    def __init__(
+        self,
+        pieces_of_tree: dict,
+        pieces: dict,
+        children: dict,
+        ends: dict,
+        colors: dict,
+        depth: int,
+        width: int,
+    ):
+        self.t, self.pieces, self.children, self.ends = pieces_of_tree, pieces, children, ends
+        self.colors, self.depth, self.width = colors, depth, width
+
+    def trials_on(self, node: str) -> int:
+        return max(self.t["trials"][i] for i in self.pieces[node])
+
+    def line(self, node: str) -> tuple[str, bool]:
+        """A node's line (its pieces, label and the first trials ending on it), and whether
+        trials were left out of it."""
+        t, width = self.t, self.width
+        runs = " ".join(
+            f"[{self.colors.get(t['state'][i], 'white')}]{t['start'][i]}–{t['end'][i]}[/]×{t['trials'][i]}"
+            for i in self.pieces[node]
+        )
+        label = _escape(t["label"][self.pieces[node][0]])
+        ending = self.ends.get(node, [])
+        listed = ending if not width or len(ending) <= width else ending[:width]
+        more = f", … {len(ending) - len(listed)} more" if len(listed) < len(ending) else ""
+        trials = f"  → {', '.join(listed)}{more}" if ending else ""
+        return f"{runs}  [dim]{label}[/]{trials}", bool(more)
+
+    def add(self, branch: Any, parent: str | None, level: int) -> bool:
+        """Add `parent`'s children under `branch`; True if anything was folded."""
+        below = self.children.get(parent, [])
+        if self.depth and level > self.depth:
+            hidden = sum(self.trials_on(n) for n in below)
+            branch.add(f"[dim]… {len(below)} branches below ({hidden} trial paths): --depth {level}[/]")
+            return True
+        kept = set(below)
+        if self.width and len(below) > self.width:
+            kept = set(sorted(below, key=lambda n: -self.trials_on(n))[: self.width])
+        folded = False
+        for node in below:
+            if node not in kept:
+                continue
+            text, more = self.line(node)
+            folded |= more
+            child = branch.add(text)
+            if self.children.get(node):
+                folded |= self.add(child, node, level + 1)
+        if len(kept) < len(below):
+            rest = [n for n in below if n not in kept]
+            paths = sum(self.trials_on(n) for n in rest)
+            branch.add(f"[dim]… {len(rest)} more branches ({paths} trial paths): --width {len(below)}[/]")
+            folded = True
+        return folded
 
 
 @main.command()

@@ -30,7 +30,7 @@ from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
-from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
+from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
     COMPLETED,
     OUTSIDE_THE_TRAINER,
@@ -168,6 +168,8 @@ class Persistence:
     `describe` is the study's identity record (trainer, seed, version; never credentials).
     `lease` is the study's writer lease, held (`StudyLease.acquire`): its session is the
     records journal's writer, and every write of the records and results checks it.
+    `commit_seconds` bounds the time between journaling a record and its commit (default:
+    ``DAGTUNE_COMMIT_SECONDS`` from the environment, else 50 ms; `dagtune.plan.GroupCommit`).
     Raises ValueError if the study `name` already exists in storage for another identity.
     """
 
@@ -181,6 +183,7 @@ class Persistence:
         lease: StudyLease,
         refresh_seconds: float = 2.0,
         results_seconds: float = 5.0,
+        commit_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.store = store
@@ -192,19 +195,22 @@ class Persistence:
         root = store.root
         self.lease = lease
         guarded = store.fs.with_guard(lease.ensure) if isinstance(store.fs, RetryingFileSystem) else store.fs
+        # one group commit for both journals, the plan's first: its events reach the disk no
+        # later than the trial records that need them
+        self.commit = GroupCommit(commit_seconds)
+        plan = Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity), commit=self.commit)
         self.records = Journal(
             guarded,
             f"{root}/studies/{name}/journal",
             header=records_header(name),
             writer=lease.session,
             guard=lease.ensure,
+            commit=self.commit,
         )
         self.earlier = read_records(self.records)
         self._submitters = {t.id: t.submitted_by for t in self.earlier.trials.values()}
         self._check_identity(describe)
-        self.plan_journal = PlanJournal(
-            SearchPlan(), Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity))
-        )
+        self.plan_journal = PlanJournal(SearchPlan(), plan)
         self.plan_journal.load()
         self.results = ResultsWriter(
             results_url(store.url, name),
@@ -257,18 +263,16 @@ class Persistence:
             submitter = self._submitters.get(record["trial"])
             if submitter is not None:
                 record = {**record, "submitted_by": submitter}
-        if kind == "end":  # a finished trial: what it needs from the plan goes first
-            self.plan_journal.journal.flush()
-        self.records.append(record, sync=kind == "end")
+        self.records.append(record)  # committed with (after) the plan events before it
 
     @property
     def incidents(self) -> list[str]:
         return [*self.plan_journal.journal.incidents, *self.records.incidents]
 
     def tick(self, coordinator: Coordinator, *, force: bool = False) -> None:
-        """Periodic work: flush what waited long enough, bring in other writers' plan events
-        every `refresh_seconds`, write results every `results_seconds` (all of it with
-        `force`)."""
+        """Periodic work: bring in other writers' plan events every `refresh_seconds`, write
+        results every `results_seconds` (all of it, and a commit of the journals, with
+        `force`; the journals commit on their own within `commit_seconds` otherwise)."""
         self.lease.ensure()  # a session that lost its lease stops here, whatever is due
         now = self.clock()
         if force or now - self._refreshed >= self.refresh_seconds:
@@ -281,19 +285,13 @@ class Persistence:
             self._record_work(coordinator)
         if force:
             self.flush()
-        else:
-            self.plan_journal.journal.maybe_flush()
-            self.records.maybe_flush()
         if results_due:  # last: the journals never wait for the results
             self.results.write(coordinator.trials)
 
     def flush(self) -> None:
-        """Write both journals' buffered lines: the plan's first (a trial's end record must
-        never be read before the plan events it needs)."""
-        try:
-            self.plan_journal.journal.flush()
-        finally:
-            self.records.flush()
+        """Commit both journals' buffered lines now: the plan's first (a trial's end record
+        must never be read before the plan events it needs)."""
+        self.commit.commit()
 
     def _record_work(self, coordinator: Coordinator) -> None:
         """What this session trained so far (executed steps, GPU-seconds of finished tasks),

@@ -54,6 +54,7 @@ class TrialRow:
     metrics: Mapping[str, float]
     config: Config
     error: str = ""
+    config_json: str | None = None  # the config's canonical JSON when it is at hand (read from storage)
 
 
 def row_of(trial: Trial) -> TrialRow:
@@ -123,7 +124,7 @@ def trials_table(rows: Iterable[TrialRow]):
             None if s is None or r.steps <= 0 else _value(s, r.steps - 1) for s, r in zip(sequences, rows)
         ]
     columns["error"] = [r.error or "" for r in rows]
-    columns["config"] = [config_dumps(r.config) for r in rows]
+    columns["config"] = [config_dumps(r.config) if r.config_json is None else r.config_json for r in rows]
     index = pd.Index([r.id for r in rows], name="trial_id", dtype="int64")
     return pd.DataFrame(columns, index=index)
 

@@ -17,10 +17,11 @@ study that resumes one rewrites its ``step`` coordinate.
 
 with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
 name, since a metric name may hold characters an array name can't). There is one row per
-trial, in trial id order (``trial_id`` says which). Writing rewrites the per-trial arrays,
-which are small, and adds to the learning curves only the points reported since the last
-write, so neither time nor memory grows with the largest trial id or with the steps between
-points. Works with zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their
+trial, in trial id order (``trial_id`` says which). A write costs what changed: the
+per-trial arrays are stored in chunks of 1,024 rows and only the chunks holding a trial that
+changed are written again (new trials add rows), and the learning curves get only the points
+reported since the last write, so neither time nor memory grows with the trials, the largest
+trial id or the steps between points. Works with zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their
 two ways of making an array and of storing variable-length text.
 """
 
@@ -46,6 +47,7 @@ __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 FORMAT = "dagtune-results/2"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _CHUNK_VALUES = 65536
+_CHUNK_ROWS = 1024  # rows of a per-trial array written together
 _STEP_BLOCK = 1 << 16  # step coordinates written at once
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -86,6 +88,13 @@ def _open_group(url: str, mode: str, storage_options: Mapping[str, Any] | None):
 class ResultsWriter:
     """Writes the trials of one study to its zarr group (the coordinator's job).
 
+    Each write costs what changed since the last one: the per-trial arrays are chunked by
+    `_CHUNK_ROWS` rows and only the chunks holding a changed trial are written (new trials
+    add rows: the arrays grow), and the learning curves get only the points reported since.
+    Finding what changed compares one small tuple per trial; nothing else walks every trial,
+    unless rows moved (a trial id below the last one written, as after restoring) or the
+    metrics' array names changed, which rewrite the group once.
+
     A write that fails with a transient storage error is retried whole by `retry`
     (`dagtune.storage_retry`; a write is idempotent), and `guard`, if given, is called before
     every attempt and may raise to forbid it (the study's writer lease)."""
@@ -106,9 +115,14 @@ class ResultsWriter:
         self.retry, self.guard = retry, guard
         self._group: Any = None
         self._written: dict[int, tuple] = {}  # trial id -> what its row showed when written
-        self._rows: list[int] | None = None  # trial ids in row order, as last written
+        self._rows: dict[int, int] = {}  # trial id -> its row, as last written
+        self._last = -1  # the largest trial id written
+        self._metrics: set[str] = set()  # every metric written
         self._keys: dict[str, str] = {}  # metric -> array name, as last written
+        self._steps = 0  # columns of the curves, as last written
         self._points: dict[int, int] = {}  # trial id -> curve points written
+        #: chunks of the per-trial arrays the last write stored (one per array and chunk)
+        self.chunks_written = 0
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return f"ResultsWriter({self.url!r})"
@@ -122,8 +136,8 @@ class ResultsWriter:
     def _attempt(self, trials: Mapping[int, Trial]) -> bool:
         if self.guard is not None:
             self.guard()
-        ids = sorted(trials)
-        changed = [i for i in ids if self._written.get(i) != _snapshot(trials[i])]
+        written = self._written
+        changed = [i for i, t in trials.items() if written.get(i) != _snapshot(t)]
         if not changed:
             return False
         group = self._group
@@ -134,43 +148,75 @@ class ResultsWriter:
                 else single_attempt_options(self.url, self.storage_options)
             )
             group = self._group = _open_group(self.url, "a", options)
-        ordered = [trials[i] for i in ids]
-        steps = max((t.reached for t in ordered), default=0)
-        steps = max(steps, max((s for t in ordered for s, _ in t.curve), default=0))
-        keys = _array_names({m for t in ordered for _, ms in t.curve for m in ms})
-        # curves are appended to; they are written whole when rows moved or a metric is new
-        whole = self._rows is None or ids[: len(self._rows)] != self._rows or keys != self._keys
+        changed.sort()
+        fresh = [i for i in changed if i not in self._rows]
+        gone = len(self._rows) + len(fresh) != len(trials)  # a trial written before is missing
+        moved = gone or (bool(fresh) and fresh[0] < self._last)
+        metrics = self._metrics | {m for i in changed for _, ms in trials[i].curve for m in ms}
+        keys = _array_names(metrics)
+        renamed = keys != self._keys
         renumber = group.attrs.get("format", FORMAT) != FORMAT  # an older group's step coordinate
+        whole = moved or renamed or renumber or not self._rows
+        if whole:  # every row again, in trial id order
+            rows = {i: row for row, i in enumerate(sorted(trials))}
+            dirty = list(range(len(rows)))
+            points: dict[int, int] = {}
+        else:
+            rows = self._rows
+            for i in fresh:
+                rows[i] = len(rows)
+            dirty = sorted(rows[i] for i in changed)
+            points = self._points
+        order = sorted(rows, key=rows.__getitem__)  # trial ids by row
+        steps = max(
+            self._steps if not whole else 0,
+            max((trials[i].reached for i in (order if whole else changed)), default=0),
+            max((s for i in (order if whole else changed) for s, _ in trials[i].curve), default=0),
+        )
         group.attrs.update(
             {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
         )
-        _put(group, "trial_id", np.array(ids, dtype=np.int64))
-        _put(group, "status", _text([t.status for t in ordered]))
-        _put(group, "steps", np.array([t.reached for t in ordered], dtype=np.int64))
-        _put(group, "config", _text([config_dumps(t.config) for t in ordered]))
-        _put(group, "error", _text([t.error or "" for t in ordered]))
-        _put_steps(group, steps, rewrite=renumber)
+        self.chunks_written = 0
+        columns: dict[str, tuple[str, Callable[[Trial], Any]]] = {
+            "trial_id": ("int64", lambda t: t.id),
+            "status": ("text", lambda t: t.status),
+            "steps": ("int64", lambda t: t.reached),
+            "config": ("text", lambda t: config_dumps(t.config)),
+            "error": ("text", lambda t: t.error or ""),
+        }
         for metric, key in keys.items():
-            final = [np.nan if not t.metrics else t.metrics.get(metric, np.nan) for t in ordered]
-            _put(group, f"final/{key}", np.array(final, dtype=np.float64))
-            rows, columns, values = [], [], []
-            for row, trial in enumerate(ordered):
-                for step, reported in trial.curve[0 if whole else self._points.get(trial.id, 0) :]:
+            columns[f"final/{key}"] = ("float64", _final(metric))
+        for name, (dtype, value) in columns.items():
+            self.chunks_written += _put_rows(group, name, dtype, order, trials, dirty, value, whole)
+        _put_steps(group, steps, rewrite=renumber)
+        touched = order if whole else changed
+        for metric, key in keys.items():
+            rows_at, columns_at, values = [], [], []
+            for i in touched:
+                trial = trials[i]
+                for step, reported in trial.curve[points.get(i, 0) :]:
                     if metric in reported:
-                        rows.append(row)
-                        columns.append(step - 1)
+                        rows_at.append(rows[i])
+                        columns_at.append(step - 1)
                         values.append(reported[metric])
-            curve = _curve(group, f"curve/{key}", (len(ids), steps), clear=whole)
+            curve = _curve(group, f"curve/{key}", (len(order), steps), clear=whole)
             if values:
                 curve.set_coordinate_selection(
-                    (np.array(rows, dtype=np.int64), np.array(columns, dtype=np.int64)),
+                    (np.array(rows_at, dtype=np.int64), np.array(columns_at, dtype=np.int64)),
                     np.array(values, dtype=np.float64),
                 )
-        self._rows, self._keys = ids, keys
-        self._points = {t.id: len(t.curve) for t in ordered}
-        for i in changed:
-            self._written[i] = _snapshot(trials[i])
+        if whole:
+            written.clear()
+        for i in touched:
+            written[i] = _snapshot(trials[i])
+            points[i] = len(trials[i].curve)
+        self._rows, self._points, self._last = rows, points, max(rows, default=-1)
+        self._metrics, self._keys, self._steps = metrics, keys, steps
         return True
+
+
+def _final(metric: str) -> Callable[[Trial], float]:
+    return lambda t: np.nan if not t.metrics else t.metrics.get(metric, np.nan)
 
 
 def _snapshot(trial: Trial) -> tuple:
@@ -231,21 +277,37 @@ def _put_steps(group: Any, steps: int, *, rewrite: bool = False) -> None:
         array[begin:end] = np.arange(begin, end, dtype=np.int64)
 
 
-def _put(group: Any, name: str, values: np.ndarray) -> None:
-    """Write a whole 1-d array (small: one value per trial or step)."""
-    if name in group and group[name].shape == values.shape and group[name].dtype == values.dtype:
-        group[name][...] = values
-        return
-    array = _create(
-        group,
-        name,
-        shape=values.shape,
-        dtype=values.dtype,
-        chunks=(max(1, min(len(values), _CHUNK_VALUES)),),
-        overwrite=True,
-    )
-    if len(values):
-        array[...] = values
+def _put_rows(
+    group: Any,
+    name: str,
+    dtype: str,
+    order: list[int],
+    trials: Mapping[int, Trial],
+    dirty: list[int],
+    value: Callable[[Trial], Any],
+    whole: bool,
+) -> int:
+    """Write the rows `dirty` (sorted row numbers) of the per-trial array `name`, one chunk
+    of `_CHUNK_ROWS` rows at a time: each chunk holding a dirty row is written whole (its
+    rows from `order`, the trial ids by row); the array is created, grown or, with `whole`
+    or another layout (a group written before chunks were fixed), made anew. Returns the
+    chunks written."""
+    length = len(order)
+    kind = _text([]).dtype if dtype == "text" else np.dtype(dtype)
+    array = group.get(name)
+    if array is not None and (array.chunks != (_CHUNK_ROWS,) or array.dtype != kind):
+        array, whole = None, True
+    if array is None or whole:
+        array = _create(group, name, shape=(length,), dtype=kind, chunks=(_CHUNK_ROWS,), overwrite=True)
+        dirty = list(range(length))
+    elif array.shape != (length,):
+        array.resize((length,))
+    chunks = sorted({row // _CHUNK_ROWS for row in dirty})
+    for chunk in chunks:
+        begin, end = chunk * _CHUNK_ROWS, min((chunk + 1) * _CHUNK_ROWS, length)
+        values = [value(trials[i]) for i in order[begin:end]]
+        array[begin:end] = _text(values) if dtype == "text" else np.array(values, dtype=kind)
+    return len(chunks)
 
 
 # --------------------------------------------------------------------------- reading
@@ -321,8 +383,11 @@ class StudyResults:
             )
         ):
             metrics = {m: float(v[i]) for m, v in finals.items() if not np.isnan(v[i])}
-            config = config_from_json(json.loads(str(text))) if text else {}
-            rows.append(TrialRow(int(trial_id), str(status), int(steps), metrics, config, str(error)))
+            text = str(text)
+            config = config_from_json(json.loads(text)) if text else {}
+            rows.append(
+                TrialRow(int(trial_id), str(status), int(steps), metrics, config, str(error), text or None)
+            )
         return rows
 
     @property

@@ -33,6 +33,7 @@ BENCHMARKS = (
     ("scale", "9. Coordinator at scale"),
     ("resume_check", "10. The resume check's cost"),
     ("all_three", "11. All three together: surrogate, fusion and prefix sharing against Ray Tune"),
+    ("stored_reads", "12. Reading a large stored study (durable path)"),
 )
 
 

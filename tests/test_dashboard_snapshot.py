@@ -182,3 +182,24 @@ def test_the_scheduler_holds_the_latest_snapshot_per_study(tmp_path, scheduler_c
     assert attach(other) is None  # no page there: nothing is published
     assert set(client.get_metadata(list(SNAPSHOTS))) == keys
     other.close()
+
+
+def test_a_snapshot_carries_a_bounded_number_of_curves(monkeypatch):
+    """Past `CURVES_SENT` trials with a curve, a snapshot carries the best half and trials
+    evenly spaced by id, and says how many trials have one (issue 24: a 100,000-trial page)."""
+    from dagtune.dashboard import snapshot as snapshots
+    from dagtune.records import Trial
+
+    monkeypatch.setattr(snapshots, "CURVES_SENT", 10)
+    trials = []
+    for i in range(40):
+        trial = Trial(i, {"lr": dt.Constant(0.01 * (i + 1))}, 2, status="completed")
+        trial.curve = [(1, {"val_loss": 1.0}), (2, {"val_loss": abs(i - 20) / 10})]
+        trial.metrics, trial.reported = trial.curve[-1][1], 2
+        trials.append(trial)
+    result = type("R", (), {"_trials": trials, "report": {}, "metric": "val_loss", "mode": "min"})()
+    shown = result_snapshot(result)
+    curves = shown["curves"]
+    assert shown["curves_total"] == 40 and len(curves["trial"]) == 10
+    assert {18, 19, 20, 21, 22} <= set(curves["trial"])  # the best five (lowest val_loss)
+    assert curves["trial"] == sorted(curves["trial"]) and len(set(curves["trial"])) == 10

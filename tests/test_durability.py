@@ -336,7 +336,7 @@ def test_a_journal_file_of_another_model_is_refused_whole_and_reported(storage):
         known = plan_points(mine.plan)
     with study_on(storage, "theirs", kwargs={"dim": 4}) as theirs:  # another model identity
         theirs.submit(config, 6).result()
-        foreign = max(storage.fs()[0].ls(journal_dir(theirs), detail=False))
+    foreign = max(storage.fs()[0].ls(journal_dir(theirs), detail=False))  # committed by closing
     fs, _ = storage.fs()
     copied = f"{journal_dir(mine)}/{'f' * 32}.jsonl"
     fs.pipe_file(copied, fs.cat_file(foreign))  # well-formed lines, checksums and all

@@ -35,6 +35,7 @@ def test_perf_smoke_runs_every_benchmark(tmp_path):
         "scale",
         "resume_check",
         "all_three",
+        "stored_reads",
     }
     paper = results["benchmarks"]["paper"]["studies"]
     assert all(

@@ -40,7 +40,7 @@ from dagtune.summary import (
     trained_from_trials,
 )
 
-__all__ = ["FORMAT", "compose", "live_snapshot", "result_snapshot", "stored_snapshot"]
+__all__ = ["CURVES_SENT", "FORMAT", "compose", "live_snapshot", "result_snapshot", "stored_snapshot"]
 
 FORMAT = "dagtune-dashboard/1"
 
@@ -88,6 +88,9 @@ def compose(
     (shown as "surrogate (S=8) of NAME" or "target of NAME (S=8)"). `gpus`: the GPUs each of
     its stages asks for (0 or None: none, so its GPU-seconds are worker-seconds).
 
+    It carries the learning curves of at most `CURVES_SENT` trials (``curves_total`` says
+    how many have one), so a page of a 100,000-trial study stays small.
+
     Besides `counters` it holds the live merge rate (``counters["merge_rate_ended"]``, over
     the ``counters["ended"]`` trials that ended: `dagtune.summary.merge_rate_so_far`), the
     failed trials (``failures``: how many, and the first one's id and error line) and where
@@ -127,10 +130,9 @@ def compose(
     so_far, ended = merge_rate_so_far(trials)
     failed = failures(trials)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
-    for trial in sorted(trials, key=lambda t: t.id):
+    drawn = [t for t in trials if any(metric in m and _finite(m[metric]) for _, m in t.curve)]
+    for trial in sorted(_curves_sent(drawn, metric, mode), key=lambda t: t.id):
         points = [(s, m[metric]) for s, m in trial.curve if metric in m and _finite(m[metric])]
-        if not points:
-            continue
         curves["trial"].append(trial.id)
         curves["status"].append(trial.status)
         curves["final"].append(points[-1][1])
@@ -177,8 +179,30 @@ def compose(
         },
         "parents": dict(tree.parents),
         "curves": curves,
+        "curves_total": len(drawn),
         "importance": _importance(trials, metric, mode) if finished else None,
     }
+
+
+#: a snapshot carries at most this many learning curves (the best half by the metric's last
+#: value, then trials evenly spaced by id); ``curves_total`` says how many trials have one
+CURVES_SENT = 1000
+
+
+def _curves_sent(trials: list[Trial], metric: str | None, mode: str) -> list[Trial]:
+    """The trials whose curves a snapshot carries (all of them up to `CURVES_SENT`)."""
+    if len(trials) <= CURVES_SENT:
+        return trials
+
+    def last(trial: Trial) -> float:
+        value = [m[metric] for _, m in trial.curve if metric in m and _finite(m[metric])][-1]
+        return -value if mode == "max" else value
+
+    best = sorted(trials, key=lambda t: (last(t), t.id))[: CURVES_SENT // 2]
+    taken = {t.id for t in best}
+    rest = sorted((t for t in trials if t.id not in taken), key=lambda t: t.id)
+    count = CURVES_SENT - len(best)
+    return best + [rest[i * len(rest) // count] for i in range(count)]
 
 
 _IMPORTANCE: dict[str, dict | None] = {}  # importance_key -> what the snapshot shows

@@ -7,9 +7,15 @@ its own files, so concurrent writers never touch the same bytes and need no lock
 - object stores cannot append, so a writer puts numbered segments
   ``{writer}-{seq:08d}.jsonl``, one per batch (never rewriting an earlier one).
 
-Records are buffered and written in small batches (every `flush_events` records, after
-`flush_seconds`, and whenever a caller asks for durability with ``sync=True``), so a
-killed writer loses at most its last unflushed batch and the journal is never rewritten.
+Records are committed in groups (`GroupCommit`): a record is written, and fsynced on a local
+disk, at most `COMMIT_SECONDS` (50 ms) after it was appended, together with every record
+appended meanwhile, by a background thread; a caller that needs it on disk before it goes
+on asks with ``sync=True`` or `flush`. So a burst of events costs one write and one fsync
+per journal per 50 ms rather than one per event, a killed writer loses at most the records
+of its last 50 ms, and the journal is never rewritten. Journals that share a `GroupCommit`
+are written in the order they joined it, in every commit, so a record of a later journal is
+never on disk before a record of an earlier one appended before it (a study's trial records
+never run ahead of the search plan events they need).
 
 A journal may have a *header* (e.g. the model identity of a search plan): every file starts
 with a ``{"h": header}`` line, and a reader that knows the header skips (and reports) a whole
@@ -36,6 +42,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 import uuid
 import zlib
@@ -48,11 +55,24 @@ from fsspec.implementations.local import LocalFileSystem
 from dagtune.plan._plan import SearchPlan
 from dagtune.records import RecordError, parse_plan_event
 
-__all__ = ["Entry", "Journal", "PlanJournal", "plan_header", "records_header"]
+__all__ = [
+    "COMMIT_SECONDS",
+    "Entry",
+    "GroupCommit",
+    "Journal",
+    "PlanJournal",
+    "commit_seconds",
+    "plan_header",
+    "records_header",
+]
 
 log = logging.getLogger("dagtune")
 
 TAG = "dj1"
+#: at most this long between appending a record and its commit (write, and fsync on a local disk)
+COMMIT_SECONDS = 0.05
+#: an environment variable that sets another bound, in seconds (0: commit at every append)
+COMMIT_VARIABLE = "DAGTUNE_COMMIT_SECONDS"
 _FILE = re.compile(r"^(?P<writer>[0-9a-f]{32})(?:-(?P<seq>[0-9]{8}))?\.jsonl$")
 
 
@@ -106,14 +126,121 @@ def decode_line(line: bytes) -> dict:
     return record
 
 
+def commit_seconds(value: float | str | None = None) -> float:
+    """The commit bound: `value`, else the environment's ``DAGTUNE_COMMIT_SECONDS``, else
+    `COMMIT_SECONDS`; a ValueError names it unless it is a finite number of seconds >= 0."""
+    source = "commit_seconds"
+    if value is None:
+        value, source = os.environ.get(COMMIT_VARIABLE), COMMIT_VARIABLE
+    if value is None:
+        return COMMIT_SECONDS
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not 0 <= seconds < math.inf:
+        raise ValueError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+class GroupCommit:
+    """Commits what one or more journals buffered, together: at most `delay` seconds after
+    the first record of a group was appended (a background thread, started for each group
+    and gone when nothing waits), or at once on `commit`. The journals are written in the
+    order they joined, so ordering between them holds on disk. `commits` counts the groups
+    written; a failed write keeps its records for the next commit and its error is raised
+    to the next caller that appends or commits."""
+
+    def __init__(self, delay: float | None = None):
+        self.delay = commit_seconds(delay)
+        self.journals: list[Journal] = []
+        self.commits = 0
+        self._lock = threading.Lock()  # the journals' buffers and the schedule
+        self._writing = threading.Lock()  # held while a group is written: groups keep their order
+        self._wake = threading.Condition(self._lock)
+        self._due: float | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def join(self, journal: Journal) -> None:
+        with self._lock:
+            self.journals.append(journal)
+
+    def add(self, journal: Journal, line: bytes, *, now: bool) -> None:
+        """Buffer `line` of `journal`; committed within `delay`, or before returning with `now`."""
+        with self._lock:
+            journal._buffer.append(line)
+            self._raise_failure()
+            if not (now or self.delay == 0):
+                if self._due is None:
+                    self._due = time.monotonic() + self.delay
+                    if self._thread is None:
+                        self._thread = threading.Thread(
+                            target=self._run, name="dagtune-journal-commit", daemon=True
+                        )
+                        self._thread.start()
+                return
+        self.commit()
+
+    def commit(self) -> None:
+        """Write (and fsync) every journal's buffered records now, in the journals' order."""
+        with self._writing:
+            with self._lock:
+                self._raise_failure()
+                self._due = None
+                self._wake.notify_all()  # a waiting committer has nothing left to wait for
+                batches = [(journal, journal._take()) for journal in self.journals]
+            self._write(batches)
+
+    def _write(self, batches: list[tuple[Journal, list[bytes]]]) -> None:
+        if not any(lines for _, lines in batches):
+            return
+        done = 0
+        try:
+            for journal, lines in batches:
+                journal._write(lines)
+                done += 1
+        except BaseException:
+            with self._lock:  # not written: first in line for the next commit
+                for journal, lines in batches[done:]:
+                    journal._buffer[:0] = lines
+            raise
+        self.commits += 1
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        """The background committer: waits for the group's deadline, commits, and ends once
+        nothing more waits."""
+        while True:
+            with self._lock:
+                while self._due is not None and self._due > time.monotonic():
+                    self._wake.wait(self._due - time.monotonic())
+                if self._due is None:
+                    self._thread = None
+                    return
+            try:
+                self.commit()
+            except Exception as error:  # kept for the next caller: records are never dropped
+                log.warning("dagtune journal: a commit failed (%r); retried at the next one", error)
+                with self._lock:
+                    self._error, self._due, self._thread = error, None, None
+                return
+
+
 class Journal:
     """One directory of journal files: this process writes its own, reads everyone's.
 
     `fs` and `directory` locate it; `writer` is this writer's id (a fresh uuid by default);
     `header` names the journal (written at the top of every file, checked when reading; a
-    reader without one accepts any header). Problems found while reading are appended to
-    `incidents` (and logged) as ``"path:line: reason"``. `guard`, if given, is called before
-    every write and may raise to forbid it (a study's records: `dagtune.study_lease`).
+    reader without one accepts any header); `commit` is the `GroupCommit` that writes its
+    records (its own, with the default bound, unless given). Problems found while reading
+    are appended to `incidents` (and logged) as ``"path:line: reason"``. `guard`, if given, is
+    called before every write and may raise to forbid it (a study's records:
+    `dagtune.study_lease`); the commit that raised keeps its records and raises to its next caller.
     """
 
     def __init__(
@@ -122,24 +249,18 @@ class Journal:
         directory: str,
         *,
         writer: str | None = None,
-        flush_events: int = 256,
-        flush_seconds: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
         header: dict | None = None,
         guard: Callable[[], None] | None = None,
+        commit: GroupCommit | None = None,
     ):
         self.fs = fs
         self.header = header
         self.guard = guard
         self.directory = directory.rstrip("/")
         self.writer = writer or uuid.uuid4().hex
-        self.flush_events = flush_events
-        self.flush_seconds = flush_seconds
-        self.clock = clock
         self.incidents: list[str] = []
         self._local = isinstance(fs, LocalFileSystem)
         self._buffer: list[bytes] = []
-        self._buffered_since: float | None = None
         self._segment = 0
         self._offsets: dict[str, int] = {}  # file -> bytes consumed (and lines, for locations)
         self._lines: dict[str, int] = {}
@@ -147,29 +268,40 @@ class Journal:
         self._started = False  # this writer's local file has its header
         self._checked: set[str] = set()  # files whose header was read
         self._foreign: set[str] = set()  # files of another journal: never read
+        self._commit = commit
+        if commit is not None:
+            commit.join(self)
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, record: dict, *, sync: bool = False) -> None:
-        """Add `record` (stamped with the time) to this writer's journal; written at the next
-        flush, at once with `sync`."""
-        record = {**record, "t": time.time()}
-        self._buffer.append(encode_line(record))
-        if self._buffered_since is None:
-            self._buffered_since = self.clock()
-        if sync or len(self._buffer) >= self.flush_events:
-            self.flush()
+    @property
+    def commit(self) -> GroupCommit:
+        """The `GroupCommit` that writes this journal (made on the first append if none was given)."""
+        if self._commit is None:
+            self._commit = GroupCommit()
+            self._commit.join(self)
+        return self._commit
 
-    def maybe_flush(self) -> None:
-        """Flush if the oldest buffered record waited `flush_seconds`."""
-        if self._buffered_since is not None and self.clock() - self._buffered_since >= self.flush_seconds:
-            self.flush()
+    def append(self, record: dict, *, sync: bool = False) -> None:
+        """Add `record` (stamped with the time) to this writer's journal: committed with the
+        records of its group within the commit bound, or before this returns with `sync`."""
+        record = {**record, "t": time.time()}
+        self.commit.add(self, encode_line(record), now=sync)
 
     def flush(self) -> None:
-        """Write the buffered records: appended and fsynced locally, a new segment elsewhere."""
-        if not self._buffer:
+        """Commit now what this journal and the journals of its group buffered."""
+        if self._commit is not None:
+            self._commit.commit()
+
+    def _take(self) -> list[bytes]:
+        lines, self._buffer = self._buffer, []
+        return lines
+
+    def _write(self, lines: list[bytes]) -> None:
+        """Write `lines`: appended and fsynced locally, a new segment elsewhere."""
+        if not lines:
             return
-        data = b"".join(self._buffer)
+        data = b"".join(lines)
         heading = encode_line({"h": self.header}) if self.header is not None else b""
         if self.guard is not None:
             self.guard()
@@ -185,7 +317,6 @@ class Journal:
             self.fs.pipe_file(path, heading + data)  # a segment is a file of its own
             self.fs.invalidate_cache(self.directory)
             self._segment += 1
-        self._buffer, self._buffered_since = [], None
 
     # ------------------------------------------------------------------ reading
 
@@ -271,11 +402,13 @@ class Journal:
 class PlanJournal:
     """Persists a `SearchPlan` in a `Journal` and merges in other writers' events.
 
-    Node, checkpoint and drop events are flushed at once (a committed checkpoint is known
-    to the next process as soon as possible); metrics go in the next batch.
+    Events are committed in groups (`GroupCommit`: within 50 ms), in the order they
+    happened, so a step's metrics are never on disk after a checkpoint event that covers
+    them. A dropped checkpoint is committed before `drop_checkpoint` returns: the caller
+    deletes the checkpoint next, and no process may read a plan that still has it after.
     """
 
-    SYNC = frozenset({"node", "checkpoint", "drop_checkpoint"})
+    SYNC = frozenset({"drop_checkpoint"})
 
     def __init__(self, plan: SearchPlan, journal: Journal):
         self.plan = plan

@@ -47,6 +47,7 @@ from dagtune.records._checks import (
     is_study_name,
     parse_config,
     parse_metrics,
+    parsed_configs_shared,
 )
 from dagtune.records._plan_events import CheckpointInfo, PlanEvent, node_id, parse_plan_event
 from dagtune.records._trial import (
@@ -107,5 +108,6 @@ __all__ = [
     "parse_metrics",
     "parse_plan_event",
     "parse_trial_record",
+    "parsed_configs_shared",
     "read_study_records",
 ]

@@ -8,9 +8,12 @@ reader can skip the line and say why. The writers use the same rules (`check_ste
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dagtune.config import Config, config_from_json, normalize_config
@@ -27,6 +30,7 @@ __all__ = [
     "is_study_name",
     "parse_config",
     "parse_metrics",
+    "parsed_configs_shared",
     "shorten",
     "shown",
 ]
@@ -62,16 +66,45 @@ def check_steps(value: Any, owner: str = "steps") -> int:
     return value
 
 
+_PARSED: contextvars.ContextVar[dict[str, Config] | None] = contextvars.ContextVar(
+    "parsed_configs", default=None
+)
+
+
+@contextlib.contextmanager
+def parsed_configs_shared() -> Iterator[None]:
+    """Within the block, `parse_config` parses each distinct serialized config once (a
+    study's trial records and its search plan's node events carry the same configs: reading
+    both parses half as many); the configs it returns are copies (their sequences shared,
+    which nothing changes). What was parsed is let go when the block ends."""
+    token = _PARSED.set({})
+    try:
+        yield
+    finally:
+        _PARSED.reset(token)
+
+
 def parse_config(value: Any, owner: str = "config") -> Config:
     """The config serialized as `value` (`dagtune.config.config_to_json`), or `RecordError`."""
     if not isinstance(value, dict) or not value:
         raise RecordError(
             f"{owner} must be a non-empty dict of name -> serialized sequence, got {shown(value)}"
         )
+    parsed = _PARSED.get()
+    key = None
+    if parsed is not None:
+        with contextlib.suppress(TypeError, ValueError):  # not JSON-ready: parsed (and refused) below
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        if key in parsed:
+            return dict(parsed[key])
     try:
-        return normalize_config(config_from_json(value), owner=owner)
+        config = normalize_config(config_from_json(value), owner=owner)
     except (ValueError, TypeError, ArithmeticError, RecursionError) as error:
         raise RecordError(f"{owner} is not a serialized config: {shorten(str(error))}") from None
+    if key is not None:
+        parsed[key] = config
+        return dict(config)
+    return config
 
 
 def parse_metrics(value: Any, owner: str = "metrics", *, finite: bool = False) -> dict[str, float]:

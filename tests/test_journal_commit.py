@@ -1,0 +1,123 @@
+"""Journals commit in groups (issue 24): fsyncs follow the commit bound, not the events.
+
+Counted, never timed: the fsyncs of journal files made by a durable study of 20 trials and
+of 200 are the same when no commit falls due during the run; a record appended and left
+alone reaches the disk by itself (within the bound: waited for generously here); a group
+writes its journals in their order; a failed commit loses nothing and says so."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import dagtune as dt
+from dagtune.algos import GridSearch
+from dagtune.checkpoints import CheckpointStore
+from dagtune.plan import GroupCommit, Journal, commit_seconds
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+
+@pytest.fixture
+def journal_fsyncs(monkeypatch):
+    """The journal files (``.jsonl``) fsynced, in order, one entry per fsync."""
+    synced: list[str] = []
+    original = os.fsync
+
+    def counting(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(".jsonl"):
+            synced.append(path)
+        return original(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return synced
+
+
+def _grid_study(tmp_path, n: int) -> None:
+    configs = [{"lr": 0.001 * (i + 1)} for i in range(n)]
+    storage = str(tmp_path / f"runs{n}")
+    executor = SimulatedExecutor(4, store=CheckpointStore(storage))
+    with dt.Study(SyntheticTrainer, name="grid", storage=storage, executor=executor) as study:
+        study.run(GridSearch(configs, metric="val_loss", mode="min", steps=2), progress=False)
+
+
+def test_a_studys_journal_fsyncs_do_not_grow_with_its_trials(tmp_path, monkeypatch, journal_fsyncs):
+    """With a bound longer than the runs, the journals are committed when the study opens
+    (its open record), by the run's end and when it closes: as often for 200 trials (800
+    plan events, 400 trial records) as for 20."""
+    monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", "3600")
+    _grid_study(tmp_path, 20)
+    small = len(journal_fsyncs)
+    journal_fsyncs.clear()
+    _grid_study(tmp_path, 200)
+    assert len(journal_fsyncs) == small <= 6, journal_fsyncs
+    records = dt.open_results(str(tmp_path / "runs200"), "grid").trials
+    assert len(records) == 200 and set(records["status"]) == {"completed"}
+
+
+def test_a_record_left_alone_is_committed_by_itself(tmp_path, journal_fsyncs):
+    journal = Journal(
+        dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "journal"), commit=GroupCommit(0.05)
+    )
+    for i in range(100):
+        journal.append({"r": "x", "i": i})
+    path = tmp_path / "journal" / f"{journal.writer}.jsonl"
+    deadline = time.monotonic() + 60  # generous: the bound is 50 ms, the machine may be loaded
+    while not (path.exists() and path.read_bytes().count(b"\n") == 100) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.read_bytes().count(b"\n") == 100
+    assert len(journal_fsyncs) == 1  # one group for the 100 records
+    _wait_for_committers()  # gone when idle
+
+
+def _wait_for_committers() -> None:
+    deadline = time.monotonic() + 60
+    while (
+        any(t.name == "dagtune-journal-commit" for t in threading.enumerate()) and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    assert not any(t.name == "dagtune-journal-commit" for t in threading.enumerate())
+
+
+def test_a_group_writes_its_journals_in_their_order(tmp_path, journal_fsyncs):
+    fs = dt.CheckpointStore(str(tmp_path)).fs
+    group = GroupCommit(3600)
+    plan, records = (
+        Journal(fs, str(tmp_path / "plan"), commit=group),
+        Journal(fs, str(tmp_path / "rec"), commit=group),
+    )
+    records.append({"r": "end"})  # appended first, written second: the plan goes first
+    plan.append({"e": "metrics"})
+    assert journal_fsyncs == []
+    records.flush()
+    assert [p.rsplit("/", 2)[-2] for p in journal_fsyncs] == ["plan", "rec"]
+    assert group.commits == 1
+    records.append({"r": "open"}, sync=True)  # committed before append returns
+    assert [p.rsplit("/", 2)[-2] for p in journal_fsyncs] == ["plan", "rec", "rec"]
+
+
+def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_path):
+    fs = dt.CheckpointStore(str(tmp_path)).fs
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the journal's directory should be")
+    journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
+    journal.append({"r": "a"})
+    _wait_for_committers()  # the background commit failed, and kept its error
+    with pytest.raises(OSError):
+        journal.append({"r": "b"})
+    blocked.unlink()
+    journal.flush()
+    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
+    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf"])
+def test_a_bad_commit_bound_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", value)
+    with pytest.raises(ValueError, match="DAGTUNE_COMMIT_SECONDS must be a finite number"):
+        commit_seconds()
+    with pytest.raises(ValueError, match="commit_seconds must be"):
+        commit_seconds(-0.5)

@@ -1,0 +1,103 @@
+"""The results writer costs what changed (issue 24): a write after a few trials changed
+stores the same number of zarr chunks in a study of 3,000 trials as in one of 30,000,
+counted at the zarr store, and what it stores reads back exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+import zarr.storage
+
+import dagtune as dt
+from dagtune.records import Trial
+from dagtune.results import ResultsWriter, open_results
+
+pytestmark = pytest.mark.skipif(int(zarr.__version__.split(".")[0]) < 3, reason="counts zarr 3's store")
+
+
+def _trials(n: int) -> dict[int, Trial]:
+    trials = {}
+    for i in range(n):
+        trial = Trial(i, {"lr": dt.Constant(0.001 * (i + 1))}, 4)
+        trial.curve, trial.reported = [(1, {"loss": 1.0 / (i + 1)})], 1
+        trials[i] = trial
+    return trials
+
+
+def _advance(trials: dict[int, Trial]) -> None:
+    """Three trials move on (one point each, the last one completes) and two are added: the
+    first and last trials and one in the middle, so (from 2,048 trials) three chunks of rows
+    are touched."""
+    n = len(trials)
+    for i in (0, n // 2, n - 1):
+        trial = trials[i]
+        trial.curve.append((2, {"loss": 0.5 / (i + 1)}))
+        trial.reported = 2
+    trials[n - 1].status, trials[n - 1].metrics = "completed", {"loss": 0.5 / n}
+    for i in (n, n + 1):
+        trials[i] = Trial(i, {"lr": dt.Constant(0.5)}, 4)
+
+
+@pytest.fixture
+def stored_keys(monkeypatch):
+    """The keys the zarr store is asked to set, by metadata and chunk."""
+    keys: list[str] = []
+    original = zarr.storage.LocalStore.set
+
+    async def counting(self, key, value):
+        keys.append(key)
+        return await original(self, key, value)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", counting)
+    return keys
+
+
+def _chunks_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
+    writer = ResultsWriter(
+        str(tmp_path / f"{n}" / "studies" / "s" / "results.zarr"), None, study="s", identity="x"
+    )
+    trials = _trials(n)
+    assert writer.write(trials)
+    _advance(trials)
+    keys.clear()
+    assert writer.write(trials)
+    return sorted(k for k in keys if not k.endswith("zarr.json"))  # metadata: one per array
+
+
+def test_a_write_stores_the_chunks_that_changed_whatever_the_trial_count(tmp_path, stored_keys):
+    small = _chunks_of_a_write(tmp_path, 3000, stored_keys)
+    large = _chunks_of_a_write(tmp_path, 30000, stored_keys)
+    # 6 per-trial arrays x 3 chunks of rows, the curve's chunks of the 4 points, 1 of steps
+    assert len(large) == len(small) <= 6 * 3 + 4 + 1
+
+    results = open_results(str(tmp_path / "30000"), "s")
+    frame = results.trials
+    assert len(frame) == 30002 and list(frame.index[-3:]) == [29999, 30000, 30001]
+    assert frame.loc[29999, "status"] == "completed" and frame.loc[29999, "loss"] == 0.5 / 30000
+    assert frame.loc[15000, "status"] == "pending" and frame.loc[15000, "steps"] == 2
+    curve = results.curve("loss")
+    assert curve.loc[15000, 1] == 0.5 / 15001 and curve.loc[15001, 0] == 1 / 15002
+    assert np.isnan(curve.loc[15001, 1]) and np.isnan(curve.loc[30000, 0])
+
+
+def test_nothing_changed_writes_nothing(tmp_path, stored_keys):
+    writer = ResultsWriter(str(tmp_path / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(10)
+    assert writer.write(trials)
+    stored_keys.clear()
+    assert not writer.write(trials)
+    assert stored_keys == []
+
+
+def test_rows_that_moved_are_written_again_in_trial_order(tmp_path):
+    """A trial id below the last one written (restored trials come in late) reorders the
+    rows: the group is rewritten whole, still one row per trial in id order."""
+    writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(5)
+    late = {i: trials.pop(i) for i in (1, 3)}
+    writer.write(trials)
+    writer.write({**trials, **late})
+    results = open_results(str(tmp_path), "s")
+    assert list(results.trials.index) == [0, 1, 2, 3, 4]
+    assert list(results.curve("loss")[0]) == pytest.approx([1.0 / (i + 1) for i in range(5)])
