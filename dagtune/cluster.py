@@ -1,6 +1,6 @@
 """Clusters for studies: adaptive scaling that sees dagtune's queue, and SLURM GPU workers.
 
-dagtune submits stages just in time, one task per free worker slot (DESIGN.md), so the
+dagtune submits stages just in time, one task per free worker slot (docs/DESIGN.md), so the
 stages waiting for a slot are not Dask tasks, and Dask's own adaptive target, which counts
 submitted tasks, would never grow a cluster for them (nor start the first worker of one at
 ``minimum=0``). So every study on Dask publishes its *demand* — how many stages are ready to

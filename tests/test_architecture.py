@@ -305,3 +305,16 @@ def test_the_readme_layout_lists_the_layers_and_their_modules():
     present = {p.stem if p.suffix else p.name for p in (ROOT / "dagtune").iterdir()}
     expected = [(name, [m for m in members if m in present]) for name, members in declared_layers()]
     assert shown == expected
+
+
+def test_every_document_the_package_cites_exists():
+    """A ``*.md`` path named in dagtune's code or docstrings (``docs/DESIGN.md``,
+    ``docs/fusion.md``, ...) is a file of the repository, from its root."""
+    cited = {
+        (path.relative_to(ROOT), name)
+        for path in sorted((ROOT / "dagtune").rglob("*.py"))
+        for name in re.findall(r"[\w./-]+\.md\b", path.read_text())
+    }
+    assert cited, "no document cited: the pattern no longer finds citations"
+    missing = sorted(f"{where}: {name}" for where, name in cited if not (ROOT / name).is_file())
+    assert not missing, "cited documents that are not in the repository:\n" + "\n".join(missing)

@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +48,6 @@ class Node:
     requests: dict[int, set[Hashable]] = field(default_factory=dict)
     checkpoints: dict[int, CheckpointInfo] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    def child_ids(self) -> Iterator[str]:
-        for by_key in self.children.values():
-            for ids in by_key.values():
-                yield from ids
 
 
 class SearchPlan:

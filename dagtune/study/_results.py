@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
 from dagtune.records import COMPLETED, FAILED, Trial
 from dagtune.restore import Restorer, TrialPath
-from dagtune.summary import trials_frame
+from dagtune.summary import best_of, trials_frame
 from dagtune.trainer import Trainer
 
 __all__ = ["Result", "TrialError", "TrialResult"]
@@ -117,22 +116,14 @@ class Result:
 
     @property
     def best(self) -> TrialResult | None:
-        """The algorithm's answer if it names one (`Algorithm.best_trial`), else the completed
-        trial with the best final `metric` (longest trials first on ties)."""
+        """The algorithm's answer if it names one (`Algorithm.best_trial`), else
+        `dagtune.summary.best_of`: the completed trial with the best final finite `metric`
+        (longest trials first on ties; a NaN or infinite value is never the best), as every
+        view shows it."""
         if self._chosen is not None and self._chosen.metrics:
             return _as_result(self._chosen, self._models)
-        scored = [
-            t
-            for t in self._trials
-            if t.metrics and self.metric in t.metrics and not math.isnan(t.metrics[self.metric])
-        ]
-        if not scored:
-            return None
-        completed = [t for t in scored if t.status == COMPLETED] or scored
-        sign = 1.0 if self.mode == "max" else -1.0
-        return _as_result(
-            max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id)), self._models
-        )
+        best = best_of(self._trials, self.metric, self.mode)
+        return None if best is None else _as_result(best, self._models)
 
     def trial(self, trial_id: int) -> TrialResult:
         """The `TrialResult` of trial `trial_id` of this run."""

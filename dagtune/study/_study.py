@@ -65,7 +65,7 @@ SUBMIT_QUIET_SECONDS = 0.05
 
 
 class Study:
-    """A hyper-parameter study of one trainer (see DESIGN.md for the whole API).
+    """A hyper-parameter study of one trainer (see docs/DESIGN.md for the whole API).
 
     `client=None` starts an embedded local Dask cluster (one single-threaded worker process
     per core, or `workers`) and stops it on `close`; an existing `distributed.Client` is used
