@@ -41,6 +41,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from dagtune.errors import DagtuneError
 from dagtune.records import CheckpointInfo
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
@@ -62,7 +63,7 @@ def process_token() -> str:
     return _PROCESS
 
 
-class CheckpointError(Exception):
+class CheckpointError(DagtuneError):
     """A checkpoint that cannot be trusted: missing commit marker or data file, wrong size or
     checksum, unreadable contents. The message names the path and what is wrong."""
 

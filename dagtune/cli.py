@@ -44,6 +44,7 @@ from dagtune.catalog import (
 )
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import check_fuse
+from dagtune.errors import DagtuneError
 from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
@@ -64,7 +65,7 @@ from dagtune.summary import (
 __all__ = ["main"]
 
 
-class UserError(click.ClickException):
+class UserError(click.ClickException, DagtuneError):
     """One line saying what is wrong and one saying what to do."""
 
     exit_code = 2

@@ -74,7 +74,6 @@ def config_values(config: Config, step: int) -> dict[str, Scalar]:
     return {name: sequence(step) for name, sequence in config.items()}
 
 
-
 def config_first_difference(a: Config, b: Config, lo: int, hi: int) -> int:
     """The first step in ``[lo, hi)`` where any hyper-parameter differs, or `hi`.
 

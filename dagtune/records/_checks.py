@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dagtune.config import Config, config_from_json, normalize_config
+from dagtune.errors import DagtuneError
 
 __all__ = [
     "MAX_STEPS",
@@ -43,7 +44,7 @@ _STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHOWN = 80  # characters of a bad value quoted in a message
 
 
-class RecordError(ValueError):
+class RecordError(DagtuneError, ValueError):
     """A record or event that is not what dagtune writes (the message names field and value)."""
 
 

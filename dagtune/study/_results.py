@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.config import Config
+from dagtune.errors import DagtuneError
 from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
 from dagtune.records import COMPLETED, FAILED, Trial
@@ -18,7 +19,7 @@ from dagtune.trainer import Trainer
 __all__ = ["Result", "TrialError", "TrialResult"]
 
 
-class TrialError(RuntimeError):
+class TrialError(DagtuneError, RuntimeError):
     """A trial's trainer raised (after the allowed retries); the message holds its traceback."""
 
 
