@@ -239,7 +239,7 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
     resumes), then exit with 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as a shell
     reports a process the signal ended)."""
     terminated = isinstance(interrupt, _Terminated)
-    trials = [trial for study in shown for trial in study.coordinator.trials.values()]
+    trials = [trial for study in shown for trial in study.view().trials]
     command = shlex.join(["dagtune", *sys.argv[1:]])
     if trials:
         pending = sum(1 for trial in trials if trial.status == PENDING)
@@ -478,8 +478,7 @@ def _check_fuse(fuse: bool | int, trainer: type) -> None:
 
 def _completed(study: Any) -> str:
 
-    with study._lock:
-        trials = list(study.coordinator.trials.values())
+    trials = study.view().trials
     return f"{sum(1 for t in trials if t.status == COMPLETED)}/{len(trials)}"
 
 

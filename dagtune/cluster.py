@@ -177,8 +177,7 @@ def asking_for_a_worker(client: Any) -> Iterator[None]:
 def study_demand(study: Any) -> int:
     """How many of `study`'s stages are ready to run but have no free worker slot (as its
     coordinator found at its last scheduling round)."""
-    with study._lock:
-        return study.coordinator.demand
+    return study.demand
 
 
 class DemandPublisher:
@@ -189,7 +188,7 @@ class DemandPublisher:
         self.study = study
         self.client = client if client is not None else study.client
         self.interval = interval
-        self.key = [*DEMAND, f"{study.name}-{study._token}"]
+        self.key = [*DEMAND, f"{study.name}-{study.token}"]
         self.published: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dagtune-demand-{study.name}", daemon=True)
@@ -209,7 +208,7 @@ class DemandPublisher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            if getattr(self.study, "_closed", False):
+            if self.study.closed:
                 return
             try:
                 self.publish()

@@ -27,11 +27,12 @@ from dagtune.records import (
     PENDING,
     STOPPED,
     CheckpointInfo,
+    ScheduleView,
     Trial,
     TrialState,
     check_steps,
 )
-from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
+from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities, schedule_view
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 __all__ = ["PLANNERS", "Coordinator", "TrialListener"]
@@ -763,6 +764,10 @@ class Coordinator:
             if self.fusion.asked
             else None,
         )
+
+    def schedule_view(self) -> ScheduleView:
+        """The running and queued spans and the critical path, for the views (claims nothing)."""
+        return schedule_view(self.plan, self.running, self.cost)
 
 
 def _jsonable(value: Any) -> Any:

@@ -66,13 +66,23 @@ class Sequence(ABC):
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __getstate__(self) -> dict:
-        return {name: getattr(self, name) for name in self._fields}
+        return self.arguments()
 
     def __setstate__(self, state: dict) -> None:
         self._store(**state)
 
     def _args(self) -> tuple:
         return tuple(getattr(self, name) for name in self._fields)
+
+    def arguments(self) -> dict[str, Any]:
+        """The arguments the sequence was written with, by name, in order."""
+        return {name: getattr(self, name) for name in self._fields}
+
+    @property
+    def is_template(self) -> bool:
+        """Whether an argument still holds a distribution (`dt.uniform`, ...): a template
+        for random search, with no value until `sample_distributions` draws one."""
+        return self._is_template
 
     # ---- identity
 
@@ -229,7 +239,9 @@ class Sequence(ABC):
     def _from_json_args(cls, data: dict) -> Sequence:
         return cls(**{name: _from_json_arg(data[name]) for name in cls._fields if name in data})
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
+        """This sequence with every distribution in its arguments drawn from `rng` (itself
+        when it holds none)."""
         if not self._is_template:
             return self
         return type(self)(*sample(self._args(), rng))

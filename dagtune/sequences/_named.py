@@ -216,7 +216,7 @@ class Warmup(Sequence):
         for start, primitive in self.then.pieces(max(horizon - self.steps, 1)):
             yield start + self.steps, primitive.shifted(self.steps)
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
         if not self._is_template:
             return self
         return Warmup(sample(self.steps, rng), sample(self.then, rng), sample(self.start, rng))
@@ -281,7 +281,7 @@ class Piecewise(Sequence):
             )
         return cls(*((m, Sequence.from_json(s)) for m, s in items))
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
         if not self._is_template:
             return self
         return Piecewise(*((m, sample(s, rng)) for m, s in self.items))

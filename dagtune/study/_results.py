@@ -11,7 +11,7 @@ from dagtune.config import Config
 from dagtune.errors import DagtuneError
 from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
-from dagtune.records import COMPLETED, FAILED, Trial
+from dagtune.records import COMPLETED, FAILED, Trial, TrialSnapshot
 from dagtune.restore import Restorer, TrialPath
 from dagtune.summary import best_of, trials_frame
 from dagtune.trainer import Trainer
@@ -148,6 +148,12 @@ class Result:
         if best is None:
             raise ValueError(f"no trial reported {self.metric!r}: give a trial id")
         return best
+
+    @property
+    def records(self) -> tuple[TrialSnapshot, ...]:
+        """The run's trials as frozen records (`dagtune.records.TrialSnapshot`): what the
+        notebook views and the page read of a result."""
+        return tuple(trial.snapshot() for trial in self._trials)
 
     @property
     def failed(self) -> list[TrialResult]:

@@ -25,6 +25,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -39,14 +40,14 @@ from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, StudyLink, StudyView, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.study._workers import NoWorkersError, WorkerWatch
-from dagtune.summary import error_line
+from dagtune.summary import error_line, trained_from_plan
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
 
@@ -664,6 +665,68 @@ class Study:
         figures defined in `dagtune.coordinator.report_figures`."""
         with self._lock:
             return self.coordinator.report()
+
+    # ------------------------------------------------------------------ the read model
+
+    def view(self, *, schedule: bool = False) -> StudyView:
+        """The study as it is now, frozen (`dagtune.records.StudyView`): its trials, report,
+        the metric and mode of the algorithm it runs, whether it is closed; with `schedule`,
+        also what runs and waits and the critical path (`dagtune.records.ScheduleView`,
+        from the scheduler) and the configs and steps trained of the nodes its trials pass.
+        Taken under the study's lock; every view reads a study through it."""
+        with self._lock:
+            coordinator = self.coordinator
+            trials = tuple(trial.snapshot() for trial in coordinator.trials.values())
+            configs = trained = None
+            if schedule:
+                plan = coordinator.plan
+                nodes = {node for trial in trials for node, _, _ in trial.segments}
+                configs = MappingProxyType({n: plan.nodes[n].config for n in nodes if n in plan.nodes})
+                trained = MappingProxyType(trained_from_plan(plan, nodes))
+            metric, mode = self._metric
+            return StudyView(
+                name=self.name,
+                identity=self.identity,
+                token=self._token,
+                trials=trials,
+                report=MappingProxyType(coordinator.report()),
+                metric=metric,
+                mode=mode,
+                closed=self._closed,
+                link=self.link,
+                gpus=(self.resources or {}).get("GPU"),
+                demand=coordinator.demand,
+                schedule=coordinator.schedule_view() if schedule else None,
+                configs=configs,
+                trained=trained,
+            )
+
+    @property
+    def changes(self) -> tuple:
+        """A value that differs whenever a view of the study may have changed (events
+        handled, trials, tasks running, the metric shown): what a view compares before it
+        takes a new `view()`, at no cost."""
+        with self._lock:
+            coordinator = self.coordinator
+            return (coordinator.events_seen, len(coordinator.trials), len(coordinator.running), self._metric)
+
+    @property
+    def demand(self) -> int:
+        """How many stages are ready to run but have no free worker slot (as the study found
+        at its last scheduling round): what adaptive scaling asks workers for."""
+        with self._lock:
+            return self.coordinator.demand
+
+    @property
+    def token(self) -> str:
+        """The random suffix of this study's keys on its Dask scheduler (its event topic,
+        its dashboard snapshots, its published demand): two runs of one name never mix."""
+        return self._token
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (the threads that feed views stop when it is)."""
+        return self._closed
 
     # ------------------------------------------------------------------ lifetime
 
