@@ -43,6 +43,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.errors import DagtuneError
 from dagtune.records import CheckpointInfo
+from dagtune.validation import check_int, is_int
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 
@@ -75,9 +76,7 @@ def _check_id(owner: str, value: Any) -> str:
 
 
 def _check_step(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"checkpoint step must be a positive int, got {value!r}")
-    return value
+    return check_int("checkpoint step", value, minimum=1)
 
 
 class CheckpointStore:
@@ -264,8 +263,7 @@ class CheckpointStore:
         if (
             not isinstance(name, str)
             or not _DATA_FILE.match(name)
-            or isinstance(nbytes, bool)
-            or not isinstance(nbytes, int)
+            or not is_int(nbytes)
             or nbytes < 0
             or not isinstance(sha, str)
             or not _SHA256.match(sha)

@@ -53,6 +53,7 @@ from distributed.deploy.adaptive import Adaptive
 
 from dagtune.mainguard import check_main_guard
 from dagtune.security import embedded_security, protocol_of
+from dagtune.validation import is_number
 from dagtune.worker_preload import LEFT_TO_THE_STUDY
 
 if TYPE_CHECKING:
@@ -88,11 +89,7 @@ def total_demand(published: Any) -> int:
     """The sum of the demands studies published (anything malformed counts as nothing)."""
     if not isinstance(published, dict):
         return 0
-    return sum(
-        int(value)
-        for value in published.values()
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    )
+    return sum(int(value) for value in published.values() if is_number(value) and value > 0)
 
 
 class DemandAdaptive(Adaptive):

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from dagtune.validation import is_number
+
 __all__ = [
     "Distribution",
     "choice",
@@ -187,7 +189,7 @@ class qloguniform(_Quantized):  # noqa: N801
     _name = "qloguniform"
 
     def __init__(self, low: float, high: float, q: float):
-        if isinstance(low, (int, float)) and not isinstance(low, bool) and low <= 0:
+        if is_number(low) and low <= 0:
             raise ValueError(f"qloguniform.low must be positive, got {low!r}")
         self._check(low, high, q)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dagtune.config import Config, config_from_json, normalize_config
 from dagtune.errors import DagtuneError
+from dagtune.validation import is_int, is_number
 
 __all__ = [
     "MAX_STEPS",
@@ -96,16 +97,6 @@ def parse_metrics(value: Any, owner: str = "metrics", *, finite: bool = False) -
             )
         metrics[name] = number
     return metrics
-
-
-def is_int(value: Any) -> bool:
-    """An int that is not a bool (JSON's true would pass as 1 otherwise)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    """An int or a float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def shorten(text: str, limit: int = 200) -> str:

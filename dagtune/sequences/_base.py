@@ -16,6 +16,7 @@ import numpy as np
 from dagtune.distributions import contains_distribution, sample
 from dagtune.sequences._checks import Scalar, computed, is_finite, same_value, typed
 from dagtune.sequences._primitives import Piece
+from dagtune.validation import check_int
 
 __all__ = ["Sequence", "dumps", "first_difference"]
 
@@ -124,8 +125,7 @@ class Sequence(ABC):
         """The value at step `t` (t >= 0); a ValueError if it is not finite."""
         if isinstance(t, np.integer):
             t = int(t)
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"step must be an int >= 0, got {t!r}")
+        check_int("step", t, minimum=0)
         value = self._computed_value(t)
         if not is_finite(value):
             raise self._nonfinite_error(t, value)

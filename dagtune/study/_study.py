@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -50,6 +49,7 @@ from dagtune.study._workers import NoWorkersError, WorkerWatch
 from dagtune.summary import error_line, trained_from_plan
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
+from dagtune.validation import check_int, check_number
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -175,24 +175,17 @@ class Study:
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
         if not is_study_name(name):
             raise ValueError(f"name must be 1-128 letters, digits, '.', '_' or '-', got {name!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        check_int("seed", seed)
+        check_int("eval_every", eval_every, minimum=1, optional=True)
+        check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)
         check_evaluate_count(check_evaluate)
         check_evaluate_count(check_resume, "check_resume")
         check_torch_threads(torch_threads)
         check_fuse(fuse, trainer)
         loggers = check_loggers(loggers)
-        if step_timeout is not None and (
-            isinstance(step_timeout, bool)
-            or not isinstance(step_timeout, (int, float))
-            or not 0 < step_timeout < math.inf
-        ):
-            raise ValueError(
-                f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}"
-            )
+        check_number(
+            "step_timeout", step_timeout, above=0, optional=True, expected="a positive number of seconds"
+        )
         if not isinstance(retry_failed, bool):
             raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}")
         if security is not None and (client is not None or executor is not None):
