@@ -174,7 +174,7 @@ def asking_for_a_worker(client: Any) -> Iterator[None]:
 def study_demand(study: Any) -> int:
     """How many of `study`'s stages are ready to run but have no free worker slot (as its
     coordinator found at its last scheduling round)."""
-    return study.demand
+    return study.activity().demand
 
 
 class DemandPublisher:
@@ -185,7 +185,7 @@ class DemandPublisher:
         self.study = study
         self.client = client if client is not None else study.client
         self.interval = interval
-        self.key = [*DEMAND, f"{study.name}-{study.token}"]
+        self.key = [*DEMAND, f"{study.name}-{study.activity().token}"]
         self.published: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dagtune-demand-{study.name}", daemon=True)
@@ -205,7 +205,7 @@ class DemandPublisher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            if self.study.closed:
+            if self.study.activity().closed:
                 return
             try:
                 self.publish()

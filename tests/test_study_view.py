@@ -42,17 +42,22 @@ def test_a_view_is_frozen_and_stays_as_it_was_while_the_study_goes_on(study):
         before.trials[0].status = "completed"  # type: ignore[misc]
     with pytest.raises(TypeError):
         before.report["trial_steps"] = 0  # type: ignore[index]
-    changes = study.changes
+    changes = study.activity().changes
     study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=20))
     after = study.view()
-    assert study.changes != changes
+    assert study.activity().changes != changes
     assert [t.status for t in before.trials] == [PENDING] * 4 and all(not t.curve for t in before.trials)
     assert {t.status for t in after.trials} == {"completed"} and all(t.curve for t in after.trials)
     assert (before.metric, before.mode) == (None, "max") and (after.metric, after.mode) == ("val_loss", "min")
     assert after.report == study.report and after.report["executed_steps"] > before.report["executed_steps"]
-    assert after.token == study.token and after.name == "view" and not after.closed and after.demand == 0
+    assert (
+        after.token == study.activity().token
+        and after.name == "view"
+        and not after.closed
+        and after.demand == 0
+    )
     study.close()
-    assert study.closed and study.view().closed
+    assert study.activity().closed and study.view().closed
 
 
 def test_a_view_with_its_schedule_shows_what_runs_what_waits_and_the_critical_path(study):

@@ -132,7 +132,7 @@ class Publisher:
         self.study = study
         self.client = client
         self.interval = interval
-        self.key = f"{study.name}-{study.token}"
+        self.key = f"{study.name}-{study.activity().token}"
         self._stop = threading.Event()
         self._sent: tuple | None = None
         self._thread = threading.Thread(
@@ -145,18 +145,18 @@ class Publisher:
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
-        state = self.study.changes
+        state = self.study.activity().changes
         if state == self._sent and not force:
             return False
         snapshot = live_snapshot(self.study)
-        snapshot["key"], snapshot["token"] = self.key, self.study.token
+        snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
         return True
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            if self.study.closed:
+            if self.study.activity().closed:
                 return
             try:
                 self.publish()

@@ -76,7 +76,7 @@ from dagtune.records._trial_records import (
     parse_trial_record,
     read_study_records,
 )
-from dagtune.records._views import ScheduleView, Span, StudyView
+from dagtune.records._views import Activity, ScheduleView, Span, StudyView
 
 __all__ = [
     "CAUSES",
@@ -89,6 +89,7 @@ __all__ = [
     "PENDING",
     "STATUSES",
     "STOPPED",
+    "Activity",
     "CheckpointInfo",
     "Ended",
     "Extended",

@@ -18,7 +18,7 @@ from typing import Any
 from dagtune.config import Config
 from dagtune.records._trial import TrialSnapshot
 
-__all__ = ["ScheduleView", "Span", "StudyView"]
+__all__ = ["Activity", "ScheduleView", "Span", "StudyView"]
 
 #: a piece of a plan node's path: ``(node, first step, end step)``, steps ``[start, end)``
 Span = tuple[str, int, int]
@@ -68,3 +68,19 @@ class StudyView:
     schedule: ScheduleView | None = None
     configs: Mapping[str, Config] | None = None
     trained: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a thread that feeds a view asks a study every second, at no cost
+    (`Study.activity()`): `changes` differs whenever a view of the study may have changed
+    (events handled, trials, tasks running, the metric shown), `demand` is how many stages
+    are ready to run but have no free worker slot (at the last scheduling round: what
+    adaptive scaling asks workers for), `token` the suffix of the study's keys on its
+    scheduler (as in `StudyView`), `closed` whether the study is closed (the feeding
+    threads stop then)."""
+
+    changes: tuple
+    demand: int
+    token: str
+    closed: bool

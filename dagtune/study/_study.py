@@ -39,7 +39,7 @@ from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, PENDING, StudyLink, StudyView, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, Activity, StudyLink, StudyView, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.study._alone import check_evaluate_count
@@ -694,32 +694,23 @@ class Study:
                 trained=trained,
             )
 
-    @property
-    def changes(self) -> tuple:
-        """A value that differs whenever a view of the study may have changed (events
-        handled, trials, tasks running, the metric shown): what a view compares before it
-        takes a new `view()`, at no cost."""
+    def activity(self) -> Activity:
+        """What a thread feeding a view asks every second (`dagtune.records.Activity`): a
+        value that changes with the study, its demand for workers, its token, whether it
+        is closed; no trial is copied."""
         with self._lock:
             coordinator = self.coordinator
-            return (coordinator.events_seen, len(coordinator.trials), len(coordinator.running), self._metric)
-
-    @property
-    def demand(self) -> int:
-        """How many stages are ready to run but have no free worker slot (as the study found
-        at its last scheduling round): what adaptive scaling asks workers for."""
-        with self._lock:
-            return self.coordinator.demand
-
-    @property
-    def token(self) -> str:
-        """The random suffix of this study's keys on its Dask scheduler (its event topic,
-        its dashboard snapshots, its published demand): two runs of one name never mix."""
-        return self._token
-
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called (the threads that feed views stop when it is)."""
-        return self._closed
+            return Activity(
+                changes=(
+                    coordinator.events_seen,
+                    len(coordinator.trials),
+                    len(coordinator.running),
+                    self._metric,
+                ),
+                demand=coordinator.demand,
+                token=self._token,
+                closed=self._closed,
+            )
 
     # ------------------------------------------------------------------ lifetime
 
