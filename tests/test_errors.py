@@ -78,4 +78,3 @@ def test_errors_keep_their_standard_base(error, standard):
 def test_an_interrupt_is_not_an_error():
     interrupts = [c for c in CLASSES if issubclass(c, BaseException) and not issubclass(c, Exception)]
     assert all(not issubclass(c, dt.DagtuneError) for c in interrupts)
-
