@@ -7,6 +7,7 @@ of stages and checkpoints (the Hippo design), scheduled by critical path on Dask
 from dagtune import algos, fusion, loggers, mup
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
+from dagtune.errors import DagtuneError, DagtuneWarning
 from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
 from dagtune.gc import GcPolicy
 from dagtune.lightning import LightningTrainer
@@ -65,6 +66,8 @@ __all__ = [
     "Constant",
     "Cosine",
     "Cyclic",
+    "DagtuneError",
+    "DagtuneWarning",
     "Exponential",
     "FusibleTrainer",
     "FusionWarning",

@@ -20,6 +20,7 @@ from typing import Any
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import trial_figures
 from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
+from dagtune.errors import DagtuneError
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan
 from dagtune.records import PENDING, Trial, TrialState, is_study_name, parsed_configs_shared
@@ -43,7 +44,7 @@ __all__ = [
 _IDENTITY_DIR = re.compile(r"^[0-9a-f]{16}$")  # a model identity's directory (its plan, checkpoints)
 
 
-class StorageError(ValueError):
+class StorageError(DagtuneError, ValueError):
     """The storage URL can't be read as dagtune storage (the message says why)."""
 
 

@@ -42,6 +42,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from dagtune.errors import DagtuneError
 from dagtune.records import CheckpointInfo
 from dagtune.storage_retry import (
     DEFAULT_RETRY_SECONDS,
@@ -50,6 +51,7 @@ from dagtune.storage_retry import (
     check_retry_seconds,
     single_attempt_options,
 )
+from dagtune.validation import check_int, is_int
 
 __all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
 
@@ -70,7 +72,7 @@ def process_token() -> str:
     return _PROCESS
 
 
-class CheckpointError(Exception):
+class CheckpointError(DagtuneError):
     """A checkpoint that cannot be trusted: missing commit marker or data file, wrong size or
     checksum, unreadable contents. The message names the path and what is wrong."""
 
@@ -82,9 +84,7 @@ def _check_id(owner: str, value: Any) -> str:
 
 
 def _check_step(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"checkpoint step must be a positive int, got {value!r}")
-    return value
+    return check_int("checkpoint step", value, minimum=1)
 
 
 class CheckpointStore:
@@ -313,8 +313,7 @@ class CheckpointStore:
         if (
             not isinstance(name, str)
             or not _DATA_FILE.match(name)
-            or isinstance(nbytes, bool)
-            or not isinstance(nbytes, int)
+            or not is_int(nbytes)
             or nbytes < 0
             or not isinstance(sha, str)
             or not _SHA256.match(sha)

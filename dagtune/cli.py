@@ -48,6 +48,7 @@ from dagtune.catalog import (
 )
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import check_fuse
+from dagtune.errors import DagtuneError
 from dagtune.gc import GcPolicy
 from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
@@ -70,7 +71,7 @@ from dagtune.summary import (
 __all__ = ["main"]
 
 
-class UserError(click.ClickException):
+class UserError(click.ClickException, DagtuneError):
     """One line saying what is wrong and one saying what to do."""
 
     exit_code = 2
@@ -255,7 +256,7 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
     resumes), then exit with 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as a shell
     reports a process the signal ended)."""
     terminated = isinstance(interrupt, _Terminated)
-    trials = [trial for study in shown for trial in study.coordinator.trials.values()]
+    trials = [trial for study in shown for trial in study.view().trials]
     command = shlex.join(["dagtune", *sys.argv[1:]])
     if trials:
         pending = sum(1 for trial in trials if trial.status == PENDING)
@@ -519,8 +520,7 @@ def _check_fuse(fuse: bool | int, trainer: type) -> None:
 
 def _completed(study: Any) -> str:
 
-    with study._lock:
-        trials = list(study.coordinator.trials.values())
+    trials = study.view().trials
     return f"{sum(1 for t in trials if t.status == COMPLETED)}/{len(trials)}"
 
 

@@ -1,6 +1,6 @@
 """Clusters for studies: adaptive scaling that sees dagtune's queue, and SLURM GPU workers.
 
-dagtune submits stages just in time, one task per free worker slot (DESIGN.md), so the
+dagtune submits stages just in time, one task per free worker slot (docs/DESIGN.md), so the
 stages waiting for a slot are not Dask tasks, and Dask's own adaptive target, which counts
 submitted tasks, would never grow a cluster for them (nor start the first worker of one at
 ``minimum=0``). So every study on Dask publishes its *demand* — how many stages are ready to
@@ -53,6 +53,7 @@ from distributed.deploy.adaptive import Adaptive
 
 from dagtune.mainguard import check_main_guard
 from dagtune.security import embedded_security, protocol_of
+from dagtune.validation import is_number
 from dagtune.worker_preload import LEFT_TO_THE_STUDY
 
 if TYPE_CHECKING:
@@ -88,11 +89,7 @@ def total_demand(published: Any) -> int:
     """The sum of the demands studies published (anything malformed counts as nothing)."""
     if not isinstance(published, dict):
         return 0
-    return sum(
-        int(value)
-        for value in published.values()
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    )
+    return sum(int(value) for value in published.values() if is_number(value) and value > 0)
 
 
 class DemandAdaptive(Adaptive):
@@ -177,8 +174,7 @@ def asking_for_a_worker(client: Any) -> Iterator[None]:
 def study_demand(study: Any) -> int:
     """How many of `study`'s stages are ready to run but have no free worker slot (as its
     coordinator found at its last scheduling round)."""
-    with study._lock:
-        return study.coordinator.demand
+    return study.activity().demand
 
 
 class DemandPublisher:
@@ -189,7 +185,7 @@ class DemandPublisher:
         self.study = study
         self.client = client if client is not None else study.client
         self.interval = interval
-        self.key = [*DEMAND, f"{study.name}-{study._token}"]
+        self.key = [*DEMAND, f"{study.name}-{study.activity().token}"]
         self.published: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dagtune-demand-{study.name}", daemon=True)
@@ -209,7 +205,7 @@ class DemandPublisher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            if getattr(self.study, "_closed", False):
+            if self.study.activity().closed:
                 return
             try:
                 self.publish()

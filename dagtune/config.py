@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagtune.distributions import Distribution, contains_distribution
-from dagtune.sequences import Scalar, Sequence, as_sequence, first_difference, same_value
+from dagtune.sequences import Scalar, Sequence, as_sequence, first_difference
 
 __all__ = [
     "Config",
@@ -72,15 +72,6 @@ def check_config_finite(config: Config, steps: int) -> None:
 def config_values(config: Config, step: int) -> dict[str, Scalar]:
     """Every hyper-parameter's value at `step`."""
     return {name: sequence(step) for name, sequence in config.items()}
-
-
-def changed_values(config: Config, step: int) -> dict[str, Scalar]:
-    """The hyper-parameters whose value at `step` differs from their value at `step - 1`."""
-    return {
-        name: value
-        for name, sequence in config.items()
-        if not same_value(value := sequence(step), sequence(step - 1))
-    }
 
 
 def config_first_difference(a: Config, b: Config, lo: int, hi: int) -> int:

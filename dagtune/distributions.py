@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from dagtune.validation import is_number
+
 __all__ = [
     "Distribution",
     "choice",
@@ -187,7 +189,7 @@ class qloguniform(_Quantized):  # noqa: N801
     _name = "qloguniform"
 
     def __init__(self, low: float, high: float, q: float):
-        if isinstance(low, (int, float)) and not isinstance(low, bool) and low <= 0:
+        if is_number(low) and low <= 0:
             raise ValueError(f"qloguniform.low must be positive, got {low!r}")
         self._check(low, high, q)
 
@@ -235,13 +237,13 @@ class choice(Distribution):  # noqa: N801
 def sample(obj: Any, rng: np.random.Generator) -> Any:
     """`obj` with every distribution in it replaced by a drawn value.
 
-    Understands distributions, sequences (anything with ``_sample_params``), lists, tuples
+    Understands distributions, sequences (anything with ``sample_distributions``), lists, tuples
     and dicts; anything else is returned as it is.
     """
     if isinstance(obj, Distribution):
         return obj.draw(rng)
-    if hasattr(obj, "_sample_params"):
-        return obj._sample_params(rng)
+    if hasattr(obj, "sample_distributions"):
+        return obj.sample_distributions(rng)
     if isinstance(obj, dict):
         return {key: sample(value, rng) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -253,8 +255,8 @@ def contains_distribution(obj: Any) -> bool:
     """Whether `obj` still holds a distribution anywhere inside it."""
     if isinstance(obj, Distribution):
         return True
-    if hasattr(obj, "_is_template"):
-        return obj._is_template
+    if hasattr(obj, "is_template"):
+        return obj.is_template
     if isinstance(obj, dict):
         return any(contains_distribution(value) for value in obj.values())
     if isinstance(obj, (list, tuple)):

@@ -33,6 +33,7 @@ from typing import Any
 from dagtune.config import config_dumps
 from dagtune.frames import is_constant, readable
 from dagtune.records import COMPLETED, Trial
+from dagtune.validation import is_number
 
 __all__ = ["FALLBACK", "FANOVA_MAX_CHOICES", "hyperparameter_importance", "importance_key", "method_of"]
 
@@ -46,7 +47,7 @@ FANOVA_MAX_CHOICES = 12
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _variables(trials: list[Trial]) -> dict[str, list[Any]]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dagtune.algos import Algorithm
+from dagtune.errors import DagtuneError
 from dagtune.study import Surrogate
 from dagtune.trainer import Trainer
 
@@ -27,7 +28,7 @@ __all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]
 DEFAULT_FUNCTION = "study_setup"
 
 
-class SetupError(ValueError):
+class SetupError(DagtuneError, ValueError):
     """The target can't give a study setup; `hint` says what to do."""
 
     def __init__(self, message: str, hint: str = ""):

@@ -56,6 +56,7 @@ from typing import Any, ClassVar
 import torch
 
 from dagtune.trainer import ResumableBatches, Trainer
+from dagtune.validation import check_int
 
 __all__ = ["LightningTrainer"]
 
@@ -168,14 +169,7 @@ class LightningTrainer(Trainer):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str = "norm",
     ):
-        if batches_per_step is not None and (
-            isinstance(batches_per_step, bool)
-            or not isinstance(batches_per_step, int)
-            or batches_per_step < 1
-        ):
-            raise ValueError(
-                f"batches_per_step must be a positive int or None (an epoch), got {batches_per_step!r}"
-            )
+        check_int("batches_per_step", batches_per_step, minimum=1, optional=True, note="an epoch")
         if gradient_clip_algorithm not in ("norm", "value"):
             raise ValueError(
                 f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}"

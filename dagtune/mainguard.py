@@ -30,12 +30,14 @@ import sys
 import types
 from collections.abc import Iterator
 
+from dagtune.errors import DagtuneError
+
 __all__ = ["UnguardedMainError", "check_main_guard"]
 
 _RESTARTING = ("spawn", "forkserver")  # start methods whose processes import the main script
 
 
-class UnguardedMainError(RuntimeError):
+class UnguardedMainError(DagtuneError, RuntimeError):
     """A study was opened by a script's top-level code outside ``if __name__ == "__main__":``."""
 
 

@@ -147,7 +147,7 @@ def study_html(study: Any) -> str:
 
 def result_html(result: Any) -> str:
     """`Result._repr_html_`."""
-    return snapshot_html(result_snapshot(result), f"Result: {len(result._trials)} trials")
+    return snapshot_html(result_snapshot(result), f"Result: {len(result.records)} trials")
 
 
 def plot_curves(result: Any, width: int = 800, height: int = 320):

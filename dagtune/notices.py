@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from dagtune.errors import DagtuneWarning
 from dagtune.events import TrainerWarned
 
 __all__ = [
@@ -26,22 +27,22 @@ __all__ = [
 ]
 
 
-class UnreadHyperparameterWarning(UserWarning):
+class UnreadHyperparameterWarning(DagtuneWarning):
     """``Trainer.setup`` never read a hyper-parameter of the config (a typo, or a name the
     trainer does not know): every value of it trains the same."""
 
 
-class NondeterministicTrainingWarning(UserWarning):
+class NondeterministicTrainingWarning(DagtuneWarning):
     """The same step from the same checkpoint trained twice gave different states: training
     is not deterministic, so results are not bit for bit those of `run_alone`, and the resume
     check can't tell a resume bug from that noise."""
 
 
-class ResumeCheckSkippedWarning(UserWarning):
+class ResumeCheckSkippedWarning(DagtuneWarning):
     """The resume check could not run (a second trainer did not fit in memory)."""
 
 
-class TrialsFailedWarning(UserWarning):
+class TrialsFailedWarning(DagtuneWarning):
     """Trials of a `Study.run` failed (their trainer raised); `Result.failed` has them."""
 
 

@@ -78,15 +78,14 @@ class ProgressState:
 
 def read_state(study: Any, metric: str | None, mode: str, started: float) -> ProgressState:
     """The study's progress now (taken under its lock)."""
-    with study._lock:
-        trials = list(study.coordinator.trials.values())
-        report = study.coordinator.report(trials)
+    view = study.view()
+    trials, report = view.trials, view.report
     if metric is None:
         metric, mode = metric_of(trials)
     best = best_of(trials, metric, mode)
-    link = getattr(study, "link", None)  # half of a surrogate study: say which half
+    link = view.link  # half of a surrogate study: say which half
     return ProgressState(
-        study=study.name if link is None else f"{study.name} ({link.role})",
+        study=view.name if link is None else f"{view.name} ({link.role})",
         trials=len(trials),
         finished=sum(1 for t in trials if t.status != PENDING),
         trained=report["executed_steps"],

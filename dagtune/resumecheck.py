@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagtune.errors import DagtuneError
 from dagtune.evalcheck import state_digests
 from dagtune.trainer import ResumableBatches, Trainer, capture_rng
 
@@ -54,7 +55,7 @@ _SHOWN = 6  # differing entries named in the message; the rest are counted
 _SCHEDULER = torch.optim.lr_scheduler.LRScheduler
 
 
-class ResumeChangedTrainingError(RuntimeError):
+class ResumeChangedTrainingError(DagtuneError, RuntimeError):
     """A trainer loaded from a checkpoint trained the next step differently from the trainer
     that saved it; `keys` names what differs, `causes` what probably does it."""
 

@@ -44,6 +44,7 @@ import torch
 
 from dagtune.checkpoints import CheckpointError, serialize_state
 from dagtune.config import config_values
+from dagtune.errors import DagtuneError
 from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.events import (
     CheckpointCorrupt,
@@ -240,7 +241,7 @@ def _carried(entries: Any) -> Carried:
 _NODE = re.compile(r"^[0-9a-f]{16}$")  # a node id (`dagtune.records.node_id`)
 
 
-class StorageFailedError(Exception):
+class StorageFailedError(DagtuneError):
     """Reading or writing a checkpoint failed in storage itself (a full disk, an unreachable
     object store): not the trainer's failure, nor a corrupt checkpoint (`CheckpointError`).
     A trial it fails is retried when its study is opened again (`dagtune.records.CAUSES`)."""
@@ -257,7 +258,7 @@ def through_storage(call: Callable[..., Any], *args: Any) -> Any:
         raise StorageFailedError(f"{type(error).__name__}: {error}") from error
 
 
-class StepTimeoutError(Exception):
+class StepTimeoutError(DagtuneError):
     """A step did not finish within the study's ``step_timeout`` (a hanging ``train()``)."""
 
 
@@ -291,7 +292,7 @@ def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
     return fields
 
 
-class CorruptPointError(Exception):
+class CorruptPointError(DagtuneError):
     """The checkpoint at ``(node, step)`` failed verification (`CheckpointError`): the task
     ends with a `CheckpointCorrupt` event instead of training."""
 
@@ -840,7 +841,7 @@ class _Probe:
     outcome: StepOutcome
 
 
-class _NoRoomError(Exception):
+class _NoRoomError(DagtuneError):
     """A second trainer did not fit in memory: the resume check is skipped."""
 
 

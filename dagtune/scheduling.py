@@ -25,8 +25,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from dagtune.plan import SearchPlan, Stage, StageTree
+from dagtune.plan import SearchPlan, Stage, StageTree, build_stage_tree
+from dagtune.records import ScheduleView, Span
 
 __all__ = [
     "BreadthFirst",
@@ -36,6 +38,7 @@ __all__ = [
     "Pausable",
     "SchedulingPolicy",
     "policy_named",
+    "schedule_view",
 ]
 
 
@@ -95,6 +98,54 @@ def critical_path_priorities(tree: StageTree, cost: CostModel, plan: SearchPlan 
         below = max((priority[c] for c in stage.children), default=0.0)
         priority[stage.index] = cost.stage_seconds(stage, plan) + below
     return priority
+
+
+def schedule_view(plan: SearchPlan, running: Mapping[str, Any], cost: CostModel) -> ScheduleView:
+    """What is being trained and what waits, and the critical path (`dagtune.records.ScheduleView`).
+
+    `running` maps task keys to the running tasks (each with its `task.segments` and the
+    `progress` it reported) and draws the stage tree through ``running.peek()``, which
+    claims nothing: drawing changes no plan and no task."""
+    tree = build_stage_tree(plan, running.peek())  # type: ignore[attr-defined]
+    priority = critical_path_priorities(tree, cost, plan)
+    return ScheduleView(
+        running=tuple(span for run in running.values() for span in _spans_left(run)),
+        queued=tuple((s.node, s.start, s.end) for s in tree.stages),
+        critical=tuple(_critical_spans(tree, priority, running, cost, plan)),
+        running_tasks=len(running),
+        queued_stages=len(tree.stages),
+    )
+
+
+def _critical_spans(
+    tree: StageTree, priority: list[float], running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
+) -> list[Span]:
+    """The critical path: from the stage with the longest path below it (and the running
+    task it waits for, if any) down its longest branch; with nothing queued, the running
+    task with the most work left."""
+    spans: list[Span] = []
+    roots = [s for s in tree.stages if s.parent is None]
+    if roots:
+        stage = max(roots, key=lambda s: (priority[s.index], -s.index))
+        if stage.source_task in running:
+            spans.extend(_spans_left(running[stage.source_task]))
+        while True:
+            spans.append((stage.node, stage.start, stage.end))
+            if not stage.children:
+                return spans
+            stage = max((tree.stages[c] for c in stage.children), key=lambda s: priority[s.index])
+    if running:
+
+        def left(run: Any) -> float:
+            return sum((b - a) * cost.step_seconds(n, plan) for n, a, b in _spans_left(run))
+
+        spans.extend(_spans_left(max(running.values(), key=left)))
+    return spans
+
+
+def _spans_left(run: Any) -> list[Span]:
+    """What a running task still has to train."""
+    return [(s.node, max(s.start, run.progress), s.end) for s in run.task.segments if s.end > run.progress]
 
 
 def _bottom_up(tree: StageTree) -> list[Stage]:

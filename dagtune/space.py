@@ -21,6 +21,7 @@ import numpy as np
 from dagtune.config import Config, normalize_config
 from dagtune.distributions import contains_distribution, sample
 from dagtune.sequences import Constant
+from dagtune.validation import check_int
 
 __all__ = ["Grid", "Random", "SearchSpace", "filter_view"]
 
@@ -137,8 +138,7 @@ class Random(SearchSpace):
                 raise ValueError(
                     f"Random[{name!r}] is a list ({value!r}); write dt.choice({value!r}) to pick among them"
                 )
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
-            raise ValueError(f"Random.n must be a positive int or None, got {n!r}")
+        check_int("Random.n", n, minimum=1, optional=True)
         self.space = dict(space)
         self.n = n
         self.seed = seed

@@ -54,6 +54,8 @@ from typing import Any, TypeVar
 
 from fsspec.exceptions import FSTimeoutError
 
+from dagtune.errors import DagtuneError
+
 __all__ = [
     "ATTEMPT_SECONDS",
     "DEFAULT_RETRY_SECONDS",
@@ -136,7 +138,7 @@ _TRANSIENT_TYPES = {
 }
 
 
-class StorageUnavailableError(OSError):
+class StorageUnavailableError(OSError, DagtuneError):
     """Storage stayed unreachable longer than the retry bound (the message says which
     storage, since when, the last error and how to wait longer)."""
 

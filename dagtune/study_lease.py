@@ -76,6 +76,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
+from dagtune.errors import DagtuneError
 from dagtune.storage_retry import check_retry_seconds
 
 __all__ = [
@@ -102,7 +103,7 @@ KEEP_GENERATIONS = 2
 _GENERATION = re.compile(r"^(?P<generation>[0-9]{12})\.json$")
 
 
-class StudyInUseError(RuntimeError):
+class StudyInUseError(RuntimeError, DagtuneError):
     """Another process holds the study's writer lease (the message names it and says when
     its lease lapses); `holder` is its `LeaseHolder`."""
 
@@ -111,7 +112,7 @@ class StudyInUseError(RuntimeError):
         self.holder = holder
 
 
-class StudyLeaseLostError(RuntimeError):
+class StudyLeaseLostError(RuntimeError, DagtuneError):
     """This session's writer lease was taken over by another process (it lapsed, e.g. while
     the machine slept): the session stopped writing the study."""
 

@@ -67,7 +67,9 @@ def _finite(value: Any) -> bool:
 
 
 def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
-    """The trial with the best final `metric` (completed trials first, as `Result.best`)."""
+    """The trial with the best final `metric`: completed trials first, then the longest, then
+    the first; a NaN or infinite value is never the best. The one definition `Result.best`
+    and every view use."""
     scored = [t for t in trials if metric and t.metrics and _finite(t.metrics.get(metric))]
     if not scored:
         return None

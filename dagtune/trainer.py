@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from dagtune.validation import check_int
+
 __all__ = [
     "ResumableBatchSampler",
     "ResumableBatches",
@@ -147,9 +149,7 @@ def _accepts_seed(cls: type) -> bool:
 def _check_seed(seed: Any, owner: str = "seed") -> int:
     if isinstance(seed, np.integer):
         seed = int(seed)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
-        raise ValueError(f"{owner} must be an int in [0, 2**64), got {seed!r}")
-    return seed
+    return check_int(owner, seed, minimum=0, maximum=_MAX_SEED - 1, expected="an int in [0, 2**64)")
 
 
 def seed_everything(seed: int) -> None:
@@ -314,11 +314,7 @@ def torch_threads(count: int | None) -> Iterator[None]:
 
 def check_torch_threads(value: Any) -> int | None:
     """`torch_threads` as `Study` and `run_alone` take it: a positive int or None, else a ValueError."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(
-            f"torch_threads must be a positive int or None (leave torch's as it is), got {value!r}"
-        )
-    return value
+    return check_int("torch_threads", value, minimum=1, optional=True, note="leave torch's as it is")
 
 
 # --------------------------------------------------------------------------- data order
@@ -327,9 +323,7 @@ def check_torch_threads(value: Any) -> int | None:
 def _positive_int(owner: str, value: Any) -> int:
     if isinstance(value, np.integer):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner} must be a positive int, got {value!r}")
-    return value
+    return check_int(owner, value, minimum=1)
 
 
 class ResumableBatches:
@@ -455,8 +449,7 @@ class ResumableBatches:
         """The next `k` batches, crossing epoch boundaries; the state advances as they are drawn."""
         if isinstance(k, np.integer):
             k = int(k)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"take() needs an int >= 0, got {k!r}")
+        check_int("take()'s k", k, minimum=0)
         return (self.next_batch() for _ in range(k))
 
     def batches_left(self) -> int:

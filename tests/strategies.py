@@ -1,6 +1,6 @@
 """Shared hypothesis strategies and brute-force references for the core tests.
 
-`reference_value` evaluates a sequence straight from the formulas of DESIGN.md, without the
+`reference_value` evaluates a sequence straight from the formulas of docs/DESIGN.md, without the
 canonical piecewise form, so the tests compare two independent computations.
 """
 
@@ -88,7 +88,7 @@ sequences = sequence_strategy(200)
 
 
 def reference_value(seq: dt.Sequence, t: int):
-    """The value of `seq` at step `t`, computed from DESIGN.md's formulas."""
+    """The value of `seq` at step `t`, computed from docs/DESIGN.md's formulas."""
     if isinstance(seq, dt.Constant):
         return seq.value
     if isinstance(seq, dt.Steps):

@@ -331,3 +331,124 @@ def test_no_class_has_more_than_25_methods():
     over = {name: n for name, n in counts.items() if n > STILL_OVER.get(name, MAX_METHODS)}
     assert not over, f"classes over {MAX_METHODS} methods (split them): {over}"
     assert counts["dagtune.coordinator._coordinator.Coordinator"] <= MAX_METHODS
+
+
+def test_every_document_the_package_cites_exists():
+    """A ``*.md`` path named in dagtune's code or docstrings (``docs/DESIGN.md``,
+    ``docs/fusion.md``, ...) is a file of the repository, from its root."""
+    cited = {
+        (path.relative_to(ROOT), name)
+        for path in sorted((ROOT / "dagtune").rglob("*.py"))
+        for name in re.findall(r"[\w./-]+\.md\b", path.read_text())
+    }
+    assert cited, "no document cited: the pattern no longer finds citations"
+    missing = sorted(f"{where}: {name}" for where, name in cited if not (ROOT / name).is_file())
+    assert not missing, "cited documents that are not in the repository:\n" + "\n".join(missing)
+
+
+# --------------------------------------------------------------------------- private attributes
+
+#: the builtins that name an attribute by a string: ``getattr(x, "_name")`` is ``x._name``
+_BY_NAME = frozenset({"getattr", "hasattr", "setattr", "delattr"})
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own(node: ast.expr) -> bool:
+    """`self` or `cls`: a class reaching its own attributes."""
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _string(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+@dataclass(frozen=True)
+class Access:
+    """``x._name`` (or ``getattr(x, "_name")``) in a module, with `x` not self or cls."""
+
+    module: str
+    name: str
+    line: int
+    text: str
+
+
+def private_attributes(path: Path, module: str) -> tuple[set[str], list[Access]]:
+    """The private names `module` defines (functions, classes, names it assigns, attributes
+    it sets on self or cls) and its accesses to private attributes of other objects."""
+    defined: set[str] = set()
+    accesses: list[Access] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.Attribute) and _private(node.attr):
+            if _own(node.value):
+                if isinstance(node.ctx, ast.Store):
+                    defined.add(node.attr)
+            else:
+                accesses.append(Access(module, node.attr, node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            function = ast.unparse(node.func)
+            name = _string(node.args[1])
+            if name is None or not _private(name):
+                continue
+            if function in _BY_NAME or function == "object.__setattr__":
+                if _own(node.args[0]):
+                    if function in ("setattr", "object.__setattr__"):
+                        defined.add(name)
+                else:
+                    accesses.append(Access(module, name, node.lineno, ast.unparse(node)))
+    return {name for name in defined if _private(name)}, accesses
+
+
+def privacy_scope(module: str) -> str:
+    """What a private name is private to: its package for a module inside a package of
+    dagtune (``dagtune.fusion._state`` -> ``dagtune.fusion``), else its module."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_private_attribute_is_read_across_modules():
+    """A private attribute (``_name``) one module defines is read or written only where it
+    is private to: its module, or the package its module is in, as a private module is.
+    Another module uses what the class shows in public (`Study.view()` for the views: the
+    study's trials, report, running spans and critical path as a frozen read model).
+
+    The check reads names, not types: an access ``x._name`` (``x`` not self or cls) fails
+    when ``_name`` is defined by a module of another scope and by none of the accessing
+    one's. Private attributes of other libraries (``sys._getframe``) are not dagtune's."""
+    modules = read_tree("dagtune")
+    defined: dict[str, set[str]] = {}  # private name -> the scopes that define it
+    accesses: list[Access] = []
+    for name, module in modules.items():
+        names, found = private_attributes(module.path, name)
+        for private in names:
+            defined.setdefault(private, set()).add(privacy_scope(name))
+        accesses += found
+    assert accesses and "dagtune.study" in defined["_lock"], "the check reads nothing"
+    wrong = [
+        f"{modules[a.module].path.relative_to(ROOT)}:{a.line}: {a.text} (private to {sorted(defined[a.name])})"
+        for a in accesses
+        if a.name in defined and privacy_scope(a.module) not in defined[a.name]
+    ]
+    assert not wrong, "private attributes read across modules:\n" + "\n".join(wrong)
+
+
+def test_the_private_attribute_check_finds_a_read_across_modules(tmp_path):
+    """The check above fails on the kind of read the views used to make."""
+    owner = tmp_path / "owner.py"
+    owner.write_text("class Study:\n    def __init__(self):\n        self._lock = None\n")
+    reader = tmp_path / "reader.py"
+    reader.write_text(
+        "def show(study):\n    with study._lock:\n        return getattr(study, '_closed', False)\n"
+    )
+    owned, _ = private_attributes(owner, "dagtune.owner")
+    _, read = private_attributes(reader, "dagtune.reader")
+    assert "_lock" in owned
+    assert [(a.name, a.line) for a in read] == [("_lock", 2), ("_closed", 3)]
+    assert privacy_scope("dagtune.owner") != privacy_scope("dagtune.reader")
+    assert privacy_scope("dagtune.fusion._state") == privacy_scope("dagtune.fusion._group")

@@ -626,14 +626,14 @@ def test_comparisons_over_a_non_finite_range_raise():
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: dt.Linear(1.0, 0.0, 0), r"Linear\.steps must be positive, got 0"),
-        (lambda: dt.Linear(1.0, 0.0, -3), r"Linear\.steps must be positive, got -3"),
+        (lambda: dt.Linear(1.0, 0.0, 0), r"Linear\.steps must be a positive int, got 0"),
+        (lambda: dt.Linear(1.0, 0.0, -3), r"Linear\.steps must be a positive int, got -3"),
         (lambda: dt.Linear(1.0, 0.0, 2.5), r"Linear\.steps must be a positive int, got 2\.5"),
-        (lambda: dt.Cosine(0.1, 0), r"Cosine\.period must be positive, got 0"),
-        (lambda: dt.Cosine(0.1, 10, period_mult=0), r"Cosine\.period_mult must be positive, got 0"),
-        (lambda: dt.Cyclic(0.0, 1.0, -1), r"Cyclic\.step_up must be positive, got -1"),
-        (lambda: dt.Cyclic(0.0, 1.0, 2, 0), r"Cyclic\.step_down must be positive, got 0"),
-        (lambda: dt.Warmup(0, 0.1), r"Warmup\.steps must be positive, got 0"),
+        (lambda: dt.Cosine(0.1, 0), r"Cosine\.period must be a positive int, got 0"),
+        (lambda: dt.Cosine(0.1, 10, period_mult=0), r"Cosine\.period_mult must be a positive int, got 0"),
+        (lambda: dt.Cyclic(0.0, 1.0, -1), r"Cyclic\.step_up must be a positive int, got -1"),
+        (lambda: dt.Cyclic(0.0, 1.0, 2, 0), r"Cyclic\.step_down must be a positive int, got 0"),
+        (lambda: dt.Warmup(0, 0.1), r"Warmup\.steps must be a positive int, got 0"),
         (
             lambda: dt.MultiStep(0.1, [45, 30], 0.1),
             r"MultiStep\.milestones must be strictly incr.*\[45, 30\]",

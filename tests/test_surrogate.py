@@ -144,7 +144,7 @@ def test_a_search_varying_what_does_not_transfer_is_warned_about():
         ({"argument": "the width"}, r"Surrogate.argument .*got 'the width'"),
         ({"eager": 0}, r"Surrogate.eager must be None or a share in \(0, 1\], got 0"),
         ({"eager": 1.5}, r"Surrogate.eager .*got 1.5"),
-        ({"steps": 0}, r"Surrogate.steps must be None or a positive int, got 0"),
+        ({"steps": 0}, r"Surrogate.steps must be a positive int or None, got 0"),
         ({"not_transferred": "dropout"}, r"Surrogate.not_transferred must be a tuple .*got 'dropout'"),
         ({"not_transferred": ("dropout", 3)}, r"Surrogate.not_transferred holds 3"),
     ],

@@ -37,6 +37,7 @@ from typing import Any
 from dagtune.config import Config, normalize_config
 from dagtune.records import COMPLETED, Trial
 from dagtune.space import SearchSpace
+from dagtune.validation import check_int
 
 __all__ = ["Algorithm", "Context", "Decision", "Extend", "Stop", "Submit"]
 
@@ -192,7 +193,5 @@ def is_finite(space: Iterable[Any]) -> bool:
 
 def check_positive(owner: str, **values: Any) -> None:
     for name, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
+        if value is not None:
+            check_int(f"{owner}.{name}", value, minimum=1)

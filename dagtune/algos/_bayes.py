@@ -42,6 +42,7 @@ from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, chec
 from dagtune.algos._params import CATEGORICAL, ParamSpace
 from dagtune.records import COMPLETED, STOPPED, Trial
 from dagtune.space import Random
+from dagtune.validation import check_int, check_number
 
 __all__ = ["BayesOpt", "expected_improvement"]
 
@@ -95,18 +96,15 @@ class BayesOpt(Algorithm):
         check_positive(
             owner, steps=steps, n=n, n_initial=n_initial, min_steps=min_steps, candidates=candidates
         )
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{owner}.seed must be an int, got {seed!r}")
+        check_int(f"{owner}.seed", seed)
         if early_stopping not in (None, "asha"):
             raise ValueError(f"{owner}.early_stopping must be None or 'asha', got {early_stopping!r}")
-        if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
-            raise ValueError(f"{owner}.eta must be an int >= 2, got {eta!r}")
+        check_int(f"{owner}.eta", eta, minimum=2)
         if early_stopping and min_steps >= steps:
             raise ValueError(
                 f"{owner}.min_steps must be less than steps={steps} to leave a rung, got {min_steps!r}"
             )
-        if isinstance(xi, bool) or not isinstance(xi, (int, float)) or not xi >= 0:
-            raise ValueError(f"{owner}.xi must be a number >= 0, got {xi!r}")
+        check_number(f"{owner}.xi", xi, minimum=0, finite=False)
         self.params = ParamSpace(space, owner)
         self.steps = steps
         self.n = n

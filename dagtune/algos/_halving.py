@@ -38,6 +38,7 @@ from dagtune.algos._base import (
 )
 from dagtune.config import Config
 from dagtune.records import COMPLETED, PENDING, Trial
+from dagtune.validation import check_int
 
 __all__ = ["ASHA", "ConfigSource", "Hyperband", "SuccessiveHalving"]
 
@@ -99,8 +100,8 @@ def check_steps(owner: str, min_steps: int, max_steps: int, eta: int | None = No
     check_positive(owner, min_steps=min_steps, max_steps=max_steps)
     if min_steps > max_steps:
         raise ValueError(f"{owner}: min_steps={min_steps} must not exceed max_steps={max_steps}")
-    if eta is not None and (isinstance(eta, bool) or not isinstance(eta, int) or eta < 2):
-        raise ValueError(f"{owner}.eta must be an int >= 2, got {eta!r}")
+    if eta is not None:
+        check_int(f"{owner}.eta", eta, minimum=2)
 
 
 def rung_steps(min_steps: int, max_steps: int, eta: int) -> list[int]:

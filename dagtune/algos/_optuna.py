@@ -29,6 +29,7 @@ from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, chec
 from dagtune.algos._params import CATEGORICAL, INT, LOG, NORMAL, Param, ParamSpace
 from dagtune.records import FAILED, Trial
 from dagtune.space import Random
+from dagtune.validation import check_int
 
 __all__ = ["OptunaSampler"]
 
@@ -89,8 +90,7 @@ class OptunaSampler(Algorithm):
         super().__init__(metric, mode)
         owner = type(self).__name__
         check_positive(owner, steps=steps, n=n)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{owner}.seed must be an int, got {seed!r}")
+        check_int(f"{owner}.seed", seed)
         if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler):
             raise ValueError(f"{owner}.sampler must be an optuna sampler, got {sampler!r}")
         if pruner is not None and not isinstance(pruner, optuna.pruners.BasePruner):

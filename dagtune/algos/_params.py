@@ -138,9 +138,9 @@ def _walk(obj: Any, path: str, found: list[Param]) -> None:
             for i, option in enumerate(obj.options):
                 _walk(option, f"{path}[{i}]", found)
     elif isinstance(obj, Sequence):
-        if obj._is_template:
-            for field in obj._fields:
-                _walk(getattr(obj, field), f"{path}.{field}", found)
+        if obj.is_template:
+            for field, value in obj.arguments().items():
+                _walk(value, f"{path}.{field}", found)
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
             _walk(item, f"{path}[{i}]", found)
@@ -154,9 +154,9 @@ def _build(obj: Any, path: str, values: Mapping[str, Any]) -> Any:
     if isinstance(obj, Distribution):
         return values[path]
     if isinstance(obj, Sequence):
-        if not obj._is_template:
+        if not obj.is_template:
             return obj
-        args = [_build(getattr(obj, field), f"{path}.{field}", values) for field in obj._fields]
+        args = [_build(value, f"{path}.{field}", values) for field, value in obj.arguments().items()]
         # Piecewise takes its (milestone, part) items as separate arguments
         return Piecewise(*args[0]) if isinstance(obj, Piecewise) else type(obj)(*args)
     if isinstance(obj, (list, tuple)):

@@ -23,6 +23,7 @@ from dagtune.config import Config
 from dagtune.records import COMPLETED, Trial
 from dagtune.sequences import Constant, Piecewise, Sequence
 from dagtune.space import Random
+from dagtune.validation import check_int, is_number
 
 __all__ = ["PBT", "Exploit"]
 
@@ -94,12 +95,9 @@ class PBT(Algorithm):
         if not 0 <= resample_probability <= 1:
             raise ValueError(f"{owner}.resample_probability must be in [0, 1], got {resample_probability!r}")
         self.factors = tuple(factors)
-        if not self.factors or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in self.factors
-        ):
+        if not self.factors or not all(is_number(f) and f > 0 for f in self.factors):
             raise ValueError(f"{owner}.factors must be positive numbers, got {factors!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"{owner}.seed must be an int or None, got {seed!r}")
+        check_int(f"{owner}.seed", seed, optional=True)
         self.space = space
         source = ConfigSource(space, owner)
         self.initial = source.take(population)
@@ -177,7 +175,7 @@ class PBT(Algorithm):
         explored = dict(config)
         for name in self.mutate:
             value = config[name](step)
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            numeric = is_number(value)
             if not numeric or self._rng.random() < self.resample_probability:
                 then = self._resample(name)
             else:

@@ -71,6 +71,7 @@ from dagtune.config import Config, normalize_config
 from dagtune.records import COMPLETED, PENDING, Trial
 from dagtune.sequences import Piecewise, Sequence
 from dagtune.space import Random
+from dagtune.validation import check_int
 
 __all__ = ["CONVERGING", "DIVERGED", "UNSTABLE", "Progress", "Retune", "Round", "summarize_progress"]
 
@@ -100,8 +101,7 @@ def summarize_progress(
     """
     if len(steps) != len(losses):
         raise ValueError(f"steps and losses must have one length, got {len(steps)} and {len(losses)}")
-    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
-        raise ValueError(f"windows must be an int >= 2, got {windows!r}")
+    check_int("windows", windows, minimum=2)
     x = np.asarray(losses, dtype=float)
     if not np.all(np.isfinite(x)):
         return Progress(0.0, DIVERGED)
@@ -187,12 +187,9 @@ class Retune(Algorithm):
             raise ValueError(f"{owner}.tune_initial must be True or False, got {tune_initial!r}")
         if not tune_initial and initial is None:
             raise ValueError(f"{owner}: tune_initial=False needs an initial setting to train")
-        if isinstance(max_retunes, bool) or not isinstance(max_retunes, int) or max_retunes < 0:
-            raise ValueError(f"{owner}.max_retunes must be an int >= 0, got {max_retunes!r}")
-        if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
-            raise ValueError(f"{owner}.windows must be an int >= 2, got {windows!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{owner}.seed must be an int, got {seed!r}")
+        check_int(f"{owner}.max_retunes", max_retunes, minimum=0)
+        check_int(f"{owner}.windows", windows, minimum=2)
+        check_int(f"{owner}.seed", seed)
         if trial_steps >= max_steps:
             raise ValueError(
                 f"{owner}.trial_steps must be less than max_steps={max_steps}, got {trial_steps!r}"

@@ -132,7 +132,7 @@ class Publisher:
         self.study = study
         self.client = client
         self.interval = interval
-        self.key = f"{study.name}-{study._token}"
+        self.key = f"{study.name}-{study.activity().token}"
         self._stop = threading.Event()
         self._sent: tuple | None = None
         self._thread = threading.Thread(
@@ -143,30 +143,20 @@ class Publisher:
         self._thread.start()
         return self
 
-    def _state(self) -> tuple:
-        with self.study._lock:
-            coordinator = self.study.coordinator
-            return (
-                coordinator.events_seen,
-                len(coordinator.trials),
-                len(coordinator.running),
-                self.study._metric,
-            )
-
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
-        state = self._state()
+        state = self.study.activity().changes
         if state == self._sent and not force:
             return False
         snapshot = live_snapshot(self.study)
-        snapshot["key"], snapshot["token"] = self.key, self.study._token
+        snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
         return True
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            if getattr(self.study, "_closed", False):
+            if self.study.activity().closed:
                 return
             try:
                 self.publish()

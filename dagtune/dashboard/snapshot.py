@@ -24,9 +24,7 @@ from dagtune.catalog import StoredStudy
 from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
 from dagtune.importance import hyperparameter_importance, importance_key, method_of
-from dagtune.plan import build_stage_tree
-from dagtune.records import COMPLETED, PENDING, Trial
-from dagtune.scheduling import critical_path_priorities
+from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial
 from dagtune.summary import (
     best_note,
     best_of,
@@ -244,7 +242,7 @@ def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | No
 def result_snapshot(result: Any, name: str = "result", *, importance: bool = False) -> dict:
     """A snapshot of a `Result` (its trials only: no plan, nothing running); with
     `importance`, the hyper-parameters' importance too (the notebook views go without)."""
-    trials = list(result._trials)
+    trials = list(result.records)
     configs: dict[str, Config] = {}
     for trial in trials:
         if trial.segments:
@@ -295,79 +293,34 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
 
 
 def live_snapshot(study: Any) -> dict:
-    """A snapshot of a running `Study` (read under its lock)."""
-    with study._lock:
-        coordinator = study.coordinator
-        plan = coordinator.plan
-        trials = list(coordinator.trials.values())
-        report = coordinator.report()
-        running_tasks = dict(coordinator.running)
-        tree = build_stage_tree(plan, coordinator.running.peek())  # drawn: claims nothing
-        priority = critical_path_priorities(tree, coordinator.cost, plan)
-        running = []
-        for run in running_tasks.values():
-            for segment in run.task.segments:
-                if segment.end > run.progress:
-                    running.append((segment.node, max(segment.start, run.progress), segment.end))
-        queued = [(s.node, s.start, s.end) for s in tree.stages]
-        critical = _critical_spans(tree, priority, running_tasks, coordinator.cost, plan)
-        nodes = {node for t in trials for node, _, _ in t.segments}
-        configs = {n: plan.nodes[n].config for n in nodes if n in plan.nodes}
-        trained = trained_from_plan(plan, nodes)
-        metric, mode = study._metric
-        counters = {
-            **status_counts(trials),
-            **report,
-            "gpu_seconds_saved": saved_seconds(report),
-            "running_tasks": len(running_tasks),
-            "queued_stages": len(tree.stages),
-        }
-        snapshot = compose(
-            study=study.name,
-            identity=study.identity,
-            source="live",
-            trials=trials,
-            metric=metric,
-            mode=mode,
-            counters=counters,
-            configs=configs,
-            trained=trained,
-            running=running,
-            queued=queued,
-            critical=critical,
-            link=getattr(study, "link", None),
-            importance=False,  # computed below, outside the lock: it may take seconds
-            gpus=(getattr(study, "resources", None) or {}).get("GPU"),
-        )
+    """A snapshot of a running `Study` (from its read model, `Study.view(schedule=True)`)."""
+    view: StudyView = study.view(schedule=True)
+    schedule = view.schedule or ScheduleView()
+    trials = list(view.trials)
+    counters = {
+        **status_counts(trials),
+        **view.report,
+        "gpu_seconds_saved": saved_seconds(view.report),
+        "running_tasks": schedule.running_tasks,
+        "queued_stages": schedule.queued_stages,
+    }
+    snapshot = compose(
+        study=view.name,
+        identity=view.identity,
+        source="live",
+        trials=trials,
+        metric=view.metric,
+        mode=view.mode,
+        counters=counters,
+        configs=view.configs or {},
+        trained=view.trained or {},
+        running=schedule.running,
+        queued=schedule.queued,
+        critical=schedule.critical,
+        link=view.link,
+        importance=False,  # computed below, apart: it may take seconds
+        gpus=view.gpus,
+    )
     if not any(t.status == PENDING for t in trials):
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
     return snapshot
-
-
-def _critical_spans(tree: Any, priority: list[float], running: Mapping[str, Any], cost: Any, plan: Any):
-    """The critical path: from the stage with the longest path below it (and the running
-    task it waits for, if any) down its longest branch; with nothing queued, the running
-    task with the most work left."""
-    spans: list[tuple[str, int, int]] = []
-    roots = [s for s in tree.stages if s.parent is None]
-    if roots:
-        stage = max(roots, key=lambda s: (priority[s.index], -s.index))
-        if stage.source_task in running:
-            spans.extend(_task_spans(running[stage.source_task]))
-        while True:
-            spans.append((stage.node, stage.start, stage.end))
-            if not stage.children:
-                return spans
-            stage = max((tree.stages[c] for c in stage.children), key=lambda s: priority[s.index])
-    if running:
-
-        def left(run: Any) -> float:
-            return sum((b - a) * cost.step_seconds(n, plan) for n, a, b in _task_spans(run))
-
-        spans.extend(_task_spans(max(running.values(), key=left)))
-    return spans
-
-
-def _task_spans(run: Any) -> list[tuple[str, int, int]]:
-    """What a running task still has to train."""
-    return [(s.node, max(s.start, run.progress), s.end) for s in run.task.segments if s.end > run.progress]

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from dagtune.errors import DagtuneWarning
 from dagtune.fusion._group import FusedGroup
 from dagtune.fusion._state import same_state
 from dagtune.fusion._trace import ModuleTrace, describe_module
@@ -49,7 +50,7 @@ ATOL = 1e-5
 FUSION_CHECKS = ("probe", "agreement")
 
 
-class FusionWarning(UserWarning):
+class FusionWarning(DagtuneWarning):
     """A trainer's trials train unfused: it cannot fuse, or not exactly (the message says
     why, naming the layer)."""
 

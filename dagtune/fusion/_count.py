@@ -29,6 +29,7 @@ import torch
 from dagtune.fusion._group import FusedGroup
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.trainer import build_trainer, isolated_rng
+from dagtune.validation import check_int
 
 __all__ = ["CpuMemory", "CudaMemory", "FusionProfile", "MemoryProbe", "fusion_count", "profile_fusion"]
 
@@ -81,9 +82,7 @@ class CpuMemory:
     bytes (a CPU has no device memory to fill; the budget is the user's)."""
 
     def __init__(self, budget: int):
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-            raise ValueError(f"budget must be a positive number of bytes, got {budget!r}")
-        self.budget = budget
+        self.budget = check_int("budget", budget, minimum=1, expected="a positive number of bytes")
 
     def peak(self, run: Callable[[], None]) -> int:
         from torch.autograd import DeviceType
@@ -184,8 +183,7 @@ def fusion_count(
     without one, CUDA is probed when it is available, and on a CPU-only machine F is `cap`
     (give ``probe=CpuMemory(budget)`` to extrapolate to a memory budget instead).
     """
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise ValueError(f"cap must be a positive int or None, got {cap!r}")
+    check_int("cap", cap, minimum=1, optional=True)
     if probe is None:
         if not torch.cuda.is_available():
             if cap is None:

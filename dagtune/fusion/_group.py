@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
+from dagtune.errors import DagtuneError
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
 from dagtune.fusion._trace import ModuleTrace
@@ -41,7 +42,7 @@ from dagtune.sequences import same_value
 __all__ = ["FusedGroup", "FusionError", "MemberModel"]
 
 
-class FusionError(ValueError):
+class FusionError(DagtuneError, ValueError):
     """Trials that cannot train as one fused group (the message says what differs)."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.sequences import first_difference
 from dagtune.tasks import PathTask, Segment
+from dagtune.validation import check_int
 
 __all__ = ["can_fuse", "fusion_conflict", "fusion_groups"]
 
@@ -74,8 +75,7 @@ def fusion_groups(tasks: Iterable[PathTask], max_size: int) -> list[list[PathTas
     """`tasks` in groups of at most `max_size` pairwise fusible tasks, first fit in the order
     given (so the order, e.g. by priority, decides who goes together). A task nothing can
     fuse with is a group of its own."""
-    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
-        raise ValueError(f"max_size must be a positive int, got {max_size!r}")
+    check_int("max_size", max_size, minimum=1)
     groups: list[list[PathTask]] = []
     for task in tasks:
         for group in groups:

@@ -28,11 +28,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from dagtune.validation import is_number
+
 __all__ = ["SGD", "AdamW", "FusedAdamW", "FusedOptimizer", "FusedSGD", "OptimizerSpec"]
 
 
 def _hyperparameter_value(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"optimizer field {field!r} needs a finite number, got {value!r}")
     return float(value)
 

@@ -41,6 +41,7 @@ import torch
 
 from dagtune.checkpoints import CheckpointError
 from dagtune.config import config_values
+from dagtune.errors import DagtuneError
 from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.events import FusionChecked, TaskEvent, TaskFailed
 from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion
@@ -86,18 +87,18 @@ __all__ = ["FusedPathRunner"]
 VMAP_ERROR_MARKERS = ("vmap", "functorch", "Batching rule", "BatchedTensor")
 
 
-class _UnfusibleError(Exception):
+class _UnfusibleError(DagtuneError):
     """A fused step failed with an error of vmap itself: the trainer cannot train fused."""
 
     def __init__(self, error: BaseException):
         super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
-class _NoRoomError(Exception):
+class _NoRoomError(DagtuneError):
     """A second trainer did not fit in memory: the resume check is skipped."""
 
 
-class _NoCopyError(Exception):
+class _NoCopyError(DagtuneError):
     """The live host could not be copied: the resume check is skipped."""
 
 

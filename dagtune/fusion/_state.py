@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from dagtune.validation import check_int
+
 __all__ = ["TRAINER_STATE_KEYS", "same_state", "split", "stack"]
 
 #: what a `FusibleTrainer.state_dict` holds
@@ -61,8 +63,7 @@ def stack(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def split(fused: Mapping[str, Any], member: int) -> dict[str, Any]:
     """Member `member`'s unfused trainer state (new tensors: the fused state is not shared)."""
     members = fused["members"]
-    if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:
-        raise ValueError(f"member must be an int in [0, {members}), got {member!r}")
+    check_int("member", member, minimum=0, maximum=members - 1)
     clones: dict[int, torch.Tensor] = {}
     model: OrderedDict[str, torch.Tensor] = OrderedDict()
     for key, tensor in fused["model"].items():

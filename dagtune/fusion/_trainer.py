@@ -26,13 +26,14 @@ from torch import nn
 from dagtune.fusion._memberwise import KERNEL_MODES
 from dagtune.fusion._optimizers import OptimizerSpec
 from dagtune.trainer import ResumableBatches, Trainer
+from dagtune.validation import check_int, is_number
 
 __all__ = ["FusibleTrainer", "check_fusible_value", "mean_loss"]
 
 
 def check_fusible_value(name: str, value: Any) -> None:
     """Raise a ValueError naming hyper-parameter `name` unless `value` is a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(
             f"hyper-parameter {name!r} sets an optimizer field and needs a finite number, got {value!r}"
         )
@@ -113,9 +114,7 @@ class FusibleTrainer(Trainer):
                 )
         if cls.batch_size_name is not None and cls.batch_size_name in cls.fusible:
             raise ValueError(f"{name}.batch_size_name {cls.batch_size_name!r} is also in {name}.fusible")
-        steps = cls.batches_per_step
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
-            raise ValueError(f"{name}.batches_per_step must be None or a positive int, got {steps!r}")
+        check_int(f"{name}.batches_per_step", cls.batches_per_step, minimum=1, optional=True)
         if cls.fused_kernels not in KERNEL_MODES:
             raise ValueError(
                 f"{name}.fused_kernels must be one of {list(KERNEL_MODES)}, got {cls.fused_kernels!r}"

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagtune.loggers._base import Logger, TrialInfo, safe_name
+from dagtune.validation import check_int
 
 __all__ = ["TensorBoard"]
 
@@ -41,8 +42,7 @@ class TensorBoard(Logger):
 
     def __init__(self, directory: str | os.PathLike, *, max_open: int = 64):
         _need_tensorboard()
-        if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
-            raise ValueError(f"TensorBoard.max_open must be a positive int, got {max_open!r}")
+        check_int("TensorBoard.max_open", max_open, minimum=1)
         self.directory = os.fspath(directory)
         self.max_open = max_open
         self._writers: OrderedDict[tuple[str, int], Any] = OrderedDict()

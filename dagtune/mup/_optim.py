@@ -27,6 +27,7 @@ from torch import nn
 
 from dagtune.mup._build import check_parametrization, parametrization_of, shapes
 from dagtune.mup._shapes import Parametrization, WidthShape
+from dagtune.validation import check_number
 
 __all__ = [
     "LR_MULT",
@@ -111,8 +112,7 @@ def set_hyperparameters(optimizer: torch.optim.Optimizer, **values: Any) -> None
 
 
 def _check_non_negative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    check_number(name, value, minimum=0, finite=False)
 
 
 class SGD(torch.optim.SGD):

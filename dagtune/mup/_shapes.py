@@ -16,6 +16,8 @@ from typing import Literal
 
 from torch import nn
 
+from dagtune.validation import check_int, check_number
+
 __all__ = [
     "PARAMETRIZATIONS",
     "Parametrization",
@@ -131,10 +133,8 @@ def width_shapes(model: nn.Module, base_model: nn.Module, double_model: nn.Modul
 
 def check_width(base: int, scale: float) -> int:
     """The width ``base / scale``, which must be a whole positive number."""
-    if isinstance(base, bool) or not isinstance(base, int) or base <= 0:
-        raise ValueError(f"base must be a positive int (the full model's width), got {base!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number (the width is base / scale), got {scale!r}")
+    check_int("base", base, minimum=1, note="the full model's width")
+    check_number("scale", scale, above=0, finite=False, note="the width is base / scale")
     width = base / scale
     if width != int(width):
         raise ValueError(f"base {base} / scale {scale} = {width:g} is not a whole width")

@@ -54,6 +54,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.plan._plan import SearchPlan
 from dagtune.records import RecordError, parse_plan_event
+from dagtune.validation import is_number
 
 __all__ = [
     "COMMIT_SECONDS",
@@ -121,7 +122,7 @@ def decode_line(line: bytes) -> dict:
     if not isinstance(record, dict):
         raise ValueError("not a JSON object")
     stamp = record.get("t", 0.0)
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+    if not is_number(stamp) or not math.isfinite(stamp):
         raise ValueError(f"time stamp 't' must be a finite number, got {str(stamp)[:40]!r}")
     return record
 

@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from dagtune.config import (
     value_key,
 )
 from dagtune.records import CheckpointInfo, node_id
+from dagtune.validation import check_int
 
 __all__ = ["Node", "SearchPlan"]
 
@@ -48,11 +49,6 @@ class Node:
     requests: dict[int, set[Hashable]] = field(default_factory=dict)
     checkpoints: dict[int, CheckpointInfo] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    def child_ids(self) -> Iterator[str]:
-        for by_key in self.children.values():
-            for ids in by_key.values():
-                yield from ids
 
 
 class SearchPlan:
@@ -206,8 +202,7 @@ class SearchPlan:
     def add_request(self, config: Config, steps: int, waiter: Hashable, *, salt: str = "") -> str:
         """Record that `waiter` needs the metrics of `config` after `steps` steps; returns the
         node holding that point (created if new)."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_int("steps", steps, minimum=1)
         node = self.locate(config, steps, create=True, salt=salt)
         self.request_at(node, steps, waiter)
         return node
@@ -350,9 +345,7 @@ def merge_rate(trials) -> float:
 
 
 def _check_steps(steps: Any) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    return steps
+    return check_int("steps", steps, minimum=1)
 
 
 def _plan_of(trials) -> tuple[SearchPlan, dict[str, set[int]]]:

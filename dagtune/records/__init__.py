@@ -34,8 +34,9 @@ marker and loaded with ``weights_only=True``).
 
 The records layer holds plain records and nothing that drives them: the `Trial` and its
 statuses (`_trial`), the checks every parser shares (`_checks`), a study's trial records
-(`_trial_records`) and the search plan's node ids, checkpoint info and events
-(`_plan_events`). It uses only the value layer (configs and sequences); every layer above
+(`_trial_records`), the search plan's node ids, checkpoint info and events
+(`_plan_events`), and the read model every view reads a study through (`_views`: a frozen
+`StudyView` of trials, report, running spans and the critical path). It uses only the value layer (configs and sequences); every layer above
 reads storage, and shares trials, through it.
 """
 
@@ -60,6 +61,7 @@ from dagtune.records._trial import (
     STATUSES,
     STOPPED,
     Trial,
+    TrialSnapshot,
 )
 from dagtune.records._trial_records import (
     Ended,
@@ -75,6 +77,7 @@ from dagtune.records._trial_records import (
     parse_trial_record,
     read_study_records,
 )
+from dagtune.records._views import Activity, ScheduleView, Span, StudyView
 
 __all__ = [
     "CAUSES",
@@ -87,6 +90,7 @@ __all__ = [
     "PENDING",
     "STATUSES",
     "STOPPED",
+    "Activity",
     "CheckpointInfo",
     "Ended",
     "Extended",
@@ -94,11 +98,15 @@ __all__ = [
     "PlanEvent",
     "RecordError",
     "Retried",
+    "ScheduleView",
+    "Span",
     "StudyLink",
     "StudyRecords",
+    "StudyView",
     "Submitted",
     "Trial",
     "TrialRecord",
+    "TrialSnapshot",
     "TrialState",
     "Worked",
     "check_steps",

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dagtune.config import Config, config_from_json, normalize_config
+from dagtune.errors import DagtuneError
+from dagtune.validation import is_int, is_number
 
 __all__ = [
     "MAX_STEPS",
@@ -47,7 +49,7 @@ _STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHOWN = 80  # characters of a bad value quoted in a message
 
 
-class RecordError(ValueError):
+class RecordError(DagtuneError, ValueError):
     """A record or event that is not what dagtune writes (the message names field and value)."""
 
 
@@ -128,16 +130,6 @@ def parse_metrics(value: Any, owner: str = "metrics", *, finite: bool = False) -
             )
         metrics[name] = number
     return metrics
-
-
-def is_int(value: Any) -> bool:
-    """An int that is not a bool (JSON's true would pass as 1 otherwise)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    """An int or a float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def shorten(text: str, limit: int = 200) -> str:

@@ -3,7 +3,9 @@ and storage and every view show."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from dagtune.config import Config
@@ -18,6 +20,7 @@ __all__ = [
     "STATUSES",
     "STOPPED",
     "Trial",
+    "TrialSnapshot",
 ]
 
 PENDING, COMPLETED, STOPPED, FAILED, DIVERGED = "pending", "completed", "stopped", "failed", "diverged"
@@ -33,8 +36,26 @@ CAUSES = ("trainer", "timeout", "workers", "storage")
 OUTSIDE_THE_TRAINER = ("workers", "storage")
 
 
+class _Reached:
+    """What a trial's status and steps say of it, for the trial and its snapshots alike."""
+
+    status: str
+    steps: int
+    reported: int
+
+    @property
+    def done(self) -> bool:
+        return self.status != PENDING
+
+    @property
+    def reached(self) -> int:
+        """The steps the trial reached: its `steps` if completed, else the last step it
+        received metrics for (what every report and view counts for it)."""
+        return self.steps if self.status == COMPLETED else self.reported
+
+
 @dataclass(eq=False)
-class Trial:
+class Trial(_Reached):
     """One trial: a config trained for `steps` steps, and what came back.
 
     `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
@@ -58,12 +79,44 @@ class Trial:
     salt: str = ""
     segments: list[tuple[str, int, int]] = field(default_factory=list)
 
-    @property
-    def done(self) -> bool:
-        return self.status != PENDING
+    def snapshot(self) -> TrialSnapshot:
+        """The trial as it is now, frozen: what a view reads while the study goes on."""
+        return TrialSnapshot(
+            id=self.id,
+            config=self.config,
+            steps=self.steps,
+            tag=self.tag,
+            status=self.status,
+            node=self.node,
+            metrics=None if self.metrics is None else MappingProxyType(dict(self.metrics)),
+            reported=self.reported,
+            curve=tuple(self.curve),
+            error=self.error,
+            cause=self.cause,
+            submitted_at=self.submitted_at,
+            finished_at=self.finished_at,
+            salt=self.salt,
+            segments=tuple(self.segments),
+        )
 
-    @property
-    def reached(self) -> int:
-        """The steps the trial reached: its `steps` if completed, else the last step it
-        received metrics for (what every report and view counts for it)."""
-        return self.steps if self.status == COMPLETED else self.reported
+
+@dataclass(frozen=True, eq=False)
+class TrialSnapshot(_Reached):
+    """A `Trial` frozen when a view of its study was taken (`Trial.snapshot`): the same fields,
+    which the study's later events leave as they were. Every view reads trials as these."""
+
+    id: int
+    config: Config
+    steps: int
+    tag: Any
+    status: str
+    node: str
+    metrics: Mapping[str, float] | None
+    reported: int
+    curve: tuple[tuple[int, Mapping[str, float]], ...]
+    error: str | None
+    cause: str | None
+    submitted_at: float
+    finished_at: float | None
+    salt: str
+    segments: tuple[tuple[str, int, int], ...]

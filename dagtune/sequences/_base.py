@@ -16,6 +16,7 @@ import numpy as np
 from dagtune.distributions import contains_distribution, sample
 from dagtune.sequences._checks import Scalar, computed, is_finite, same_value, typed
 from dagtune.sequences._primitives import Piece
+from dagtune.validation import check_int
 
 __all__ = ["Sequence", "dumps", "first_difference"]
 
@@ -42,6 +43,8 @@ class Sequence(ABC):
     """
 
     _fields: ClassVar[tuple[str, ...]] = ()
+    #: whether an argument still holds a distribution (a template for random search)
+    is_template: bool
     _registry: ClassVar[dict[str, type[Sequence]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -51,7 +54,9 @@ class Sequence(ABC):
     def _store(self, **values: Any) -> None:
         for name, value in values.items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "_is_template", contains_distribution(self._args()))
+        # a template: an argument still holds a distribution (`dt.uniform`, ...), so the
+        # sequence has no value until `sample_distributions` draws one
+        object.__setattr__(self, "is_template", contains_distribution(tuple(self.arguments().values())))
         object.__setattr__(self, "_pieces", ())
         object.__setattr__(self, "_horizon", 0)
         object.__setattr__(self, "_checked", 0)
@@ -66,13 +71,14 @@ class Sequence(ABC):
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __getstate__(self) -> dict:
-        return {name: getattr(self, name) for name in self._fields}
+        return self.arguments()
 
     def __setstate__(self, state: dict) -> None:
         self._store(**state)
 
-    def _args(self) -> tuple:
-        return tuple(getattr(self, name) for name in self._fields)
+    def arguments(self) -> dict[str, Any]:
+        """The arguments the sequence was written with, by name, in order."""
+        return {name: getattr(self, name) for name in self._fields}
 
     # ---- identity
 
@@ -92,9 +98,9 @@ class Sequence(ABC):
         """What `==` compares: the whole canonical form when it is finite, else (SGDR restarts
         of growing length, and templates) the type and the arguments."""
         if self._identity is None:
-            extent = None if self._is_template else self._extent()
+            extent = None if self.is_template else self._extent()
             if extent is None:
-                key = ("written", type(self).__name__, typed(self._args()))
+                key = ("written", type(self).__name__, typed(tuple(self.arguments().values())))
             else:
                 key = ("pieces", self.pieces(extent))
             object.__setattr__(self, "_identity", key)
@@ -106,7 +112,7 @@ class Sequence(ABC):
         return 1
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(_repr_arg(a) for a in self._args())})"
+        return f"{type(self).__name__}({', '.join(_repr_arg(a) for a in tuple(self.arguments().values()))})"
 
     # ---- values
 
@@ -114,8 +120,7 @@ class Sequence(ABC):
         """The value at step `t` (t >= 0); a ValueError if it is not finite."""
         if isinstance(t, np.integer):
             t = int(t)
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"step must be an int >= 0, got {t!r}")
+        check_int("step", t, minimum=0)
         value = self._computed_value(t)
         if not is_finite(value):
             raise self._nonfinite_error(t, value)
@@ -138,7 +143,7 @@ class Sequence(ABC):
     def pieces(self, horizon: int) -> tuple[Piece, ...]:
         """The canonical form over at least ``[0, horizon)``: ``(start, primitive)`` pairs with
         increasing starts, the first at 0, no two neighbours equal."""
-        if self._is_template:
+        if self.is_template:
             raise ValueError(f"{self!r} holds a distribution; sample it (dt.Random) before use")
         if horizon > self._horizon:
             target = max(horizon, 2 * self._horizon, 64)
@@ -194,7 +199,7 @@ class Sequence(ABC):
 
     def to_json(self) -> dict:
         """A JSON-ready dict that `Sequence.from_json` turns back into an equal sequence."""
-        if self._is_template:
+        if self.is_template:
             raise ValueError(f"{self!r} holds a distribution and has no JSON form")
         return {"type": type(self).__name__, **{n: _json_arg(getattr(self, n)) for n in self._fields}}
 
@@ -229,10 +234,12 @@ class Sequence(ABC):
     def _from_json_args(cls, data: dict) -> Sequence:
         return cls(**{name: _from_json_arg(data[name]) for name in cls._fields if name in data})
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
-        if not self._is_template:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
+        """This sequence with every distribution in its arguments drawn from `rng` (itself
+        when it holds none)."""
+        if not self.is_template:
             return self
-        return type(self)(*sample(self._args(), rng))
+        return type(self)(*sample(tuple(self.arguments().values()), rng))
 
 
 def _repr_arg(value: Any) -> str:

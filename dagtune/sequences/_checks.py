@@ -15,6 +15,7 @@ from typing import Any, Union
 import numpy as np
 
 from dagtune.distributions import Distribution
+from dagtune.validation import check_int, is_int
 
 __all__ = [
     "SCALAR_TYPES",
@@ -81,11 +82,7 @@ def check_positive_int(owner: str, name: str, value: Any) -> Any:
         return value
     if isinstance(value, np.integer):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{owner}.{name} must be positive, got {value!r}")
-    return value
+    return check_int(f"{owner}.{name}", value, minimum=1)
 
 
 def check_milestones(owner: str, name: str, values: Any, *, first: int = 1) -> tuple[int, ...]:
@@ -96,7 +93,7 @@ def check_milestones(owner: str, name: str, values: Any, *, first: int = 1) -> t
     for value in values:
         if isinstance(value, np.integer):
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise ValueError(f"{owner}.{name} must hold ints, got {list(values)!r}")
     values = tuple(int(v) for v in values)
     if values and values[0] < first:

@@ -200,7 +200,7 @@ class Warmup(Sequence):
             then=as_sequence(then, "Warmup", "then"),
             start=check_number("Warmup", "start", start),
         )
-        if not self._is_template:  # the ramp computes then(0) - start
+        if not self.is_template:  # the ramp computes then(0) - start
             check_number("Warmup", "then(0)", self.then(0))
 
     @property
@@ -216,8 +216,8 @@ class Warmup(Sequence):
         for start, primitive in self.then.pieces(max(horizon - self.steps, 1)):
             yield start + self.steps, primitive.shifted(self.steps)
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
-        if not self._is_template:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
+        if not self.is_template:
             return self
         return Warmup(sample(self.steps, rng), sample(self.then, rng), sample(self.start, rng))
 
@@ -281,7 +281,7 @@ class Piecewise(Sequence):
             )
         return cls(*((m, Sequence.from_json(s)) for m, s in items))
 
-    def _sample_params(self, rng: np.random.Generator) -> Sequence:
-        if not self._is_template:
+    def sample_distributions(self, rng: np.random.Generator) -> Sequence:
+        if not self.is_template:
             return self
         return Piecewise(*((m, sample(s, rng)) for m, s in self.items))

@@ -14,6 +14,7 @@ from dagtune.runner import PathRunner
 from dagtune.study._results import TrialError
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
+from dagtune.validation import check_int
 
 __all__ = ["check_evaluate_count", "run_alone"]
 
@@ -44,8 +45,7 @@ def run_alone(
     (None: as it is); the caller's count is back when it returns. Warnings about the
     trainer (a hyper-parameter ``setup()`` never reads) are shown as a study shows them.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    check_int("steps", steps, minimum=1)
     check_evaluate_count(check_evaluate)
     check_evaluate_count(check_resume, "check_resume")
     check_torch_threads(torch_threads)
@@ -74,5 +74,4 @@ def run_alone(
 def check_evaluate_count(value: Any, name: str = "check_evaluate") -> None:
     """`check_evaluate` (or `check_resume`) as `Study` and `run_alone` take it: an int >= 0,
     else a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0 (0: no check), got {value!r}")
+    check_int(name, value, minimum=0, note="0: no check")

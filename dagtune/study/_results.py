@@ -3,23 +3,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.config import Config
+from dagtune.errors import DagtuneError
 from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
-from dagtune.records import COMPLETED, FAILED, Trial
+from dagtune.records import COMPLETED, FAILED, Trial, TrialSnapshot
 from dagtune.restore import Restorer, TrialPath
-from dagtune.summary import trials_frame
+from dagtune.summary import best_of, trials_frame
 from dagtune.trainer import Trainer
 
 __all__ = ["Result", "TrialError", "TrialResult"]
 
 
-class TrialError(RuntimeError):
+class TrialError(DagtuneError, RuntimeError):
     """A trial's trainer raised (after the allowed retries); the message holds its traceback."""
 
 
@@ -117,22 +117,14 @@ class Result:
 
     @property
     def best(self) -> TrialResult | None:
-        """The algorithm's answer if it names one (`Algorithm.best_trial`), else the completed
-        trial with the best final `metric` (longest trials first on ties)."""
+        """The algorithm's answer if it names one (`Algorithm.best_trial`), else
+        `dagtune.summary.best_of`: the completed trial with the best final finite `metric`
+        (longest trials first on ties; a NaN or infinite value is never the best), as every
+        view shows it."""
         if self._chosen is not None and self._chosen.metrics:
             return _as_result(self._chosen, self._models)
-        scored = [
-            t
-            for t in self._trials
-            if t.metrics and self.metric in t.metrics and not math.isnan(t.metrics[self.metric])
-        ]
-        if not scored:
-            return None
-        completed = [t for t in scored if t.status == COMPLETED] or scored
-        sign = 1.0 if self.mode == "max" else -1.0
-        return _as_result(
-            max(completed, key=lambda t: (sign * t.metrics[self.metric], t.steps, -t.id)), self._models
-        )
+        best = best_of(self._trials, self.metric, self.mode)
+        return None if best is None else _as_result(best, self._models)
 
     def trial(self, trial_id: int) -> TrialResult:
         """The `TrialResult` of trial `trial_id` of this run."""
@@ -156,6 +148,12 @@ class Result:
         if best is None:
             raise ValueError(f"no trial reported {self.metric!r}: give a trial id")
         return best
+
+    @property
+    def records(self) -> tuple[TrialSnapshot, ...]:
+        """The run's trials as frozen records (`dagtune.records.TrialSnapshot`): what the
+        notebook views and the page read of a result."""
+        return tuple(trial.snapshot() for trial in self._trials)
 
     @property
     def failed(self) -> list[TrialResult]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -39,9 +39,9 @@ from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
-from dagtune.records import FAILED, PENDING, StudyLink, Trial, check_steps, is_study_name
+from dagtune.records import FAILED, PENDING, Activity, StudyLink, StudyView, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
-from dagtune.scheduling import policy_named
+from dagtune.scheduling import policy_named, schedule_view
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._loop import StudyLoop
@@ -49,9 +49,10 @@ from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.study._workers import WorkerWatch
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
-from dagtune.summary import error_line
+from dagtune.summary import error_line, trained_from_plan
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
+from dagtune.validation import check_int, check_number
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -62,7 +63,7 @@ __all__ = ["Study", "TrialHandle"]
 
 
 class Study:
-    """A hyper-parameter study of one trainer (see DESIGN.md for the whole API).
+    """A hyper-parameter study of one trainer (see docs/DESIGN.md for the whole API).
 
     `client=None` starts an embedded local Dask cluster (one single-threaded worker process
     per core, or `workers`) and stops it on `close`; an existing `distributed.Client` is used
@@ -185,11 +186,9 @@ class Study:
             raise TypeError(f"trainer must be a dagtune.Trainer subclass, got {trainer!r}")
         if not is_study_name(name):
             raise ValueError(f"name must be 1-128 letters, digits, '.', '_' or '-', got {name!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        for field_name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        check_int("seed", seed)
+        check_int("eval_every", eval_every, minimum=1, optional=True)
+        check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)
         check_evaluate_count(check_evaluate)
         check_evaluate_count(check_resume, "check_resume")
         check_torch_threads(torch_threads)
@@ -198,14 +197,9 @@ class Study:
         wait_for_lease = check_retry_seconds(wait_for_lease, "wait_for_lease")
         storage_retry_seconds = check_retry_seconds(storage_retry_seconds)
         loggers = check_loggers(loggers)
-        if step_timeout is not None and (
-            isinstance(step_timeout, bool)
-            or not isinstance(step_timeout, (int, float))
-            or not 0 < step_timeout < math.inf
-        ):
-            raise ValueError(
-                f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}"
-            )
+        check_number(
+            "step_timeout", step_timeout, above=0, optional=True, expected="a positive number of seconds"
+        )
         if not isinstance(retry_failed, bool):
             raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}")
         if security is not None and (client is not None or executor is not None):
@@ -244,9 +238,9 @@ class Study:
         self._lease: StudyLease | None = None
         self._persistence: Persistence | None = None
         if executor is None:
-            self.store = self._open_storage(storage_options, storage_retry_seconds)
+            self.store = _open_storage(self.storage, storage_options, storage_retry_seconds)
             if client is None:  # the embedded cluster's workers are processes of their own
-                self._check_shared_storage(None)
+                _check_shared_storage(self.storage, self.store, None)
             # the lease first: a study another process has open is refused before a cluster starts
             self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
             try:
@@ -340,41 +334,6 @@ class Study:
 
         return DemandPublisher(self).start()
 
-    def _open_storage(
-        self, storage_options: Mapping[str, Any] | None, retry_seconds: float
-    ) -> CheckpointStore:
-        """The checkpoint store, its filesystem opened and its root made: a storage URL that
-        can't be used fails here, naming it, before any cluster starts (storage that can't be
-        reached is waited for up to 30 s: more often a wrong endpoint than an outage)."""
-        try:
-            store = CheckpointStore(self.storage, storage_options, retry_seconds=retry_seconds)
-            store.make_root(wait=30.0)
-        except (ValueError, ImportError, OSError) as error:
-            raise ValueError(
-                f"storage={self.storage!r} cannot be used: {type(error).__name__}: {error}"
-            ) from None
-        return store
-
-    def _check_shared_storage(self, client: Any) -> None:
-        """Refuse storage only this process sees (``memory://``) when Dask workers run in
-        other processes (the embedded cluster's always do, with `client` None): each would
-        keep its checkpoints to itself and the others would find them missing."""
-        if not self.store.process_local:
-            return
-        if client is None:
-            elsewhere = "the embedded cluster's workers are processes of their own"
-        else:
-            here = process_token()
-            others = sorted(a for a, token in client.run(process_token).items() if token != here)
-            if not others:
-                return
-            elsewhere = f"{len(others)} Dask worker(s) run in other processes ({', '.join(others[:3])})"
-        raise ValueError(
-            f"storage={self.storage!r} is the memory of this process, but {elsewhere}: checkpoints "
-            "could not be shared between them. Give a directory or an object store URL (s3://...), "
-            "or run the workers in this process (LocalCluster(processes=False))."
-        )
-
     def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
@@ -389,7 +348,7 @@ class Study:
         self.client = client
         self._workers = WorkerWatch(self.name, functools.partial(adapts, client))
         check_resources(client, self.resources)
-        self._check_shared_storage(client)
+        _check_shared_storage(self.storage, self.store, client)
         slow = slow_allocator_workers(client)
         if slow:
             log.warning(
@@ -634,6 +593,61 @@ class Study:
         with self._lock:
             return self.coordinator.report()
 
+    # ------------------------------------------------------------------ the read model
+
+    def view(self, *, schedule: bool = False) -> StudyView:
+        """The study as it is now, frozen (`dagtune.records.StudyView`): its trials, report,
+        the metric and mode of the algorithm it runs, whether it is closed; with `schedule`,
+        also what runs and waits and the critical path (`dagtune.records.ScheduleView`,
+        from the scheduler) and the configs and steps trained of the nodes its trials pass.
+        Taken under the study's lock; every view reads a study through it."""
+        with self._lock:
+            coordinator = self.coordinator
+            trials = tuple(trial.snapshot() for trial in coordinator.trials.values())
+            configs = trained = None
+            if schedule:
+                plan = coordinator.plan
+                nodes = {node for trial in trials for node, _, _ in trial.segments}
+                configs = MappingProxyType({n: plan.nodes[n].config for n in nodes if n in plan.nodes})
+                trained = MappingProxyType(trained_from_plan(plan, nodes))
+            metric, mode = self._metric
+            return StudyView(
+                name=self.name,
+                identity=self.identity,
+                token=self._token,
+                trials=trials,
+                report=MappingProxyType(coordinator.report()),
+                metric=metric,
+                mode=mode,
+                closed=self._closed,
+                link=self.link,
+                gpus=(self.resources or {}).get("GPU"),
+                demand=coordinator.demand,
+                schedule=schedule_view(coordinator.plan, coordinator.running, coordinator.cost)
+                if schedule
+                else None,
+                configs=configs,
+                trained=trained,
+            )
+
+    def activity(self) -> Activity:
+        """What a thread feeding a view asks every second (`dagtune.records.Activity`): a
+        value that changes with the study, its demand for workers, its token, whether it
+        is closed; no trial is copied."""
+        with self._lock:
+            coordinator = self.coordinator
+            return Activity(
+                changes=(
+                    coordinator.events_seen,
+                    len(coordinator.trials),
+                    len(coordinator.running),
+                    self._metric,
+                ),
+                demand=coordinator.demand,
+                token=self._token,
+                closed=self._closed,
+            )
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
@@ -716,6 +730,41 @@ def _warn_failures(result: Result, trials: int) -> None:
             TrialsFailedWarning,
             stacklevel=3,
         )
+
+
+def _open_storage(
+    storage: str, storage_options: Mapping[str, Any] | None, retry_seconds: float
+) -> CheckpointStore:
+    """The checkpoint store, its filesystem opened and its root made: a storage URL that
+    can't be used fails here, naming it, before any cluster starts (storage that can't be
+    reached is waited for up to 30 s: more often a wrong endpoint than an outage)."""
+    try:
+        store = CheckpointStore(storage, storage_options, retry_seconds=retry_seconds)
+        store.make_root(wait=30.0)
+    except (ValueError, ImportError, OSError) as error:
+        raise ValueError(f"storage={storage!r} cannot be used: {type(error).__name__}: {error}") from None
+    return store
+
+
+def _check_shared_storage(storage: str, store: CheckpointStore, client: Any) -> None:
+    """Refuse storage only this process sees (``memory://``) when Dask workers run in
+    other processes (the embedded cluster's always do, with `client` None): each would
+    keep its checkpoints to itself and the others would find them missing."""
+    if not store.process_local:
+        return
+    if client is None:
+        elsewhere = "the embedded cluster's workers are processes of their own"
+    else:
+        here = process_token()
+        others = sorted(a for a, token in client.run(process_token).items() if token != here)
+        if not others:
+            return
+        elsewhere = f"{len(others)} Dask worker(s) run in other processes ({', '.join(others[:3])})"
+    raise ValueError(
+        f"storage={storage!r} is the memory of this process, but {elsewhere}: checkpoints "
+        "could not be shared between them. Give a directory or an object store URL (s3://...), "
+        "or run the workers in this process (LocalCluster(processes=False))."
+    )
 
 
 class TrialHandle:

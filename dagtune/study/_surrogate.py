@@ -39,6 +39,7 @@ from dagtune.records import PENDING, STOPPED, StudyLink, Trial, is_study_name
 from dagtune.study._results import Result, TrialResult
 from dagtune.study._study import Study, TrialHandle
 from dagtune.trainer import Trainer, build_trainer, isolated_rng
+from dagtune.validation import check_int
 
 __all__ = ["NOT_TRANSFERRED", "Surrogate", "SurrogateResult", "SurrogateStudy"]
 
@@ -70,10 +71,7 @@ class Surrogate:
     not_transferred: tuple[str, ...] = NOT_TRANSFERRED
 
     def __post_init__(self) -> None:
-        if isinstance(self.scale, bool) or not isinstance(self.scale, int) or self.scale < 2:
-            raise ValueError(
-                f"Surrogate.scale must be an int >= 2 (1 is the target itself), got {self.scale!r}"
-            )
+        check_int("Surrogate.scale", self.scale, minimum=2, note="1 is the target itself")
         if not isinstance(self.argument, str) or not self.argument.isidentifier():
             raise ValueError(f"Surrogate.argument must name a trainer argument, got {self.argument!r}")
         if self.eager is not None and (
@@ -82,10 +80,7 @@ class Surrogate:
             or not 0 < self.eager <= 1
         ):
             raise ValueError(f"Surrogate.eager must be None or a share in (0, 1], got {self.eager!r}")
-        if self.steps is not None and (
-            isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0
-        ):
-            raise ValueError(f"Surrogate.steps must be None or a positive int, got {self.steps!r}")
+        check_int("Surrogate.steps", self.steps, minimum=1, optional=True)
         names = self.not_transferred
         if isinstance(names, str) or not isinstance(names, Iterable):
             raise ValueError(

@@ -15,6 +15,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from dagtune.errors import DagtuneError
+
 __all__ = ["LOST_WORKERS_WAIT", "NoWorkersError", "WorkerWatch"]
 
 log = logging.getLogger("dagtune")
@@ -25,7 +27,7 @@ ADAPTIVE_WAIT = ("dagtune.adaptive-wait", "1h")
 REMIND_SECONDS = 60.0
 
 
-class NoWorkersError(RuntimeError):
+class NoWorkersError(DagtuneError, RuntimeError):
     """The study's cluster had no worker, with work waiting, for longer than the study
     waits for one. Its pending trials stay pending: opening the study again, on a cluster
     with workers, continues them."""
