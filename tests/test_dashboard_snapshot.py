@@ -197,7 +197,11 @@ def test_a_snapshot_carries_a_bounded_number_of_curves(monkeypatch):
         trial.curve = [(1, {"val_loss": 1.0}), (2, {"val_loss": abs(i - 20) / 10})]
         trial.metrics, trial.reported = trial.curve[-1][1], 2
         trials.append(trial)
-    result = type("R", (), {"_trials": trials, "report": {}, "metric": "val_loss", "mode": "min"})()
+    result = type(
+        "R",
+        (),
+        {"records": [t.snapshot() for t in trials], "report": {}, "metric": "val_loss", "mode": "min"},
+    )()
     shown = result_snapshot(result)
     curves = shown["curves"]
     assert shown["curves_total"] == 40 and len(curves["trial"]) == 10
