@@ -36,6 +36,7 @@ from dagtune.executor import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.identity import model_identity, stored_kwargs, trainer_name
 from dagtune.loggers import Logger, Logging, check_loggers
+from dagtune.mainguard import check_main_guard
 from dagtune.notices import TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
@@ -238,6 +239,10 @@ class Study:
         self._lease: StudyLease | None = None
         self._persistence: Persistence | None = None
         if executor is None:
+            if client is None:  # refused before anything is written (the lease) or started
+                import dask  # heavy optional library: loaded where a cluster is started
+
+                check_main_guard(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
             self.store = _open_storage(self.storage, storage_options, storage_retry_seconds)
             if client is None:  # the embedded cluster's workers are processes of their own
                 _check_shared_storage(self.storage, self.store, None)
