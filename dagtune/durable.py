@@ -195,6 +195,7 @@ class Persistence:
         self._write_work((0, 0.0))  # written with the open record: readers know it records its work
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
+        self._lease_version: int | None = None  # the coordinator's kept points last written
         self._refreshed = self._results_at = clock()
 
     @property
@@ -283,14 +284,16 @@ class Persistence:
             )
 
     def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
-        """Publish what this study needs kept, at most once a second (its heartbeat a quarter
-        of the lease's ttl), unless nothing changed."""
+        """Publish what this study needs kept when it changed, at most once a second, and as
+        a heartbeat every quarter of the lease's ttl. The coordinator keeps the points as
+        things happen (`Coordinator.kept`): whether they changed costs nothing to ask; they
+        are gathered only to be written."""
         since = time.monotonic() - self.leases.renewed
-        if not force and since < 1.0:
-            return
-        points = coordinator.protected_points() | coordinator.latest_of_completed()
-        if force or points != self.leases.points or since >= self.leases.ttl_seconds / 4:
-            self.leases.renew(points)
+        version = coordinator.kept.version
+        changed = version != self._lease_version
+        if force or (changed and since >= 1.0) or since >= self.leases.ttl_seconds / 4:
+            self._lease_version = version
+            self.leases.renew(coordinator.protected_points() | coordinator.latest_of_completed())
 
     def needed_elsewhere(self) -> set[Point]:
         """Checkpoints other studies of this model need: live ones' leases, and what the

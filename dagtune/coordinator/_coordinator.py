@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
 from dagtune.coordinator._fusion import Fusion, upcoming_stages
+from dagtune.coordinator._kept import KeptPoints
 from dagtune.coordinator._report import report_figures
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.executor import Executor
@@ -114,6 +115,7 @@ class Coordinator:
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self._next_id = 0
         self.running = RunningTasks()  # what they will deliver is the stage tree's InFlight
+        self.kept = KeptPoints(plan, self.running.needed)  # checkpoints this study needs kept
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
         self._live: dict[str, tuple[str, int] | None] = {}  # worker -> point it holds in memory
         self._holders: dict[tuple[str, int], dict[str, None]] = {}  # point -> workers holding it
@@ -216,6 +218,8 @@ class Coordinator:
             trial.reported, trial.metrics = state.reached, state.metrics
             trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
+            if trial.status == COMPLETED:
+                self.kept.completed_at((trial.node, trial.steps))
         return restored
 
     def _record(self, record: dict) -> None:
@@ -236,6 +240,8 @@ class Coordinator:
             self._forget_request(trial)
         elif trial.status != COMPLETED:
             raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
+        else:
+            self.kept.reopened((trial.node, trial.steps))
         self.branches.resume(trial)
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
@@ -258,12 +264,15 @@ class Coordinator:
         if trial.status == PENDING and trial_id not in self.interrupted:
             self._forget_request(trial)
             self.interrupted.add(trial_id)
+            self.kept.interrupted((trial.node, trial.steps))
 
     def resume(self, trial_id: int) -> None:
         """Request an interrupted trial again (nothing if it was not interrupted)."""
         if trial_id in self.interrupted:
             self.interrupted.discard(trial_id)
-            self._request(self.trials[trial_id])
+            trial = self.trials[trial_id]
+            self.kept.resumed((trial.node, trial.steps))
+            self._request(trial)
 
     def expect(self, configs: Iterable[Config]) -> None:
         """Configs an algorithm may submit later (`Algorithm.prospects`): a stage passing the
@@ -291,6 +300,7 @@ class Coordinator:
     def _forget_request(self, trial: Trial) -> None:
         if trial.id in self.interrupted:  # its requests are withdrawn already
             self.interrupted.discard(trial.id)
+            self.kept.resumed((trial.node, trial.steps))
             return
         self.plan.remove_request(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
@@ -329,6 +339,7 @@ class Coordinator:
             record["cause"] = cause
         self._record(record)
         if status == COMPLETED:
+            self.kept.completed_at((trial.node, trial.steps))
             self.branches.pause(trial)
         for listener in list(self.listeners):
             if status == COMPLETED:
@@ -641,7 +652,7 @@ class Coordinator:
             running.pause_at,
         )
         if directive != running.directive:
-            running.directive = directive
+            self.running.direct(key, directive)
             self.executor.direct(key, directive)
 
     def _task(self, path: list[Stage]) -> PathTask:
@@ -712,27 +723,14 @@ class Coordinator:
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
         or may resume from, and the latest checkpoint before each waiting request and before
-        each interrupted trial's point (where it resumes)."""
-        points = self.running.needed_points()
-        waiting = [
-            *self.plan.active,
-            *((self.trials[i].node, self.trials[i].steps) for i in self.interrupted),
-        ]
-        for node, step in waiting:
-            latest = self.plan.latest_checkpoint(node, step)
-            if latest is not None:
-                points.add(latest)
-        return points
+        each interrupted trial's point (where it resumes). Kept as things happen
+        (`dagtune.coordinator._kept`): this copies the set."""
+        return self.kept.protected()
 
     def latest_of_completed(self) -> set[tuple[str, int]]:
-        """The latest checkpoint of each completed trial (where an extension resumes)."""
-        points = set()
-        for trial in self.trials.values():
-            if trial.status == COMPLETED and trial.node:
-                latest = self.plan.latest_checkpoint(trial.node, trial.steps)
-                if latest is not None:
-                    points.add(latest)
-        return points
+        """The latest checkpoint of each completed trial (where an extension resumes), kept
+        as things happen: this copies the set."""
+        return self.kept.of_completed()
 
     @property
     def idle(self) -> bool:
