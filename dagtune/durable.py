@@ -54,6 +54,9 @@ log = logging.getLogger("dagtune")
 
 Point = tuple[str, int]
 
+#: the most of a study's time that writing its lease may take (its interval grows with it)
+LEASE_SHARE = 0.02
+
 
 class Leases:
     """The checkpoints live studies of one model identity need, so that garbage collection by
@@ -69,9 +72,11 @@ class Leases:
         self.ttl_seconds = ttl_seconds
         self.points: frozenset[Point] | None = None
         self.renewed = -float("inf")
+        self.took = 0.0  # seconds the last renewal took
 
     def renew(self, points: Iterable[Point]) -> None:
         """Write the lease for `points` (sorted, with the time)."""
+        began = time.perf_counter()
         points = frozenset(points)
         payload = {
             "writer": self.writer,
@@ -82,6 +87,7 @@ class Leases:
         self.store.fs.makedirs(self.directory, exist_ok=True)
         self.store.fs.pipe_file(self.path, json.dumps(payload).encode())
         self.points, self.renewed = points, time.monotonic()
+        self.took = time.perf_counter() - began
 
     def release(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -284,14 +290,17 @@ class Persistence:
             )
 
     def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
-        """Publish what this study needs kept when it changed, at most once a second, and as
-        a heartbeat every quarter of the lease's ttl. The coordinator keeps the points as
-        things happen (`Coordinator.kept`): whether they changed costs nothing to ask; they
-        are gathered only to be written."""
+        """Publish what this study needs kept when it changed, and as a heartbeat every
+        quarter of the lease's ttl. The coordinator keeps the points as things happen
+        (`Coordinator.kept`): whether they changed costs nothing to ask; they are gathered
+        only to be written, at most once a second, and no more often than
+        `LEASE_SHARE` of the time leaves for writing them (a lease of 100,000 points takes
+        tens of milliseconds: it is then written every few seconds)."""
         since = time.monotonic() - self.leases.renewed
         version = coordinator.kept.version
         changed = version != self._lease_version
-        if force or (changed and since >= 1.0) or since >= self.leases.ttl_seconds / 4:
+        wait = max(1.0, self.leases.took / LEASE_SHARE)
+        if force or (changed and since >= wait) or since >= self.leases.ttl_seconds / 4:
             self._lease_version = version
             self.leases.renew(coordinator.protected_points() | coordinator.latest_of_completed())
 
