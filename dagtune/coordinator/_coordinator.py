@@ -376,8 +376,9 @@ class Coordinator:
                 running.progress = max(running.progress, event["step"])
                 self._progressed(event["task"], running)
         elif kind == "metrics":
-            if self.plan.record_metrics(event["node"], event["step"], event["metrics"]):
-                self._metrics_known(event["node"], event["step"], event["metrics"])
+            node, step = event["node"], event["step"]
+            if self.plan.record_metrics(node, step, event["metrics"]):  # trials share the plan's copy
+                self._metrics_known(node, step, self.plan.metrics_at(node, step) or event["metrics"])
         elif kind == "checkpoint":
             info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
             if self.plan.record_checkpoint(event["node"], event["step"], info):

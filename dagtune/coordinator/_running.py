@@ -20,7 +20,7 @@ from dagtune.tasks import Directive, PathTask
 __all__ = ["Running", "RunningTasks", "Slot"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """The worker slot a task occupies: its own, or one its fused task's members share (a
     fused task runs as one task on one slot), with the GPU time counted for it so far."""
@@ -41,7 +41,7 @@ class Slot:
         return max(0.0, until - begin)
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """A launched path task: where it runs (`worker`, since `started`), how far it got
     (`progress`), the points the last stage tree claimed from it, the directive it was last

@@ -36,7 +36,7 @@ from dagtune.records import CheckpointInfo, node_id
 __all__ = ["Node", "SearchPlan"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     id: str
     parent: str | None

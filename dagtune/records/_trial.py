@@ -33,7 +33,7 @@ CAUSES = ("trainer", "timeout", "workers", "storage")
 OUTSIDE_THE_TRAINER = ("workers", "storage")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Trial:
     """One trial: a config trained for `steps` steps, and what came back.
 
