@@ -59,6 +59,9 @@ log = logging.getLogger("dagtune")
 
 Point = tuple[str, int]
 
+#: the most of a study's time that writing its lease may take (its interval grows with it)
+LEASE_SHARE = 0.02
+
 
 class Leases:
     """The checkpoints live studies of one model identity need, so that garbage collection by
@@ -74,9 +77,11 @@ class Leases:
         self.ttl_seconds = ttl_seconds
         self.points: frozenset[Point] | None = None
         self.renewed = -float("inf")
+        self.took = 0.0  # seconds the last renewal took
 
     def renew(self, points: Iterable[Point]) -> None:
         """Write the lease for `points` (sorted, with the time)."""
+        began = time.perf_counter()
         points = frozenset(points)
         payload = {
             "writer": self.writer,
@@ -87,6 +92,7 @@ class Leases:
         self.store.fs.makedirs(self.directory, exist_ok=True)
         self.store.fs.pipe_file(self.path, json.dumps(payload).encode())
         self.points, self.renewed = points, time.monotonic()
+        self.took = time.perf_counter() - began
 
     def release(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -224,6 +230,7 @@ class Persistence:
         self._write_work((0, 0.0))  # written with the open record: readers know it records its work
         self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
+        self._lease_version: int | None = None  # the coordinator's kept points last written
         self._refreshed = self._results_at = clock()
 
     @property
@@ -312,14 +319,19 @@ class Persistence:
             )
 
     def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
-        """Publish what this study needs kept, at most once a second (its heartbeat a quarter
-        of the lease's ttl), unless nothing changed."""
+        """Publish what this study needs kept when it changed, and as a heartbeat every
+        quarter of the lease's ttl. The coordinator keeps the points as things happen
+        (`Coordinator.kept`): whether they changed costs nothing to ask; they are gathered
+        only to be written, at most once a second, and no more often than
+        `LEASE_SHARE` of the time leaves for writing them (a lease of 100,000 points takes
+        tens of milliseconds: it is then written every few seconds)."""
         since = time.monotonic() - self.leases.renewed
-        if not force and since < 1.0:
-            return
-        points = coordinator.protected_points() | coordinator.latest_of_completed()
-        if force or points != self.leases.points or since >= self.leases.ttl_seconds / 4:
-            self.leases.renew(points)
+        version = coordinator.kept.version
+        changed = version != self._lease_version
+        wait = max(1.0, self.leases.took / LEASE_SHARE)
+        if force or (changed and since >= wait) or since >= self.leases.ttl_seconds / 4:
+            self._lease_version = version
+            self.leases.renew(coordinator.protected_points() | coordinator.latest_of_completed())
 
     def needed_elsewhere(self) -> set[Point]:
         """Checkpoints other studies of this model need: live ones' leases, and what the

@@ -95,6 +95,22 @@ def test_the_ledger_queues_a_submission_until_it_is_settled():
     assert trial.status == "completed" and [m for _, m in trial.curve] == run_alone(SyntheticTrainer, BASE, 2)
 
 
+def test_a_trial_interrupted_before_it_is_placed_keeps_nothing_and_resumes():
+    """A submission interrupted while its request still waits in the ledger's queue has no
+    point yet: nothing is kept for it, and resuming it places its request."""
+    study = Study(SyntheticTrainer, executor=SimulatedExecutor(1))
+    study.submit(BASE, 3).result()
+    coordinator = study.coordinator
+    protected, version = coordinator.protected_points(), coordinator.kept.version
+    trial = coordinator.submit(normalize_config({**BASE, "lr": 0.2}), 2)
+    coordinator.interrupt(trial.id)
+    assert trial.node == "" and coordinator.interrupted == {trial.id}
+    assert coordinator.protected_points() == protected and coordinator.kept.version == version
+    coordinator.resume(trial.id)
+    coordinator.settle()
+    assert trial.id in coordinator.plan.active[(trial.node, 2)] and not coordinator.interrupted
+
+
 def test_the_dispatcher_answers_events_with_values():
     study = Study(SyntheticTrainer, executor=SimulatedExecutor(1))
     dispatcher = study.coordinator.dispatcher

@@ -8,6 +8,7 @@ from typing import Any
 
 from dagtune.config import Config
 from dagtune.coordinator._dispatcher import Dispatcher
+from dagtune.coordinator._kept import KeptPoints
 from dagtune.coordinator._ledger import TrialLedger
 from dagtune.coordinator._outcomes import MetricsKnown, Outcome
 from dagtune.coordinator._report import report_figures
@@ -49,6 +50,8 @@ class Coordinator:
         self.dispatcher = Dispatcher(
             plan, executor, trainer, policy, self.ledger.branches.within, name=name, **settings
         )
+        # the checkpoints this study needs kept: the running tasks' and the trials'
+        self.kept = KeptPoints(self.dispatcher.running.needed, self.ledger.kept)
         # the parts' state, read by the study, storage and the views
         self.trials = self.ledger.trials
         self.interrupted = self.ledger.interrupted
@@ -145,7 +148,9 @@ class Coordinator:
         plan): its metrics serve waiting trials, its checkpoints change the stage tree."""
         for event in events:
             if event["e"] == "metrics":
-                self.ledger.metrics_known(MetricsKnown(event["node"], event["step"], event["metrics"]))
+                node, step = event["node"], event["step"]  # trials share the plan's copy
+                metrics = self.plan.metrics_at(node, step) or event["metrics"]
+                self.ledger.metrics_known(MetricsKnown(node, step, metrics))
             self.dispatcher.dirty = True
         self.settle()
 
@@ -173,12 +178,14 @@ class Coordinator:
     def protected_points(self) -> set[tuple[str, int]]:
         """Checkpoints that running or queued stages need: every point a running task starts
         or may resume from, and the latest checkpoint before each waiting request and before
-        each interrupted trial's point (where it resumes)."""
-        return self.dispatcher.protected_points(self.ledger.waiting_points())
+        each interrupted trial's point (where it resumes). Kept as things happen
+        (`dagtune.coordinator._kept`): this copies the set."""
+        return self.kept.protected()
 
     def latest_of_completed(self) -> set[tuple[str, int]]:
-        """The latest checkpoint of each completed trial (where an extension resumes)."""
-        return self.ledger.latest_of_completed()
+        """The latest checkpoint of each completed trial (where an extension resumes), kept
+        as things happen: this copies the set."""
+        return self.kept.of_completed()
 
     def unneeded(self) -> list[str]:
         """Running tasks no pending trial needs any more (the stage tree claims none of their

@@ -175,8 +175,9 @@ class Dispatcher:
                     running.progress = max(running.progress, event.step)
                     self._progressed(event.task, running)
             case MetricsReported():
-                if self.plan.record_metrics(event.node, event.step, event.metrics):
-                    return [MetricsKnown(event.node, event.step, event.metrics)]
+                node, step = event.node, event.step
+                if self.plan.record_metrics(node, step, event.metrics):  # trials share the plan's copy
+                    return [MetricsKnown(node, step, self.plan.metrics_at(node, step) or event.metrics)]
             case CheckpointSaved():
                 if self.plan.record_checkpoint(
                     event.node, event.step, CheckpointInfo(event.nbytes, event.sha256)
@@ -379,7 +380,7 @@ class Dispatcher:
             running.pause_at,
         )
         if directive != running.directive:
-            running.directive = directive
+            self.running.direct(key, directive)  # the points it needs may change
             self.executor.direct(key, directive)
 
     # ------------------------------------------------------------------ launching
@@ -466,16 +467,6 @@ class Dispatcher:
             self._launched_since.add(task.key)
 
     # ------------------------------------------------------------------ state
-
-    def protected_points(self, waiting: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
-        """Checkpoints that running or queued stages need: every point a running task starts
-        or may resume from, and the latest checkpoint before each `waiting` point."""
-        points = self.running.needed_points()
-        for node, step in waiting:
-            latest = self.plan.latest_checkpoint(node, step)
-            if latest is not None:
-                points.add(latest)
-        return points
 
     def work(self, since: dict) -> dict:
         """The work done since the report `since` was taken: steps executed, GPU-seconds (a

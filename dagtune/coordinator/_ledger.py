@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
+from dagtune.coordinator._kept import TrialPoints
 from dagtune.coordinator._outcomes import MetricsKnown, PointFailed
 from dagtune.plan import SearchPlan
 from dagtune.records import (
@@ -70,6 +71,7 @@ class TrialLedger:
         self.trials: dict[int, Trial] = {}
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
+        self.kept = TrialPoints(plan)  # the checkpoints its trials need kept, kept as they change
         self.changed = False  # the requests in the plan changed since the last `settle`
         self._next_id = 0
         self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
@@ -130,6 +132,8 @@ class TrialLedger:
             trial.reported, trial.metrics = state.reached, state.metrics
             trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
+            if trial.status == COMPLETED:
+                self.kept.completed_at((trial.node, trial.steps))
         return restored
 
     def extend(self, trial_id: int, steps: int) -> Trial:
@@ -146,6 +150,8 @@ class TrialLedger:
             self._forget_request(trial)
         elif trial.status != COMPLETED:
             raise ValueError(f"trial {trial_id} is {trial.status} and cannot be extended")
+        else:
+            self.kept.reopened((trial.node, trial.steps))
         self.branches.resume(trial)
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
@@ -165,12 +171,17 @@ class TrialLedger:
         if trial.status == PENDING and trial_id not in self.interrupted:
             self._forget_request(trial)
             self.interrupted.add(trial_id)
+            if trial.node:  # placed: it resumes from the latest checkpoint before its point
+                self.kept.interrupted((trial.node, trial.steps))
 
     def resume(self, trial_id: int) -> None:
         """Request an interrupted trial again (nothing if it was not interrupted)."""
         if trial_id in self.interrupted:
             self.interrupted.discard(trial_id)
-            self._request(self.trials[trial_id])
+            trial = self.trials[trial_id]
+            if trial.node:
+                self.kept.resumed((trial.node, trial.steps))
+            self._request(trial)
 
     def replay(self, trial: Trial, listener: TrialListener) -> None:
         """Queue telling `listener` what `trial` (restored from an earlier session) already
@@ -225,22 +236,6 @@ class TrialLedger:
                 self._forget_request(trial)
                 self._finish(trial, FAILED, failed.error, failed.cause)
 
-    # ------------------------------------------------------------------ reading
-
-    def waiting_points(self) -> list[tuple[str, int]]:
-        """The points trials wait for: every active request and each interrupted trial's."""
-        return [*self.plan.active, *((self.trials[i].node, self.trials[i].steps) for i in self.interrupted)]
-
-    def latest_of_completed(self) -> set[tuple[str, int]]:
-        """The latest checkpoint of each completed trial (where an extension resumes)."""
-        points = set()
-        for trial in self.trials.values():
-            if trial.status == COMPLETED and trial.node:
-                latest = self.plan.latest_checkpoint(trial.node, trial.steps)
-                if latest is not None:
-                    points.add(latest)
-        return points
-
     # ------------------------------------------------------------------ inside
 
     def _record(self, record: dict) -> None:
@@ -273,6 +268,8 @@ class TrialLedger:
     def _forget_request(self, trial: Trial) -> None:
         if trial.id in self.interrupted:  # its requests are withdrawn already
             self.interrupted.discard(trial.id)
+            if trial.node:
+                self.kept.resumed((trial.node, trial.steps))
             return
         if trial.id in self._queued:  # never placed
             self._queued.discard(trial.id)
@@ -314,6 +311,7 @@ class TrialLedger:
             record["cause"] = cause
         self._record(record)
         if status == COMPLETED:
+            self.kept.completed_at((trial.node, trial.steps))
             self.branches.pause(trial)
         self._queue.append(("end", trial, status))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from dagtune.coordinator._kept import HeldPoints
 from dagtune.plan import InFlight, SearchPlan
 from dagtune.scheduling import CostModel, Pausable
 from dagtune.tasks import Directive, PathTask
@@ -19,7 +20,7 @@ from dagtune.tasks import Directive, PathTask
 __all__ = ["Running", "RunningTasks", "Slot"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """The worker slot a task occupies: its own, or one its fused task's members share (a
     fused task runs as one task on one slot), with the GPU time counted for it so far."""
@@ -40,7 +41,7 @@ class Slot:
         return max(0.0, until - begin)
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """A launched path task: where it runs (`worker`, since `started`), how far it got
     (`progress`), the points the last stage tree claimed from it, the directive it was last
@@ -59,10 +60,18 @@ class Running:
 
 
 class RunningTasks(Mapping[str, Running]):
-    """The running tasks by key (see the module docstring)."""
+    """The running tasks by key (see the module docstring).
+
+    What the coordinator asks of them at every round is kept as tasks start, end and are
+    redirected, never found by walking them: the slots they occupy (`slots_used`), the
+    points they need (`needed`) and which of them share a slot."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, Running] = {}
+        #: every point a running task starts from or may resume from (its source, and the
+        #: checkpoints it saves on its way), held once per task that needs it
+        self.needed = HeldPoints()
+        self._sharing: dict[int, int] = {}  # id of an occupied slot -> the tasks on it
         self._on_node: dict[str, list[str]] = {}  # node -> running task keys covering it
         self._ending: dict[tuple[str, int], dict[str, None]] = {}  # end point -> tasks ending there
         self._bounded: dict[str, None] = {}  # tasks of several segments: a boundary to pause at
@@ -78,6 +87,10 @@ class RunningTasks(Mapping[str, Running]):
 
     def start(self, key: str, running: Running) -> None:
         self._tasks[key] = running
+        slot = id(running.slot)
+        self._sharing[slot] = self._sharing.get(slot, 0) + 1
+        for point in _needed_points(running):
+            self.needed.add(point)
         for segment in running.task.segments:
             self._on_node.setdefault(segment.node, []).append(key)
         task = running.task
@@ -87,6 +100,13 @@ class RunningTasks(Mapping[str, Running]):
 
     def end(self, key: str) -> Running:
         running = self._tasks.pop(key)
+        slot = id(running.slot)
+        if self._sharing[slot] == 1:
+            del self._sharing[slot]
+        else:
+            self._sharing[slot] -= 1
+        for point in _needed_points(running):
+            self.needed.remove(point)
         for segment in running.task.segments:
             keys = self._on_node.get(segment.node)
             if keys is not None and key in keys:
@@ -103,9 +123,20 @@ class RunningTasks(Mapping[str, Running]):
         """The running tasks whose path ends at `point`, in launch order."""
         return (self._tasks[key] for key in self._ending.get(point, ()))
 
+    def direct(self, key: str, directive: Directive) -> None:
+        """Task `key` is sent `directive` (the checkpoints it saves may change)."""
+        running = self._tasks[key]
+        before = _needed_points(running)
+        running.directive = directive
+        after = _needed_points(running)
+        for point in after - before:
+            self.needed.add(point)
+        for point in before - after:
+            self.needed.remove(point)
+
     def slots_used(self) -> int:
         """The worker slots the running tasks occupy (a fused task's members share one)."""
-        return len({id(running.slot) for running in self._tasks.values()})
+        return len(self._sharing)
 
     def busy_seconds(self, now: float) -> float:
         """Seconds the occupied slots have run up to `now` and not counted yet (a slot once)."""
@@ -161,19 +192,6 @@ class RunningTasks(Mapping[str, Running]):
         """The tasks the last stage tree claimed nothing from."""
         return [key for key, running in self._tasks.items() if not running.claimed]
 
-    def needed_points(self) -> set[tuple[str, int]]:
-        """Every point a running task starts from or may resume from (its source, and the
-        checkpoints it saves on its way)."""
-        points: set[tuple[str, int]] = set()
-        for running in self._tasks.values():
-            task = running.task
-            if task.source is not None:
-                points.add(task.source)
-            for step in task.checkpoints | running.directive.checkpoints:
-                if task.start < step <= task.end:
-                    points.add((task.node_at(step), step))
-        return points
-
     def pausable(
         self, below: Callable[[str], Iterable[tuple[int, float]]], cost: CostModel, plan: SearchPlan
     ) -> list[Pausable]:
@@ -190,13 +208,10 @@ class RunningTasks(Mapping[str, Running]):
                 for s in task.segments
             )
 
-        sharing: dict[int, int] = {}
-        for running in self._tasks.values():
-            sharing[id(running.slot)] = sharing.get(id(running.slot), 0) + 1
         found = []
         for key in self._bounded:
             running = self._tasks[key]
-            if sharing[id(running.slot)] > 1:
+            if self._sharing[id(running.slot)] > 1:
                 continue  # pausing one member of a fused task frees no slot
             task = running.task
             step = min((s.end for s in task.segments if running.progress < s.end < task.end), default=None)
@@ -206,6 +221,20 @@ class RunningTasks(Mapping[str, Running]):
             hanging = [seconds(task, step, at) + p for at, p in below(key) if at > step]
             found.append(Pausable(key, step, max([own, *hanging])))
         return found
+
+
+def _needed_points(running: Running) -> set[tuple[str, int]]:
+    """The points task `running` starts from or may resume from: its source, and the
+    checkpoints it saves on its way."""
+    task = running.task
+    points = {
+        (task.node_at(step), step)
+        for step in task.checkpoints | running.directive.checkpoints
+        if task.start < step <= task.end
+    }
+    if task.source is not None:
+        points.add(task.source)
+    return points
 
 
 class _Peek:

@@ -37,7 +37,7 @@ from dagtune.validation import check_int
 __all__ = ["Node", "SearchPlan"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     id: str
     parent: str | None

@@ -39,6 +39,8 @@ OUTSIDE_THE_TRAINER = ("workers", "storage")
 class _Reached:
     """What a trial's status and steps say of it, for the trial and its snapshots alike."""
 
+    __slots__ = ()  # its subclasses' instances keep no __dict__
+
     status: str
     steps: int
     reported: int
@@ -54,7 +56,7 @@ class _Reached:
         return self.steps if self.status == COMPLETED else self.reported
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Trial(_Reached):
     """One trial: a config trained for `steps` steps, and what came back.
 

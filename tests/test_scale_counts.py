@@ -1,0 +1,230 @@
+"""The coordinator's work per event does not grow with the trials (issue 24), proved by
+counting, never by timing: the same simulated study at 200 and at 2,000 trials, on the
+default durable path (storage on local disk) and without storage, executes about as many
+lines of the coordinator, planner, plan, scheduling and durable code per event, and looks up
+no more latest checkpoints per event. And what the coordinator keeps incrementally (the
+points a study keeps, the slots its tasks occupy) always equals what walking every
+request, running task and trial finds.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+import dagtune as dt
+import dagtune.durable as durable_module
+from dagtune.algos import ASHA, PBT, GridSearch
+from dagtune.checkpoints import CheckpointStore
+from dagtune.coordinator import Coordinator
+from dagtune.plan import SearchPlan
+from dagtune.records import COMPLETED
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.study import Study
+
+PACKAGE = Path(dt.__file__).resolve().parent
+#: the code whose work per event is counted: the coordinator, its planner and plan, the
+#: scheduling policies and the durable session (its results writer and the lease's writing,
+#: whose size grows with the trials by design and whose frequency is bounded in time, aside)
+COUNTED = tuple(
+    str(PACKAGE / name) for name in ("coordinator", "planner.py", "plan", "scheduling.py", "durable.py")
+)
+NOT_COUNTED = {"renew"}  # Leases.renew: written at most once a second, within 2% of the time
+
+
+def grid(n: int) -> list[dict]:
+    side = round(n**0.5)
+    return [{"lr": 1e-4 * (i + 1), "momentum": j / side} for i in range(side) for j in range(-(-n // side))][
+        :n
+    ]
+
+
+def algorithm(name: str, n: int):
+    if name == "grid":
+        return GridSearch(grid(n), metric="val_loss", mode="min", steps=2)
+    space = dt.Random({"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.0, 0.6)}, n=n, seed=1)
+    return ASHA(space, "val_loss", "min", max_steps=9, eta=3)
+
+
+class LineCounter:
+    """Lines executed in `COUNTED` code while it is on (`sys.settrace`, this thread: a study on
+    the simulator runs in the caller's thread)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._wanted: dict[object, bool] = {}
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+        return self._local
+
+    def _global(self, frame, event, arg):
+        code = frame.f_code
+        wanted = self._wanted.get(code)
+        if wanted is None:
+            wanted = code.co_filename.startswith(COUNTED) and code.co_name not in NOT_COUNTED
+            self._wanted[code] = wanted
+        return self._local if wanted else None
+
+    def __enter__(self) -> LineCounter:
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.settrace(None)
+
+
+def per_event(name: str, n: int, storage: Path | None, monkeypatch) -> dict[str, float]:
+    """Lines of counted code and latest-checkpoint lookups per event handled, for a study of
+    `n` trials on 100 virtual workers (`storage`: durable on local disk there)."""
+    lookups = 0
+    latest_checkpoint = SearchPlan.latest_checkpoint
+
+    def counted(self, node, step):
+        nonlocal lookups
+        lookups += 1
+        return latest_checkpoint(self, node, step)
+
+    monkeypatch.setattr(SearchPlan, "latest_checkpoint", counted)
+    store = CheckpointStore(str(storage)) if storage is not None else None
+    study = Study(SyntheticTrainer, name=f"count-{n}", executor=SimulatedExecutor(100, store=store))
+    try:
+        with LineCounter() as counter:
+            study.run(algorithm(name, n))
+        events = study.coordinator.events_seen
+    finally:
+        study.close()
+    assert len(study.coordinator.trials) == n
+    return {"lines": counter.lines / events, "lookups": lookups / events}
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
+@pytest.mark.parametrize("name", ["grid", "asha"])
+def test_work_per_event_does_not_grow_with_the_trials(name, durable, tmp_path, monkeypatch):
+    small = per_event(name, 200, tmp_path / "small" if durable else None, monkeypatch)
+    large = per_event(name, 2_000, tmp_path / "large" if durable else None, monkeypatch)
+    print(f"{name}, {'durable' if durable else 'memory'}: 200 trials {small}, 2,000 trials {large}")
+    # walking every request, running task or trial per event would multiply these by ten
+    assert large["lines"] <= 1.3 * small["lines"]
+    assert large["lookups"] <= 1.3 * small["lookups"] + 0.05
+
+
+def test_the_lease_is_gathered_only_when_it_is_written(tmp_path, monkeypatch):
+    """The durable tick asks whether the kept points changed (a version) and gathers them
+    only to write them: not at every tick once a second has passed."""
+    gathered = renewed = 0
+    protected_points = Coordinator.protected_points
+    renew = durable_module.Leases.renew
+
+    def counted_points(self):
+        nonlocal gathered
+        gathered += 1
+        return protected_points(self)
+
+    def counted_renew(self, points):
+        nonlocal renewed
+        renewed += 1
+        return renew(self, points)
+
+    monkeypatch.setattr(Coordinator, "protected_points", counted_points)
+    monkeypatch.setattr(durable_module.Leases, "renew", counted_renew)
+    study = Study(
+        SyntheticTrainer, name="lease", executor=SimulatedExecutor(50, store=CheckpointStore(str(tmp_path)))
+    )
+    try:
+        study.run(algorithm("grid", 500))
+    finally:
+        study.close()
+    assert renewed >= 2  # opened, closed
+    assert gathered == renewed
+
+
+def walked(coordinator: Coordinator) -> tuple[set, set]:
+    """What the kept points were computed as before they were kept: walks of every running
+    task, request, interrupted trial and completed trial."""
+    plan, points = coordinator.plan, set()
+    for running in coordinator.running.values():
+        task = running.task
+        if task.source is not None:
+            points.add(task.source)
+        for step in task.checkpoints | running.directive.checkpoints:
+            if task.start < step <= task.end:
+                points.add((task.node_at(step), step))
+    trials = coordinator.trials
+    waiting = [*plan.active, *((trials[i].node, trials[i].steps) for i in coordinator.interrupted)]
+    points |= {plan.latest_checkpoint(node, step) for node, step in waiting} - {None}
+    completed = {
+        plan.latest_checkpoint(t.node, t.steps) for t in trials.values() if t.status == COMPLETED and t.node
+    } - {None}
+    return points, completed
+
+
+STUDIES = {
+    "grid, branching schedules": (
+        3,
+        lambda: GridSearch(
+            dt.Grid(
+                {
+                    "lr": [dt.Constant(0.1), dt.MultiStep(0.1, [10, 15], 0.1), dt.Exponential(0.1, 0.9)],
+                    "momentum": [0.0, dt.Steps([0.5, 0.9], [8])],
+                }
+            ),
+            "val_loss",
+            "min",
+            steps=20,
+        ),
+    ),
+    "ASHA": (4, lambda: algorithm("asha", 40)),
+    "PBT": (
+        4,
+        lambda: PBT(
+            dt.Random({"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.0, 0.9)}, n=6, seed=1),
+            "val_loss",
+            "min",
+            max_steps=20,
+            interval=5,
+            population=6,
+            seed=3,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_kept_points_and_slots_equal_walking_everything(name):
+    """After every event (with checkpoints dropped and trials interrupted and resumed along
+    the way), the kept points and the slots used equal what a walk of everything finds."""
+    workers, make = STUDIES[name]
+    study = Study(SyntheticTrainer, executor=SimulatedExecutor(workers))
+    coordinator = study.coordinator
+    handle, rng, checked = coordinator.handle, random.Random(7), 0
+
+    def checked_handle(event):
+        nonlocal checked
+        handle(event)
+        if rng.random() < 0.1:  # a checkpoint collected (the simulator's store keeps it)
+            points = [(n, s) for n, node in coordinator.plan.nodes.items() for s in node.checkpoints]
+            if points:
+                coordinator.plan.drop_checkpoint(*rng.choice(sorted(points)))
+        pending = sorted(i for i, t in coordinator.trials.items() if not t.done)
+        if pending and rng.random() < 0.05:
+            coordinator.interrupt(rng.choice(pending))
+        if coordinator.interrupted and (rng.random() < 0.2 or len(coordinator.running) <= 1):
+            coordinator.resume(rng.choice(sorted(coordinator.interrupted)))  # before the run ends
+        protected, completed = walked(coordinator)
+        assert coordinator.protected_points() == protected
+        assert coordinator.latest_of_completed() == completed
+        slots = {id(running.slot) for running in coordinator.running.values()}
+        assert coordinator.running.slots_used() == len(slots)
+        checked += 1
+
+    coordinator.handle = checked_handle
+    try:
+        study.run(make())
+    finally:
+        study.close()
+    assert checked > 100
