@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagtune as dt
@@ -128,9 +129,11 @@ def run_study(
         ) as study,
     ):
         wall_began = time.time()
+        cpu_began = worker_cpu(client)
         began = time.perf_counter()
         result = study.run(GridSearch(configs, metric=case.metric, mode=case.mode, steps=steps))
         wall = time.perf_counter() - began
+        cpu = worker_cpu(client) - cpu_began
         report = result.report  # counted once every stage of the run has ended
         spent = account(study, wall, wall_began, WORKERS)
         finals = {repr(t.config): t.metrics for t in study.coordinator.trials.values()}
@@ -138,6 +141,7 @@ def run_study(
     return {
         "study": f"{variant} (fuse={fuse})" if fuse else "unfused",
         "wall_seconds": wall,
+        "cpu_seconds": cpu,
         "trials": report["trials"],
         "trial_steps": report["trial_steps"],
         "unique_steps": report["unique_steps"],
@@ -150,6 +154,12 @@ def run_study(
         "account": spent["rows"],
         "finals": finals,
     }
+
+
+def worker_cpu(client: Any) -> float:
+    """The CPU seconds the cluster's worker processes have used so far (all their threads:
+    training, Dask's own work): on a machine shared with other work, what a study cost."""
+    return sum(client.run(time.process_time).values())
 
 
 def run_ray(case: Case, configs: list, steps: int) -> dict:
@@ -199,6 +209,10 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
     best = {kind: min(found, key=lambda r: r["wall_seconds"]) for kind, found in runs.items()}
     unfused = best["unfused"]
     speedups = {v: unfused["wall_seconds"] / best[v]["wall_seconds"] for v in case.fused}
+    cpu_speedups = {
+        v: _median([r["cpu_seconds"] for r in runs["unfused"]]) / _median([r["cpu_seconds"] for r in runs[v]])
+        for v in case.fused
+    }
     differences = {
         v: max(
             abs(best[v]["finals"][config][name] - value)
@@ -216,6 +230,8 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
         "rows": [{k: v for k, v in run.items() if k != "finals"} for run in best.values()],
         "speedup": speedups["fused"],
         "speedups": speedups,
+        "cpu_speedups": cpu_speedups,
+        "all_cpu": {kind: [r.get("cpu_seconds") for r in found] for kind, found in runs.items()},
         "all_walls": {kind: [r["wall_seconds"] for r in found] for kind, found in runs.items()},
         "max_final_metric_difference": differences["fused"],
         "final_metric_differences": differences,
@@ -229,6 +245,12 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
             abs(ray["finals"][config] - metrics[case.metric]) for config, metrics in unfused["finals"].items()
         )
     return result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def compare(tiny_trainer: type, tiny_kwargs: dict, mode: str) -> list[dict[str, Any]]:
@@ -270,6 +292,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 [
                     ("study", "study"),
                     ("wall_seconds", "wall s"),
+                    ("cpu_seconds", "workers' CPU s"),
                     ("trial_steps_per_second", "trial-steps/s"),
                     ("trial_steps", "trial steps"),
                     ("unique_steps", "unique"),
@@ -297,10 +320,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def _verdict(result: dict[str, Any]) -> str:
     """The ratios of one case and whether dagtune's executed steps equal its unique steps."""
     speedups = result.get("speedups", {"fused": result["speedup"]})
+    cpu_speedups = result.get("cpu_speedups", {})
     differences = result.get("final_metric_differences", {"fused": result["max_final_metric_difference"]})
     text = " ".join(
         f"{variant.capitalize()} / unfused wall time: **{1 / speedup:.2f}** ({speedup:.2f}x the throughput"
         + (f"; the goal is {STUDY_GOAL}x" if result["case"].startswith("digits") else "")
+        + (
+            f"; {cpu_speedups[variant]:.2f}x by the workers' CPU time, median of the runs"
+            if variant in cpu_speedups
+            else ""
+        )
         + f"); largest difference of a trial's final metrics to unfused: {differences[variant]:.1e}."
         for variant, speedup in speedups.items()
     )
@@ -321,3 +350,35 @@ def _verdict(result: dict[str, Any]) -> str:
         else " Every dagtune study executed exactly its unique steps."
     )
     return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m perf.fusion_study [--mode quick] [--case digits]``: one grid's comparison
+    alone (the ``fusion`` benchmark runs both after its engine tables), printed as markdown
+    with the load average before and after."""
+    import argparse
+    import json
+    import os
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
+    parser.add_argument("--case", choices=("tiny", "digits"), default="digits")
+    parser.add_argument("--json", help="also write the result to this file")
+    args = parser.parse_args(argv)
+    from distributed import Client
+
+    from dagtune.cluster import embedded_cluster
+    from perf.fusion import STUDY_MODEL, SyntheticMlp  # also puts examples/ on the path
+
+    chosen = [c for c in cases(SyntheticMlp, STUDY_MODEL) if c.name.startswith(args.case)]
+    load = os.getloadavg()[0]
+    with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
+        results = [compare_case(client, case, args.mode, raytune.ray_installed()) for case in chosen]
+    print(f"load average (1 minute): {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    print(markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
