@@ -352,25 +352,24 @@ def _verdict(result: dict[str, Any]) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m perf.fusion_study [--mode quick] [--case digits]``: one grid's comparison
+def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
+    """``python -m perf.fusion study [--mode quick] [--case digits]``: one grid's comparison
     alone (the ``fusion`` benchmark runs both after its engine tables), printed as markdown
     with the load average before and after."""
     import argparse
     import json
     import os
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    from distributed import Client
+
+    from dagtune.cluster import embedded_cluster
+
+    parser = argparse.ArgumentParser(prog="python -m perf.fusion study", description=main.__doc__)
     parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
     parser.add_argument("--case", choices=("tiny", "digits"), default="digits")
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
-    from distributed import Client
-
-    from dagtune.cluster import embedded_cluster
-    from perf.fusion import STUDY_MODEL, SyntheticMlp  # also puts examples/ on the path
-
-    chosen = [c for c in cases(SyntheticMlp, STUDY_MODEL) if c.name.startswith(args.case)]
+    chosen = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
     load = os.getloadavg()[0]
     with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
         results = [compare_case(client, case, args.mode, raytune.ray_installed()) for case in chosen]
@@ -378,7 +377,3 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
-
-
-if __name__ == "__main__":
-    main()
