@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.sim import SimulatedExecutor
 from perf import raytune
 from perf.timeline import TimedStudy, account, account_table
 
@@ -352,6 +354,46 @@ def _verdict(result: dict[str, Any]) -> str:
     return text
 
 
+class CostedExecutor(SimulatedExecutor):
+    """The simulator with a fused round of K members costing the costliest member's step
+    times ``fixed + per_member * K`` (the engine's measured cost in unfused steps: a group of
+    one costs ``fixed + per_member``); records the group sizes."""
+
+    def __init__(self, workers: int, fixed: float, per_member: float):
+        super().__init__(workers)
+        self.fixed, self.per_member = fixed, per_member
+        self.sizes: list[int] = []
+
+    def fused_round_seconds(self, costs: list[float]) -> float:
+        return max(costs) * (self.fixed + self.per_member * len(costs))
+
+    def launch_group(self, tasks: Any, priority: float = 0.0, prefer: Any = None) -> None:
+        self.sizes.append(len(tasks))
+        super().launch_group(tasks, priority, prefer)
+
+
+def simulated_speedup(trainer: type, configs: list, steps: int, fixed: float, per_member: float) -> dict:
+    """The grid's makespan in the simulator (each step 1 s, evaluation, checkpoints and dispatch
+    free) unfused and fused (``fuse=16``, 2 slots) when a fused round of K members costs
+    ``fixed + per_member * K`` unfused steps: what the engine's cost allows this grid's stage
+    tree at best, whatever the machine's load."""
+    algorithm = GridSearch(configs, metric="val_loss", mode="min", steps=steps)
+    plain = SimulatedExecutor(WORKERS)
+    dt.Study(trainer, executor=plain).run(algorithm)
+    costed = CostedExecutor(WORKERS, fixed, per_member)
+    dt.Study(trainer, executor=costed, fuse=FUSE).run(
+        GridSearch(configs, metric="val_loss", mode="min", steps=steps)
+    )
+    return {
+        "fixed": fixed,
+        "per_member": per_member,
+        "unfused_seconds": plain.now(),
+        "fused_seconds": costed.now(),
+        "speedup": plain.now() / costed.now(),
+        "group_sizes": dict(sorted(Counter(costed.sizes).items())),
+    }
+
+
 def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
     """``python -m perf.fusion study [--mode quick] [--case digits]``: one grid's comparison
     alone (the ``fusion`` benchmark runs both after its engine tables), printed as markdown
@@ -368,7 +410,20 @@ def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
     parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
     parser.add_argument("--case", choices=("tiny", "digits"), default="digits")
     parser.add_argument("--json", help="also write the result to this file")
+    parser.add_argument(
+        "--simulate",
+        metavar="FIXED,PER_MEMBER",
+        action="append",
+        help="instead: the grid's simulated speed-up when a fused round of K costs FIXED + PER_MEMBER * K steps",
+    )
     args = parser.parse_args(argv)
+    if args.simulate:
+        (case,) = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
+        configs = raytune.distinct(case.space(args.mode), case.steps[args.mode])
+        for pair in args.simulate:
+            fixed, per_member = map(float, pair.split(","))
+            print(simulated_speedup(tiny_trainer, configs, case.steps[args.mode], fixed, per_member))
+        return
     chosen = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
     load = os.getloadavg()[0]
     with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
