@@ -308,8 +308,9 @@ def row_loss(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     row (log-softmax over its classes, the target's entry), so each member gets the values of
     its own call whatever K (tested against K = 1 and unfused calls, several shapes); vmap's
     own rule decomposes the loss into a dozen batched operations: forward and backward cost
-    1.4 to 2.3 times this one call (K = 32 to 1, a batch of 64 x 10 classes). A member-specific class weight, or one sample per member, runs one call per
-    member; any other reduction keeps vmap's rule."""
+    1.4 to 2.3 times this one call (K = 32 to 1, a batch of 64 x 10 classes). A
+    member-specific class weight, or one sample per member, runs one call per member; any
+    other reduction keeps vmap's rule."""
     bound = {**dict(zip(_LOSS_ARGUMENTS, args)), **kwargs}
     names = [name for name in ("input", "target", "weight") if isinstance(bound.get(name), torch.Tensor)]
     if bound.get("reduction", "mean") != "none" or names[:2] != ["input", "target"]:
