@@ -484,4 +484,7 @@ def _cnn_verdict(speedups: dict) -> str:
 if __name__ == "__main__":
     import json
 
-    print(json.dumps(benchmark(sys.argv[1] if len(sys.argv) > 1 else "quick"), indent=1, default=str))
+    if sys.argv[1:2] == ["study"]:  # python -m perf.fusion study --case digits: one grid's study alone
+        fusion_study.main(sys.argv[2:], SyntheticMlp, STUDY_MODEL)
+    else:
+        print(json.dumps(benchmark(sys.argv[1] if len(sys.argv) > 1 else "quick"), indent=1, default=str))

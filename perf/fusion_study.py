@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.sim import SimulatedExecutor
 from perf import raytune
 from perf.timeline import TimedStudy, account, account_table
 
@@ -128,9 +131,11 @@ def run_study(
         ) as study,
     ):
         wall_began = time.time()
+        cpu_began = worker_cpu(client)
         began = time.perf_counter()
         result = study.run(GridSearch(configs, metric=case.metric, mode=case.mode, steps=steps))
         wall = time.perf_counter() - began
+        cpu = worker_cpu(client) - cpu_began
         report = result.report  # counted once every stage of the run has ended
         spent = account(study, wall, wall_began, WORKERS)
         finals = {repr(t.config): t.metrics for t in study.coordinator.trials.values()}
@@ -138,6 +143,7 @@ def run_study(
     return {
         "study": f"{variant} (fuse={fuse})" if fuse else "unfused",
         "wall_seconds": wall,
+        "cpu_seconds": cpu,
         "trials": report["trials"],
         "trial_steps": report["trial_steps"],
         "unique_steps": report["unique_steps"],
@@ -150,6 +156,12 @@ def run_study(
         "account": spent["rows"],
         "finals": finals,
     }
+
+
+def worker_cpu(client: Any) -> float:
+    """The CPU seconds the cluster's worker processes have used so far (all their threads:
+    training, Dask's own work): on a machine shared with other work, what a study cost."""
+    return sum(client.run(time.process_time).values())
 
 
 def run_ray(case: Case, configs: list, steps: int) -> dict:
@@ -199,6 +211,10 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
     best = {kind: min(found, key=lambda r: r["wall_seconds"]) for kind, found in runs.items()}
     unfused = best["unfused"]
     speedups = {v: unfused["wall_seconds"] / best[v]["wall_seconds"] for v in case.fused}
+    cpu_speedups = {
+        v: _median([r["cpu_seconds"] for r in runs["unfused"]]) / _median([r["cpu_seconds"] for r in runs[v]])
+        for v in case.fused
+    }
     differences = {
         v: max(
             abs(best[v]["finals"][config][name] - value)
@@ -216,6 +232,8 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
         "rows": [{k: v for k, v in run.items() if k != "finals"} for run in best.values()],
         "speedup": speedups["fused"],
         "speedups": speedups,
+        "cpu_speedups": cpu_speedups,
+        "all_cpu": {kind: [r.get("cpu_seconds") for r in found] for kind, found in runs.items()},
         "all_walls": {kind: [r["wall_seconds"] for r in found] for kind, found in runs.items()},
         "max_final_metric_difference": differences["fused"],
         "final_metric_differences": differences,
@@ -229,6 +247,12 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
             abs(ray["finals"][config] - metrics[case.metric]) for config, metrics in unfused["finals"].items()
         )
     return result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def compare(tiny_trainer: type, tiny_kwargs: dict, mode: str) -> list[dict[str, Any]]:
@@ -270,6 +294,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 [
                     ("study", "study"),
                     ("wall_seconds", "wall s"),
+                    ("cpu_seconds", "workers' CPU s"),
                     ("trial_steps_per_second", "trial-steps/s"),
                     ("trial_steps", "trial steps"),
                     ("unique_steps", "unique"),
@@ -297,10 +322,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def _verdict(result: dict[str, Any]) -> str:
     """The ratios of one case and whether dagtune's executed steps equal its unique steps."""
     speedups = result.get("speedups", {"fused": result["speedup"]})
+    cpu_speedups = result.get("cpu_speedups", {})
     differences = result.get("final_metric_differences", {"fused": result["max_final_metric_difference"]})
     text = " ".join(
         f"{variant.capitalize()} / unfused wall time: **{1 / speedup:.2f}** ({speedup:.2f}x the throughput"
         + (f"; the goal is {STUDY_GOAL}x" if result["case"].startswith("digits") else "")
+        + (
+            f"; {cpu_speedups[variant]:.2f}x by the workers' CPU time, median of the runs"
+            if variant in cpu_speedups
+            else ""
+        )
         + f"); largest difference of a trial's final metrics to unfused: {differences[variant]:.1e}."
         for variant, speedup in speedups.items()
     )
@@ -321,3 +352,83 @@ def _verdict(result: dict[str, Any]) -> str:
         else " Every dagtune study executed exactly its unique steps."
     )
     return text
+
+
+class CostedExecutor(SimulatedExecutor):
+    """The simulator with a fused round of K members costing the costliest member's step
+    times ``fixed + per_member * K`` (the engine's measured cost in unfused steps: a group of
+    one costs ``fixed + per_member``); records the group sizes."""
+
+    def __init__(self, workers: int, fixed: float, per_member: float):
+        super().__init__(workers)
+        self.fixed, self.per_member = fixed, per_member
+        self.sizes: list[int] = []
+
+    def fused_round_seconds(self, costs: list[float]) -> float:
+        return max(costs) * (self.fixed + self.per_member * len(costs))
+
+    def launch_group(self, tasks: Any, priority: float = 0.0, prefer: Any = None) -> None:
+        self.sizes.append(len(tasks))
+        super().launch_group(tasks, priority, prefer)
+
+
+def simulated_speedup(trainer: type, configs: list, steps: int, fixed: float, per_member: float) -> dict:
+    """The grid's makespan in the simulator (each step 1 s, evaluation, checkpoints and dispatch
+    free) unfused and fused (``fuse=16``, 2 slots) when a fused round of K members costs
+    ``fixed + per_member * K`` unfused steps: what the engine's cost allows this grid's stage
+    tree at best, whatever the machine's load."""
+    algorithm = GridSearch(configs, metric="val_loss", mode="min", steps=steps)
+    plain = SimulatedExecutor(WORKERS)
+    dt.Study(trainer, executor=plain).run(algorithm)
+    costed = CostedExecutor(WORKERS, fixed, per_member)
+    dt.Study(trainer, executor=costed, fuse=FUSE).run(
+        GridSearch(configs, metric="val_loss", mode="min", steps=steps)
+    )
+    return {
+        "fixed": fixed,
+        "per_member": per_member,
+        "unfused_seconds": plain.now(),
+        "fused_seconds": costed.now(),
+        "speedup": plain.now() / costed.now(),
+        "group_sizes": dict(sorted(Counter(costed.sizes).items())),
+    }
+
+
+def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
+    """``python -m perf.fusion study [--mode quick] [--case digits]``: one grid's comparison
+    alone (the ``fusion`` benchmark runs both after its engine tables), printed as markdown
+    with the load average before and after."""
+    import argparse
+    import json
+    import os
+
+    from distributed import Client
+
+    from dagtune.cluster import embedded_cluster
+
+    parser = argparse.ArgumentParser(prog="python -m perf.fusion study", description=main.__doc__)
+    parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
+    parser.add_argument("--case", choices=("tiny", "digits"), default="digits")
+    parser.add_argument("--json", help="also write the result to this file")
+    parser.add_argument(
+        "--simulate",
+        metavar="FIXED,PER_MEMBER",
+        action="append",
+        help="instead: the grid's simulated speed-up when a fused round of K costs FIXED + PER_MEMBER * K steps",
+    )
+    args = parser.parse_args(argv)
+    if args.simulate:
+        (case,) = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
+        configs = raytune.distinct(case.space(args.mode), case.steps[args.mode])
+        for pair in args.simulate:
+            fixed, per_member = map(float, pair.split(","))
+            print(simulated_speedup(tiny_trainer, configs, case.steps[args.mode], fixed, per_member))
+        return
+    chosen = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
+    load = os.getloadavg()[0]
+    with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
+        results = [compare_case(client, case, args.mode, raytune.ray_installed()) for case in chosen]
+    print(f"load average (1 minute): {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    print(markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))

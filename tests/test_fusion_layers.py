@@ -169,6 +169,63 @@ def test_channels_last_max_pooling_is_the_nchw_result_bit_for_bit(ties):
             assert torch.equal(fused_x.grad[member], plain.grad)
 
 
+@pytest.mark.parametrize(
+    ("shape", "target_shape", "options"),
+    [
+        ((64, 10), (64,), {}),
+        ((7, 3, 5), (7, 5), {"label_smoothing": 0.1}),
+        ((33, 100), (33,), {"ignore_index": 1, "weight": "shared"}),
+        ((16, 4), (16,), {"weight": "member"}),
+        ((10,), (), {}),
+        ((5, 6), (5, 6), {"probabilities": True}),
+    ],
+)
+@pytest.mark.parametrize("function", [F.cross_entropy, F.nll_loss])
+def test_per_sample_losses_of_the_members_are_each_members_own_call(shape, target_shape, options, function):
+    """``reduction="none"`` losses run as one call of K times the samples (a member-specific
+    class weight, or one sample per member: one call each); each member's losses and input
+    gradients are bit for bit its own unfused call, whatever K."""
+    options = dict(options)
+    probabilities = options.pop("probabilities", False)
+    weighting = options.pop("weight", "")
+    if function is F.nll_loss and (probabilities or "label_smoothing" in options):
+        return  # nll_loss takes neither
+    per_member = weighting == "member"
+    generator = torch.Generator().manual_seed(0)
+    classes = shape[1] if len(shape) > 1 else shape[0]
+    for members in (1, 2, 5, 32):
+        x = torch.randn(members, *shape, generator=generator, requires_grad=True)
+        if probabilities:
+            target = torch.rand(target_shape, generator=generator).softmax(-1)
+        else:
+            target = torch.randint(0, classes, target_shape, generator=generator)
+        weight = torch.rand(classes, generator=generator) if weighting == "shared" else None
+        weights = torch.rand(members, classes, generator=generator)
+
+        def loss(z, w=None, weight=weight, target=target):
+            return function(z, target, weight=w if w is not None else weight, reduction="none", **options)
+
+        with MemberwiseLayers():
+            out = torch.func.vmap(loss)(x, weights) if per_member else torch.func.vmap(loss)(x)
+        grad = torch.randn(out.shape, generator=generator)
+        (fused_grad,) = torch.autograd.grad(out, x, grad)
+        for k in range(members):
+            plain = x[k].detach().requires_grad_()
+            want = loss(plain, weights[k] if per_member else None)
+            (want_grad,) = torch.autograd.grad(want, plain, grad[k])
+            assert torch.equal(out[k], want) and torch.equal(fused_grad[k], want_grad), (members, k)
+
+
+def test_a_mean_reduced_loss_keeps_vmaps_rule():
+    x = torch.randn(3, 8, 4, requires_grad=True)
+    target = torch.randint(0, 4, (8,))
+    with MemberwiseLayers():
+        out = torch.func.vmap(lambda z: F.cross_entropy(z, target))(x)
+    assert out.shape == (3,)
+    for k in range(3):
+        assert torch.allclose(out[k], F.cross_entropy(x[k], target), rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("kind", FUSIBLE_KINDS)
 def test_the_fusion_check_passes_every_fusible_kind(kind):
     verdict = check_fusion(Kinds, {"kind": kind}, 0, schedules(1)[0])
