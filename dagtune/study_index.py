@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -209,7 +210,7 @@ def read_index(store: CheckpointStore, name: str) -> dict[str, Any] | None:
     except (ValueError, zlib.error, RecursionError) as error:
         log.warning("dagtune: the index %s can't be read (%s); the journals are read instead", path, error)
         return None
-    return index if _current(store, index["covers"]) else None
+    return index if _current(store, index.get("covers")) else None
 
 
 def study_status(store: CheckpointStore, name: str, plans: dict | None = None) -> dict[str, Any]:
@@ -225,7 +226,8 @@ def study_view(store: CheckpointStore, name: str, plans: dict | None = None) -> 
     index = read_index(store, name)
     if index is None:
         return _view_of(load_study(store, name, plans))
-    return StoredView(name, index["trials"], index["status"], index["snapshot"], index["ends"])
+    snapshot = {**index["snapshot"], "time": time.time()}  # read now, as one read from the journals
+    return StoredView(name, index["trials"], index["status"], snapshot, index["ends"])
 
 
 def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
