@@ -23,7 +23,14 @@ from dagtune.durable import Leases, list_studies, plan_header, read_records, rec
 from dagtune.errors import DagtuneError
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan
-from dagtune.records import PENDING, Trial, TrialState, is_study_name, parsed_configs_shared
+from dagtune.records import (
+    PENDING,
+    StudyRecords,
+    Trial,
+    TrialState,
+    is_study_name,
+    parsed_configs_shared,
+)
 from dagtune.summary import metric_of, trained_from_trials, trained_to
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "load_study",
     "open_storage",
     "stored_studies",
+    "stored_study",
 ]
 
 _IDENTITY_DIR = re.compile(r"^[0-9a-f]{16}$")  # a model identity's directory (its plan, checkpoints)
@@ -108,6 +116,9 @@ class StoredStudy:
     plan: SearchPlan
     incidents: list[str] = field(default_factory=list)
     work: dict[str, float] | None = None  # executed steps and GPU-seconds its sessions recorded
+    # the journal files it was read from and their sizes (`dagtune.plan.Journal.covered`), by
+    # directory under the storage root; None if unknown (`dagtune.study_index`)
+    covers: dict[str, dict[str, int]] | None = None
 
     def report(self) -> dict[str, Any]:
         """Trial and unique steps of the trials, the steps the plan holds trained (every
@@ -208,6 +219,23 @@ def _load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal]
             f"studies/{name}/journal in {store.url} holds no study records dagtune can read ({found}): "
             "it was not written by dagtune, or is damaged"
         )
+    plans = {} if plans is None else plans
+    identity = records.opened[-1].identity
+    if identity not in plans:
+        plans[identity] = load_plan(store, identity)
+    plan_journal = plans[identity]
+    incidents = [*journal.incidents, *plan_journal.journal.incidents]
+    stored = stored_study(name, records, plan_journal.plan, incidents)
+    read, planned = journal.covered(), plan_journal.journal.covered()
+    if read is not None and planned is not None:
+        stored.covers = {f"studies/{name}/journal": read, f"{identity}/plan": planned}
+    return stored
+
+
+def stored_study(name: str, records: StudyRecords, plan: SearchPlan, incidents: list[str]) -> StoredStudy:
+    """Study `name` as its folded `records` (with at least one ``open`` record) and its
+    model's search `plan` give it: what `load_study` returns, and what a study's writer
+    reads back when it closes (`dagtune.study_index`)."""
     opened = records.opened[-1]
     describe = {
         "trainer": opened.trainer,
@@ -216,15 +244,8 @@ def _load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal]
         "link": opened.link,
         "gpus": opened.gpus,
     }
-    plans = {} if plans is None else plans
-    if opened.identity not in plans:
-        plans[opened.identity] = load_plan(store, opened.identity)
-    plan_journal = plans[opened.identity]
-    trials = _trials(records.trials.values(), plan_journal.plan)
-    incidents = [*journal.incidents, *plan_journal.journal.incidents]
-    return StoredStudy(
-        name, opened.identity, describe, trials, plan_journal.plan, incidents, records.work_total()
-    )
+    trials = _trials(records.trials.values(), plan)
+    return StoredStudy(name, opened.identity, describe, trials, plan, incidents, records.work_total())
 
 
 def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:

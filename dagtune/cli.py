@@ -41,7 +41,6 @@ from dagtune.catalog import (
     StudyNameError,
     check_study_name,
     collect_garbage,
-    figures_of,
     load_study,
     open_storage,
     stored_studies,
@@ -55,16 +54,15 @@ from dagtune.progress import watch
 from dagtune.records import COMPLETED, PENDING
 from dagtune.restore import stored_model
 from dagtune.security import tls_from_files
+from dagtune.study_index import status_figures, study_status, study_view
 from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
     UNKNOWN_FROM_STORAGE,
     best_of,
     error_line,
-    failures,
     metric_of,
     reuse_text,
     seconds_label,
-    status_counts,
     trials_frame,
 )
 
@@ -576,7 +574,8 @@ def _print_target(result: Any) -> None:
 # --------------------------------------------------------------------------- storage views
 
 
-def _studies(storage: str, study: str | None) -> list[StoredStudy]:
+def _names(storage: str, study: str | None) -> tuple[CheckpointStore, list[str]]:
+    """The storage of `storage` and the studies to show: `study`, or every one there."""
     if study is not None:
         check_study_name(study)
     store = open_storage(storage)
@@ -585,9 +584,7 @@ def _studies(storage: str, study: str | None) -> list[StoredStudy]:
         raise UserError(
             f"no studies in {store.url}", "run one first: `dagtune run SCRIPT --storage " + storage + "`"
         )
-    names = [study] if study else names
-    plans: dict = {}
-    return [load_study(store, name, plans) for name in names]
+    return store, [study] if study else names
 
 
 @main.command()
@@ -602,7 +599,16 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
     from rich.table import Table
 
     console = _console()
-    studies = _studies(storage, study)
+    store, names = _names(storage, study)
+    plans: dict = {}
+    snapshots: dict[str, dict] = {}
+    stored: StoredStudy | None = None
+    for name in names:
+        if study or metric or mode:  # the best trials, incidents, another metric: the journals
+            stored = load_study(store, name, plans)
+            snapshots[name] = status_figures(stored, metric, mode)
+        else:  # from the study's index when it is current (`dagtune.study_index`)
+            snapshots[name] = study_status(store, name, plans)
     table = Table(title=f"dagtune studies in {storage}")
     for column in (
         "study",
@@ -617,16 +623,14 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         "merge rate",
     ):
         table.add_column(column, justify="left" if column == "study" else "right")
-    links = {s.name: s.describe.get("link") for s in studies}
+    links = {name: snapshot["link"] for name, snapshot in snapshots.items()}
     if any(links.values()):  # surrogate studies: which study searched and which is the target
         table.add_column("surrogate study")
-    snapshots = {}
-    for stored in studies:
-        snapshot = snapshots[stored.name] = _figures(stored, metric, mode)
+    for name, snapshot in snapshots.items():
         c, best = snapshot["counters"], snapshot["best"]
-        link = links[stored.name]
+        link = links[name]
         table.add_row(
-            stored.name,
+            name,
             str(c["trials"]),
             str(c["completed"]),
             str(c["pending"]),
@@ -636,17 +640,16 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             str(c["trial_steps"]),
             str(c["unique_steps"]),
             "–" if c["merge_rate_ended"] is None else f"{c['merge_rate_ended']:.2f}",
-            *(["" if link is None else _escape(str(link))] if any(links.values()) else []),
+            *(["" if link is None else _escape(link)] if any(links.values()) else []),
         )
     console.print(table)
     if any(c["pending"] and c["ended"] for c in (snap["counters"] for snap in snapshots.values())):
         console.print(
             "[dim]merge rate: over the trials that have ended (a pending trial counts once it ends)[/]"
         )
-    for stored in studies:
-        _print_failures(console, stored, storage, limit=None if study else 1)
-    if study:
-        (stored,) = studies
+    for name, snapshot in snapshots.items():
+        _print_failures(console, name, snapshot["failures"], storage, limit=None if study else 1)
+    if study and stored is not None:
         snapshot = snapshots[stored.name]
         report = snapshot["report"]
         console.print(
@@ -663,7 +666,7 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
         _print_top(console, stored, snapshot, top)
-        _print_writer(console, open_storage(storage), stored.name)
+        _print_writer(console, store, stored.name)
         for incident in stored.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
 
@@ -678,51 +681,20 @@ def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
         console.print(f"writer: {_escape(status)}")
 
 
-def _figures(stored: StoredStudy, metric: str | None, mode: str | None) -> dict[str, Any]:
-    """What `status` shows of a stored study, as the page's snapshot has it (``metric``,
-    ``mode``, ``hp``, ``best``, ``counters``, with `dagtune.summary`'s figures) and its
-    ``report``: a walk of the trials, without the stage tree's layout and learning curves
-    the page draws."""
-    trials = stored.trials
-    if metric is None:
-        metric, guessed = metric_of(trials)
-        mode = mode or guessed
-    mode = mode or "max"
-    report = stored.report()
-    ended = [t for t in trials if t.done and t.reached > 0]
-    so_far = figures_of(ended, stored.plan)["merge_rate"] if ended else None  # summary.merge_rate_so_far
-    best = best_of(trials, metric, mode)
-    return {
-        "metric": metric,
-        "mode": mode,
-        "hp": sorted({name for t in trials for name in t.config}),
-        "report": report,
-        "counters": {**status_counts(trials), **report, "merge_rate_ended": so_far, "ended": len(ended)},
-        "best": None
-        if best is None
-        else {
-            "trial": best.id,
-            "value": float(best.metrics[metric]),
-            "steps": best.reached,
-            "status": best.status,
-        },
-    }
-
-
 def _running(best: dict) -> str:
     """`` (at step 18, running)`` when the best value is a pending trial's (it may still change)."""
     return f" (at step {best['steps']}, running)" if best["status"] == "pending" else ""
 
 
-def _print_failures(console: Any, stored: StoredStudy, storage: str, limit: int | None) -> None:
-    """The failed trials of `stored` with their error lines (the first `limit` of them)."""
-    failed = failures(stored.trials)
+def _print_failures(console: Any, name: str, failed: list, storage: str, limit: int | None) -> None:
+    """The failed trials of study `name` (``[trial id, error line]``, in trial order), the
+    first `limit` of them."""
     if not failed:
         return
     shown = failed if limit is None else failed[:limit]
-    head = f"{stored.name}: {len(failed)} failed trial{'s' if len(failed) > 1 else ''}"
+    head = f"{name}: {len(failed)} failed trial{'s' if len(failed) > 1 else ''}"
     if limit is not None and len(failed) > limit:
-        head += f" (the first below; `dagtune status {storage} --study {stored.name}` lists them)"
+        head += f" (the first below; `dagtune status {storage} --study {name}` lists them)"
     console.print(f"[red]{_escape(head)}[/]")
     for trial, line in shown:
         console.print(f"  trial {trial}: {_escape(line)}")
@@ -778,28 +750,24 @@ def tree(storage: str, study: str | None, depth: int, width: int) -> None:
     from rich.tree import Tree
 
     from dagtune.dashboard.figures import COLORS  # the dashboard loads bokeh and distributed
-    from dagtune.dashboard.snapshot import stored_snapshot
 
     for name, value in (("--depth", depth), ("--width", width)):
         if value < 0:
             raise UserError(f"{name} must be 0 (all) or more, got {value}", f"e.g. {name} 3")
     console = _console()
     folded = False
-    for stored in _studies(storage, study):
-        snapshot = stored_snapshot(stored)
+    store, names = _names(storage, study)
+    plans: dict = {}
+    for name in names:
+        view = study_view(store, name, plans)  # from the study's index when it is current
+        snapshot = view.snapshot
         t = snapshot["tree"]
         pieces: dict[str, list[int]] = {}
         for i, node in enumerate(t["node"]):
             pieces.setdefault(node, []).append(i)
-        ends: dict[str, list[str]] = {}
+        ends = view.ends
         metric = snapshot["metric"]
-        for trial in stored.trials:
-            if not trial.segments:  # the plan has no path for it (its node events are missing)
-                continue
-            value = (trial.metrics or {}).get(metric)
-            shown = f"{value:.4g}" if isinstance(value, float) else "—"
-            ends.setdefault(trial.segments[-1][0], []).append(f"#{trial.id} {shown}")
-        root = Tree(f"[bold]{_escape(stored.name)}[/] ({len(stored.trials)} trials, {_escape(metric)})")
+        root = Tree(f"[bold]{_escape(name)}[/] ({view.trials} trials, {_escape(metric)})")
         children: dict[str | None, list[str]] = {}
         for node in sorted(snapshot["parents"], key=lambda n: t["row"][pieces[n][0]]):
             children.setdefault(snapshot["parents"][node], []).append(node)

@@ -8,6 +8,8 @@ Layout under the storage URL (a directory, ``s3://bucket/prefix``, any fsspec UR
     studies/{name}/journal/...                     the study's trial records, same format
     studies/{name}/results.zarr                    trials and learning curves (dagtune.results)
     studies/{name}/lease/{generation}.json         the study's writer lease (dagtune.study_lease)
+    studies/{name}/index.json.gz                   what the views show, as of the journals' sizes
+                                                   it records (dagtune.study_index)
     {identity}/leases/{writer}.json                checkpoints a live study needs (Leases)
 
 Every study of one model identity (trainer, its arguments, seed, version) shares the plan:
@@ -24,9 +26,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
@@ -48,9 +54,11 @@ from dagtune.study_lease import StudyLease
 __all__ = [
     "Leases",
     "Persistence",
+    "index_path",
     "list_studies",
     "needed_by_stored_studies",
     "plan_header",
+    "put_whole",
     "read_records",
     "records_header",
 ]
@@ -120,6 +128,32 @@ class Leases:
             except (ValueError, KeyError, TypeError) as error:
                 log.warning("dagtune: unreadable lease %s (%r); ignored", path, error)
         return points
+
+
+def index_path(root: str, name: str) -> str:
+    """Where study `name`'s read index lives under storage root `root` (`dagtune.study_index`)."""
+    return f"{root}/studies/{name}/index.json.gz"
+
+
+def put_whole(fs: Any, path: str, data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the new one, never part
+    of one: a temporary file renamed over it on a local disk (fsynced first), one put of the
+    whole object elsewhere (object stores make a put visible whole)."""
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    temporary = f"{directory}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
 
 
 def read_records(journal: Journal) -> StudyRecords:
@@ -218,6 +252,7 @@ class Persistence:
         self._check_identity(describe)
         self.plan_journal = PlanJournal(SearchPlan(), plan)
         self.plan_journal.load()
+        self._plan_at_open = plan.covered()  # other writers' plan files as this session found them
         self.results = ResultsWriter(
             results_url(store.url, name),
             store.storage_options,
@@ -339,16 +374,59 @@ class Persistence:
         held = Leases.held(self.store, self.identity, exclude=self.leases.writer)
         return held | needed_by_stored_studies(self.store, self.identity, self.plan, exclude=self.name)
 
-    def close(self, coordinator: Coordinator) -> None:
+    def read_back(self) -> tuple[StudyRecords, SearchPlan, dict[str, dict[str, int]]] | None:
+        """The study as a reader of its journals now would fold it, without parsing again what
+        this session read or wrote, and what it covers (journal directory under the storage
+        root -> file name -> size; `dagtune.plan.Journal.covered`): this session's own records
+        read back (the same bytes a reader gets) and folded after the earlier ones; the plan in
+        memory when no other writer's plan files changed since the session opened (a reader
+        orders writers' events by time; the plan then has them in that order), else read
+        afresh. Call it after the last `flush`. None when the records journal has another
+        writer's lines (the lease was lost: a reader's order may differ) or a file of another
+        journal (its size is not kept)."""
+        entries = self.records.read_new()
+        if any(entry.writer != self.records.writer for entry in entries):
+            return None
+        for entry in entries:
+            self.earlier.read(entry.record, entry.where)
+        for where, reason in self.earlier.skipped:
+            self.records.report(where, reason)
+        journal = self.plan_journal.journal
+        self.plan_journal.refresh()
+        planned = journal.covered()
+        if planned is None or self._plan_at_open is None:
+            return None
+        plan = self.plan
+        if {k: v for k, v in planned.items() if not k.startswith(journal.writer)} != self._plan_at_open:
+            fresh = PlanJournal(SearchPlan(), Journal(journal.fs, journal.directory, header=journal.header))
+            fresh.load()
+            plan, planned = fresh.plan, fresh.journal.covered()
+        recorded = self.records.covered()
+        if recorded is None or planned is None:
+            return None
+        covers = {f"studies/{self.name}/journal": recorded, f"{self.identity}/plan": planned}
+        return self.earlier, plan, covers
+
+    def close(self, coordinator: Coordinator, summarize: Callable[[Persistence], None] | None = None) -> None:
         """The study ends: its last work and results are written, both journals flushed and
-        its leases released (what it keeps is in its trial records). The journals and the
-        leases are seen to whatever fails before them; the first failure is raised after."""
+        its leases released (what it keeps is in its trial records). `summarize`, if given, is
+        called after the flush and before the leases go (the study's read index:
+        `dagtune.study_index`); it failing is logged, not raised: the journals hold
+        everything. The journals and the leases are seen to whatever fails before them; the
+        first failure is raised after."""
         try:
             self.tick(coordinator, force=True)
         finally:
             try:
                 self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()
+                if summarize is not None:
+                    try:
+                        summarize(self)
+                    except Exception as error:
+                        log.warning(
+                            "dagtune: study %r: its read index was not written (%r)", self.name, error
+                        )
             finally:
                 try:
                     self.leases.release()

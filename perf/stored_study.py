@@ -11,7 +11,11 @@ the stage tree has 100 shared roots with N/100 branches each. 97% of the trials 
 was interrupted: no ``end`` record, the plan has their first stage). Checkpoint events
 name files that are not written (nothing here loads them; `dagtune gc` would drop them).
 
-Stores are cached under ``/tmp/dagtune-perf-stores/{n}`` (a ``READY`` file marks a whole one).
+Last, the study's read index is written (`dagtune.study_index.rebuild_index`: what a study's
+writer does when it closes), so readers find what a closed study leaves.
+
+Stores are cached under ``/tmp/dagtune-perf-stores/{n}`` (a ``READY`` file marks a whole one;
+one made before read indexes gets its index on first use).
 
     python perf/stored_study.py 100000    # prints the storage directory
 """
@@ -27,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dagtune as dt
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_to_json
+from dagtune.durable import index_path
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import CheckpointInfo, Trial
 from dagtune.results import ResultsWriter, results_url
+from dagtune.study_index import rebuild_index
 
 CACHE = Path("/tmp/dagtune-perf-stores")
 IDENTITY = "5eed5eed5eed5eed"
@@ -52,6 +58,8 @@ def generate(n: int, cache: Path = CACHE) -> str:
     """The storage directory of a stored study of `n` trials (a multiple of 100), made once."""
     directory = cache / str(n)
     if (directory / "READY").exists():
+        if not Path(index_path(f"{directory}/runs", NAME)).exists():
+            rebuild_index(CheckpointStore(str(directory / "runs")), NAME)
         return str(directory)
     if n % ROOTS:
         raise ValueError(f"n must be a multiple of {ROOTS}, got {n}")
@@ -123,6 +131,7 @@ def generate(n: int, cache: Path = CACHE) -> str:
     )
     plan_journal.journal.flush()
     ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=IDENTITY).write(trials)
+    rebuild_index(store, NAME)
     (directory / "READY").write_text(f"{n} trials\n")
     return str(directory)
 

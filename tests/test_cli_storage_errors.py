@@ -118,12 +118,22 @@ BREAKS = {
 def test_a_file_that_cannot_be_read_is_one_error_line_and_a_hint(runs, command, broken):
     locate, what = BREAKS[broken]
     path = locate(runs)
+    (runs / "studies" / "sim" / "index.json.gz").unlink()  # else status and tree read the study's index
     path.chmod(0)
     result = cli(command, str(runs))
     assert_one_error(result, what, "PermissionError", str(runs))
     assert (
         "Hint: dagtune reads every file under STORAGE: check its permissions" in result.stdout + result.stderr
     )
+
+
+@pytest.mark.slow
+def test_an_index_that_cannot_be_read_is_passed_over_for_the_journals(runs):
+    expected = cli("status", str(runs))
+    (runs / "studies" / "sim" / "index.json.gz").chmod(0)
+    result = cli("status", str(runs))
+    assert result.returncode == 0 and result.stdout == expected.stdout, result.stderr
+    assert "can't be read" in result.stderr and "PermissionError" in result.stderr
 
 
 @pytest.mark.slow

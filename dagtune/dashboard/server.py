@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagtune.catalog import StorageError, list_studies, load_study, open_storage
-from dagtune.dashboard.snapshot import stored_snapshot
+from dagtune.study_index import study_view
 
 __all__ = ["StoredSnapshots", "serve", "websocket_origins"]
 
@@ -40,7 +40,7 @@ class StoredSnapshots:
             plans: dict = {}
             for name in self.names or list_studies(self.store):
                 try:
-                    snapshot = stored_snapshot(load_study(self.store, name, plans))
+                    snapshot = study_view(self.store, name, plans).snapshot  # its index, if current
                 except StorageError:
                     continue  # created but not written yet
                 previous = self._cache.get(name)

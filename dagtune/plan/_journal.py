@@ -264,11 +264,13 @@ class Journal:
         self._buffer: list[bytes] = []
         self._segment = 0
         self._offsets: dict[str, int] = {}  # file -> bytes consumed (and lines, for locations)
+        self._seen: dict[str, int] = {}  # file -> its size when last read (a cut-short line included)
         self._lines: dict[str, int] = {}
         self._reported: set[str] = set()
         self._started = False  # this writer's local file has its header
         self._checked: set[str] = set()  # files whose header was read
         self._foreign: set[str] = set()  # files of another journal: never read
+        self._written: dict[str, int] = {}  # this writer's files -> bytes written to them
         self._commit = commit
         if commit is not None:
             commit.join(self)
@@ -308,18 +310,50 @@ class Journal:
             self.guard()
         if self._local:
             os.makedirs(self.directory, exist_ok=True)
-            with open(f"{self.directory}/{self.writer}.jsonl", "ab") as file:
-                file.write(data if self._started else heading + data)
+            name = f"{self.writer}.jsonl"
+            with open(f"{self.directory}/{name}", "ab") as file:
+                chunk = data if self._started else heading + data
+                file.write(chunk)
                 self._started = True
                 file.flush()
                 os.fsync(file.fileno())
+            self._written[name] = self._written.get(name, 0) + len(chunk)
         else:
-            path = f"{self.directory}/{self.writer}-{self._segment:08d}.jsonl"
-            self.fs.pipe_file(path, heading + data)  # a segment is a file of its own
+            name = f"{self.writer}-{self._segment:08d}.jsonl"
+            self.fs.pipe_file(f"{self.directory}/{name}", heading + data)  # a segment is a file of its own
             self.fs.invalidate_cache(self.directory)
             self._segment += 1
+            self._written[name] = len(heading) + len(data)
 
     # ------------------------------------------------------------------ reading
+
+    def covered(self) -> dict[str, int] | None:
+        """What this journal's state holds, as file name -> bytes: each file read, with the
+        size it had then (a cut-short last line is not read, but counted: it is the same
+        bytes while the size is), and each file this writer wrote, whole. Two reads of the
+        same journal that cover the same bytes fold the same records (files only grow and
+        segments are written once), so a summary of a read stays true while the journal's
+        files are exactly these, with these sizes (`dagtune.study_index`). None if a file
+        was skipped as another journal's (its size was not kept)."""
+        if self._foreign:
+            return None
+        covered = {path.rstrip("/").rsplit("/", 1)[-1]: size for path, size in self._seen.items()}
+        covered.update(self._written)
+        return covered
+
+    def sizes(self) -> dict[str, int]:
+        """Every file of this journal's directory now, as file name -> size (one listing)."""
+        self.fs.invalidate_cache(self.directory)
+        try:
+            listed = self.fs.ls(self.directory, detail=True)
+        except FileNotFoundError:
+            return {}
+        sizes = {}
+        for info in listed:
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if _FILE.match(name) and info.get("type", "file") == "file":
+                sizes[name] = int(info["size"])
+        return sizes
 
     def read_new(self, *, others_only: bool = False) -> list[Entry]:
         """Records not read yet from every writer's files (or only other writers'), merged
@@ -376,6 +410,7 @@ class Journal:
                     continue
             entries.append(Entry(record, f"{path}:{number}", writer))
         self._offsets[path] = offset + end if self._local else len(data)
+        self._seen[path] = offset + len(data)
         self._lines[path] = number
         return entries
 

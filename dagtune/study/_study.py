@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
 from dagtune.checkpoints import CheckpointStore, process_token
-from dagtune.config import Config, config_dumps, normalize_config
+from dagtune.config import Config, normalize_config
 from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.executor import Executor
@@ -46,9 +46,11 @@ from dagtune.scheduling import policy_named, schedule_view
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._loop import StudyLoop
+from dagtune.study._restored import RestoredTrials
 from dagtune.study._results import Result, TrialError, TrialResult
 from dagtune.study._session import Session
 from dagtune.study._workers import WorkerWatch
+from dagtune.study_index import write_study_index
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
 from dagtune.summary import error_line, trained_from_plan
 from dagtune.tasks import TrainerSpec
@@ -311,11 +313,12 @@ class Study:
         self._restorer = Restorer(
             self.store, self.identity, lambda: spec, fused=bool(fuse), torch_threads=torch_threads
         )
-        self._restored: list[Trial] = []
+        self._restored = RestoredTrials()
         if self._persistence is not None:
-            self._restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
-            if self._restored:
-                self._names = tuple(self._restored[0].config)
+            restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
+            self._restored = RestoredTrials(restored)
+            if restored:
+                self._names = tuple(restored[0].config)
         self._logging: Logging | None = None
         if loggers:  # fed from here on; the restored trials' known results first
             self._logging = Logging(loggers, name, self.identity)
@@ -397,13 +400,11 @@ class Study:
         """A trial restored from an earlier session, or left pending by an interrupted run,
         with this config and steps, not handed to an algorithm since (it is removed from the
         restored ones); an interrupted one is requested again."""
-        text = config_dumps(config)
         with self._lock:
-            for i, trial in enumerate(self._restored):
-                if trial.steps == steps and config_dumps(trial.config) == text:
-                    self.coordinator.resume(trial.id)
-                    return self._restored.pop(i)
-        return None
+            trial = self._restored.take(config, steps)
+            if trial is not None:
+                self.coordinator.resume(trial.id)
+        return trial
 
     @property
     def trials(self) -> list[TrialHandle]:
@@ -578,12 +579,10 @@ class Study:
         """A run ended before its algorithm did: its pending trials stop training but stay
         pending (in storage too, written at once), so the same run again continues each from
         its latest checkpoint, in this process or the next one (`_take_restored`)."""
-        kept = {trial.id for trial in self._restored}
         for trial in trials:
             if trial.status == PENDING:
                 self.coordinator.interrupt(trial.id)
-                if trial.id not in kept:
-                    self._restored.append(trial)
+                self._restored.add(trial)
         self.coordinator.schedule()
         try:  # storage says now what the run left (the error on its way is the one to raise)
             self._tick(force=True)
@@ -669,7 +668,7 @@ class Study:
                 finally:  # the last work, journal lines and results; the lease goes
                     if self._persistence is not None:
                         with self._lock:
-                            self._persistence.close(self.coordinator)
+                            self._persistence.close(self.coordinator, write_study_index)
         finally:
             try:
                 self._stop_execution()

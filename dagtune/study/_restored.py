@@ -1,0 +1,62 @@
+"""The trials restored from earlier sessions that no algorithm has been handed yet.
+
+A study resumed from storage keeps its earlier trials; when an algorithm submits a config
+and steps an earlier trial had, the study hands it that trial rather than a new one
+(`Study._take_restored`). Looking one up must not cost a walk of every restored trial, nor
+a serialization of each one's config, on every submit: a resumed 100,000-trial study would
+otherwise spend minutes before it starts new work. So the trials are indexed once by their
+canonical config text and steps, and each submit is one dictionary look-up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from dagtune.config import config_dumps
+from dagtune.records import Trial
+
+__all__ = ["RestoredTrials"]
+
+
+class RestoredTrials:
+    """Restored trials by (canonical config text, steps), each key's in the order added.
+
+    `dumps` counts the configs serialized (one per trial added and one per `take`), so a
+    test can check that a look-up does not grow with the trials restored."""
+
+    def __init__(self, trials: list[Trial] | None = None):
+        self._by_key: dict[tuple[str, int], deque[Trial]] = {}
+        self._ids: dict[int, tuple[str, int]] = {}
+        self.dumps = 0
+        for trial in trials or ():
+            self.add(trial)
+
+    def _key(self, config, steps: int) -> tuple[str, int]:
+        self.dumps += 1
+        return config_dumps(config), steps
+
+    def add(self, trial: Trial) -> None:
+        """Keep `trial` (once: a trial already kept is left where it is)."""
+        if trial.id in self._ids:
+            return
+        key = self._key(trial.config, trial.steps)
+        self._ids[trial.id] = key
+        self._by_key.setdefault(key, deque()).append(trial)
+
+    def take(self, config, steps: int) -> Trial | None:
+        """The first trial kept with `config` and `steps`, removed; None if there is none."""
+        key = self._key(config, steps)
+        waiting = self._by_key.get(key)
+        if not waiting:
+            return None
+        trial = waiting.popleft()
+        if not waiting:
+            del self._by_key[key]
+        del self._ids[trial.id]
+        return trial
+
+    def __contains__(self, trial_id: int) -> bool:
+        return trial_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
