@@ -34,7 +34,7 @@ from typing import Any
 
 from dagtune.algos import Algorithm, Context, Decision, Submit
 from dagtune.config import Config, config_dumps, normalize_config
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.records import PENDING, STOPPED, StudyLink, Trial, is_study_name
 from dagtune.study._results import Result, TrialResult
 from dagtune.study._study import Study, TrialHandle
