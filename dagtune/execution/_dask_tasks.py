@@ -7,7 +7,6 @@ ran last and its evaluate and resume checks, so the next task there may continue
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import traceback
@@ -35,35 +34,37 @@ _LIVE_LOCK = threading.Lock()
 def run_path(task: PathTask, store: StoreRef | None, directives: str) -> list[TaskEvent]:
     """The Dask task: train `task` on this worker (checkpoints in the store `store` names),
     streaming events and obeying directives."""
-    worker, live, checks, resume_checks = _this_worker()
-    runner = PathRunner(
-        task,
-        None if store is None else store_on(worker, store),
-        live,
-        worker=worker.address,
-        checks=checks,
-        resume_checks=resume_checks,
-    )
-
-    with _StepWatch(worker, task.topic, task.step_timeout, runner.timeout_events) as watch:
-        return runner.run(_relay(worker, task.topic, directives, {task.key: runner.update}, watch))
+    return _run(PathRunner, task, task, store, directives)
 
 
 def run_group(tasks: list[PathTask], store: StoreRef | None, directives: str) -> list[TaskEvent]:
     """The Dask task of a fused group: train `tasks` lock-stepped on this worker, streaming
     each member's events under its own key and applying each member's directive."""
+    return _run(FusedPathRunner, tasks, tasks[0], store, directives)
+
+
+def _run(
+    runner_type: type[PathRunner] | type[FusedPathRunner],
+    given: Any,
+    first: PathTask,
+    store: StoreRef | None,
+    directives: str,
+) -> list[TaskEvent]:
+    """Run `given` (a task, or the tasks of a fused group, `first` among them) with a
+    `runner_type` on this worker: each step's events sent as one message, each member's
+    directive handed to it between steps, every step watched against the step timeout."""
     worker, live, checks, resume_checks = _this_worker()
-    runner = FusedPathRunner(
-        tasks,
+    runner = runner_type(
+        given,
         None if store is None else store_on(worker, store),
         live,
         worker=worker.address,
         checks=checks,
         resume_checks=resume_checks,
     )
-    updates = {key: functools.partial(runner.update, key) for key in runner.members}
-    with _StepWatch(worker, tasks[0].topic, tasks[0].step_timeout, runner.timeout_events) as watch:
-        return runner.run(_relay(worker, tasks[0].topic, directives, updates, watch))
+    updates = {key: member.update for key, member in runner.members.items()}
+    with _StepWatch(worker, first.topic, first.step_timeout, runner.timeout_events) as watch:
+        return runner.run(_relay(worker, first.topic, directives, updates, watch))
 
 
 class _StepWatch:
