@@ -13,6 +13,10 @@ state and updates what a change reaches:
 - the ready stages, in the scheduling policy's order, so that `pick` reads the best `slots`
   of them and follows their paths without sorting anything.
 
+Its parts, one job each: the estimate each node is priced with (`Pricing`, below), the ready
+queue (`_ReadyQueue`), the stages that start from a running task's point (`_Sources`) and a
+branch point's children by priority (`_Ordered`); the planner joins them.
+
 `build_stage_tree` with `critical_path_priorities` stays the reference: `tree()` returns the
 same `StageTree` (same numbering) and the same priorities, and `pick(slots)` the same paths
 as ``policy.pick(tree, slots, ...)``.
@@ -38,14 +42,14 @@ A re-priced estimate costs O(stages priced with it) and happens once per change 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from sortedcontainers import SortedList
 
 from dagtune.plan import LiveStage, LiveStageTree, SearchPlan, StageTree
 from dagtune.scheduling import CostModel, SchedulingPolicy
 
-__all__ = ["IncrementalPlanner", "PlannedCosts"]
+__all__ = ["IncrementalPlanner", "PlannedCosts", "Pricing"]
 
 
 class _Ordered:
@@ -119,6 +123,166 @@ class _Priorities(Mapping):
         return len(self._stages)
 
 
+class _ReadyQueue:
+    """The ready stages in the policy's order: sorted keys, and each stage's current key."""
+
+    __slots__ = ("keys", "sorted")
+
+    def __init__(self) -> None:
+        self.sorted = SortedList()
+        self.keys: dict[int, tuple] = {}
+
+    def put(self, index: int, key: tuple | None) -> None:
+        """Queue stage `index` under `key`, or take it out (`key` None)."""
+        old = self.keys.get(index)
+        if key == old:
+            return
+        if old is not None:
+            self.sorted.remove(old)
+            del self.keys[index]
+        if key is not None:
+            self.sorted.add(key)
+            self.keys[index] = key
+
+
+class _Sources:
+    """The stages that start from a point a running task will deliver, by task."""
+
+    __slots__ = ("by_task", "task_of")
+
+    def __init__(self) -> None:
+        self.by_task: dict[str, dict[int, LiveStage]] = {}
+        self.task_of: dict[int, str] = {}
+
+    def note(self, stage: LiveStage) -> None:
+        """Follow where `stage` starts from now."""
+        task = stage.source_task if stage.source == "running" else None
+        old = self.task_of.get(stage.index)
+        if old == task:
+            return
+        if old is not None:
+            self.drop(stage.index)
+        if task is not None:
+            self.by_task.setdefault(task, {})[stage.index] = stage
+            self.task_of[stage.index] = task
+
+    def drop(self, index: int) -> None:
+        """Stage `index` starts from no running task any more (or is gone)."""
+        task = self.task_of.pop(index, None)
+        if task is None:
+            return
+        stages = self.by_task[task]
+        del stages[index]
+        if not stages:
+            del self.by_task[task]
+
+
+class Pricing:
+    """The estimated seconds per step each node with stages is priced with, kept within
+    `tolerance` of the cost model (module docstring, "Cost estimates"). Every such node is
+    priced with ``applied[source]``, where source is its nearest measured ancestor (itself
+    included) or None (the cost model's mean); `touch` is told each node whose estimate
+    changed. `refreshes` counts the estimate changes applied, `repriced` the node
+    re-pricings they caused."""
+
+    def __init__(self, plan: SearchPlan, cost: CostModel, tolerance: float, touch: Callable[[str], None]):
+        self.plan, self.cost, self.tolerance, self.touch = plan, cost, tolerance, touch
+        self.estimate: dict[str, float] = {}  # node -> the estimate its stages are priced with
+        self._source: dict[str, str | None] = {}
+        self._applied: dict[str | None, float] = {}
+        self._below: dict[str, int] = {}  # node -> nodes with stages in its subtree
+        self._children_with: dict[str, set[str]] = {}  # node -> children with stages below
+        self._roots_with: set[str] = set()
+        self._observed: set[str] = set()
+        self._split: set[str] = set()  # measured nodes whose estimates went to their subtree
+        self.refreshes = 0
+        self.repriced = 0
+        cost.observers.append(self._observed.add)
+
+    def close(self) -> None:
+        """Stop following the cost model."""
+        if self._observed.add in self.cost.observers:
+            self.cost.observers.remove(self._observed.add)
+
+    def _differs(self, new: float, old: float) -> bool:
+        return new != old if self.tolerance == 0 else abs(new - old) > self.tolerance * abs(old)
+
+    def track(self, node: str) -> None:
+        """`node` has stages now: price it and count it in its ancestors' subtrees."""
+        plan = self.plan
+        source: str | None = None
+        current: str | None = node
+        while current is not None:
+            self._below[current] = self._below.get(current, 0) + 1
+            parent = plan.nodes[current].parent
+            if self._below[current] == 1:
+                if parent is None:
+                    self._roots_with.add(current)
+                else:
+                    self._children_with.setdefault(parent, set()).add(current)
+            if source is None and self.cost.measured(current):
+                source = current
+            current = parent
+        if source not in self._applied:
+            self._applied[source] = (
+                self.cost.unmeasured_seconds() if source is None else self.cost.step_seconds(source)
+            )
+        self._source[node] = source
+        self.estimate[node] = self._applied[source]
+
+    def untrack(self, node: str) -> None:
+        del self._source[node], self.estimate[node]
+        current: str | None = node
+        while current is not None:
+            parent = self.plan.nodes[current].parent
+            self._below[current] -= 1
+            if not self._below[current]:
+                del self._below[current]
+                if parent is None:
+                    self._roots_with.discard(current)
+                else:
+                    children = self._children_with[parent]
+                    children.discard(current)
+                    if not children:
+                        del self._children_with[parent]
+            current = parent
+
+    def refresh(self) -> None:
+        """Re-price the nodes whose estimate moved beyond `tolerance` since it was applied."""
+        if not self._observed:
+            return
+        observed = list(self._observed)
+        self._observed.clear()
+        cost = self.cost
+        for node in observed:
+            if node not in self.plan.nodes:
+                continue
+            value = cost.step_seconds(node)
+            first = node not in self._split  # its subtree priced from an ancestor until now
+            if first or node not in self._applied or self._differs(value, self._applied[node]):
+                self._split.add(node)
+                self._applied[node] = value
+                self._reprice(node, [node] if node in self._below else [])
+        mean = cost.unmeasured_seconds()
+        if None in self._applied and self._differs(mean, self._applied[None]):
+            self._applied[None] = mean
+            self._reprice(None, [r for r in self._roots_with if not cost.measured(r)])
+
+    def _reprice(self, source: str | None, tops: list[str]) -> None:
+        """Give every node with stages priced from `source` its current estimate: the nodes
+        below `tops` down to (not into) measured descendants."""
+        self.refreshes += 1
+        value = self._applied[source]
+        stack = list(tops)
+        while stack:
+            node = stack.pop()
+            if node in self.estimate and (self._source[node] != source or self.estimate[node] != value):
+                self._source[node], self.estimate[node] = source, value
+                self.repriced += 1
+                self.touch(node)
+            stack.extend(c for c in self._children_with.get(node, ()) if not self.cost.measured(c))
+
+
 class IncrementalPlanner:
     """Stage tree, priorities and ready queue of `plan`, kept up to date (module docstring).
 
@@ -155,34 +319,19 @@ class IncrementalPlanner:
         self._stages: dict[int, LiveStage] = {}
         self._dirty: list[tuple[int, str]] = []
         self._queued: set[str] = set()
-        self._ready = SortedList()
-        self._ready_keys: dict[int, tuple] = {}
+        self._ready = _ReadyQueue()
         self._heads: dict[int, _Ordered] = {}  # stage -> the child-node stages continuing it
         self._under: dict[int, LiveStage] = {}  # head stage -> the stage it is listed under
-        self._sourced: dict[str, dict[int, LiveStage]] = {}  # task -> stages starting from it
-        self._task_of: dict[int, str] = {}
-        # estimates: every node with stages is priced with `_applied[source]`, where source is
-        # its nearest measured ancestor (itself included) or None (the cost model's mean)
+        self._sources = _Sources()
         self._per_node: dict[str, int] = {}  # node -> its stage count
-        self._estimate: dict[str, float] = {}
-        self._source: dict[str, str | None] = {}
-        self._applied: dict[str | None, float] = {}
-        self._below: dict[str, int] = {}  # node -> nodes with stages in its subtree
-        self._children_with: dict[str, set[str]] = {}  # node -> children with stages below
-        self._roots_with: set[str] = set()
-        self._observed: set[str] = set()
-        self._split: set[str] = set()  # measured nodes whose estimates went to their subtree
-        self.refreshes = 0  # estimate changes applied (each re-prices the nodes priced with it)
-        self.repriced = 0  # node re-pricings they caused
+        self.pricing = Pricing(plan, cost, tolerance, self._touch)
         self.priorities: Mapping[int, float] = _Priorities(self._stages)
-        cost.observers.append(self._observed.add)
         self.live = LiveStageTree(plan, observer=self)
 
     def close(self) -> None:
         """Stop following the plan and the cost model."""
         self.live.close()
-        if self._observed.add in self.cost.observers:
-            self.cost.observers.remove(self._observed.add)
+        self.pricing.close()
 
     # ------------------------------------------------------------------ running tasks
 
@@ -203,7 +352,7 @@ class IncrementalPlanner:
     def settle(self) -> None:
         """Apply every pending change (queries do this first)."""
         self.live.settle()
-        self._refresh_estimates()
+        self.pricing.refresh()
         while self._dirty:
             _, node = heapq.heappop(self._dirty)
             self._queued.discard(node)
@@ -216,7 +365,7 @@ class IncrementalPlanner:
         if slots <= 0:
             return []
         paths = []
-        for entry in self._ready.islice(0, slots):
+        for entry in self._ready.sorted.islice(0, slots):
             path = [self._stages[entry[-1]]]
             while self.policy.path_key(path[-1], path[-1].priority) is not None:
                 following = self._follow(path[-1])
@@ -229,12 +378,12 @@ class IncrementalPlanner:
     def ready(self) -> Iterator[LiveStage]:
         """The ready stages in the policy's order (lazily: read as far as needed)."""
         self.settle()
-        for entry in self._ready:
+        for entry in self._ready.sorted:
             yield self._stages[entry[-1]]
 
     def ready_count(self) -> int:
         self.settle()
-        return len(self._ready)
+        return len(self._ready.keys)
 
     def __len__(self) -> int:
         self.settle()
@@ -251,13 +400,13 @@ class IncrementalPlanner:
     def sourced_from(self, task: str) -> list[LiveStage]:
         """The stages that start from a point running task `task` will deliver."""
         self.settle()
-        return list(self._sourced.get(task, {}).values())
+        return list(self._sources.by_task.get(task, {}).values())
 
     @property
     def estimates(self) -> PlannedCosts:
         """The cost model the current priorities were computed with."""
         self.settle()
-        return PlannedCosts(dict(self._estimate))
+        return PlannedCosts(dict(self.pricing.estimate))
 
     def tree(self) -> tuple[StageTree, list[float]]:
         """The stage tree as `build_stage_tree` numbers it, and the priorities by index."""
@@ -294,7 +443,7 @@ class IncrementalPlanner:
         count = self._per_node.get(stage.node, 0)
         self._per_node[stage.node] = count + 1
         if count == 0:
-            self._track(stage.node)
+            self.pricing.track(stage.node)
         self._touch(stage.node)
 
     def stage_changed(self, stage: LiveStage) -> None:
@@ -302,22 +451,18 @@ class IncrementalPlanner:
 
     def stage_removed(self, stage: LiveStage) -> None:
         del self._stages[stage.index]
-        key = self._ready_keys.pop(stage.index, None)
-        if key is not None:
-            self._ready.remove(key)
+        self._ready.put(stage.index, None)
         self._heads.pop(stage.index, None)
         under = self._under.pop(stage.index, None)
         if under is not None:
             self._unlist(under, stage.index)
-        task = self._task_of.pop(stage.index, None)
-        if task is not None:
-            self._unsource(task, stage.index)
+        self._sources.drop(stage.index)
         count = self._per_node[stage.node] - 1
         if count:
             self._per_node[stage.node] = count
         else:
             del self._per_node[stage.node]
-            self._untrack(stage.node)
+            self.pricing.untrack(stage.node)
 
     def _touch(self, node: str) -> None:
         if node not in self._queued:
@@ -332,7 +477,7 @@ class IncrementalPlanner:
         stages = self.live.stages_of(node)
         if not stages:
             return
-        seconds = self._estimate[node]
+        seconds = self.pricing.estimate[node]
         depth = self.plan.nodes[node].depth
         for stage in reversed(stages):
             below = stage.next.priority if stage.next is not None else 0.0
@@ -344,10 +489,10 @@ class IncrementalPlanner:
             stage.priority = stage.steps * seconds + below
             self._queue_ready(stage, depth)
             self._list_under(stage)
-            self._note_source(stage)
+            self._sources.note(stage)
 
     def _queue_ready(self, stage: LiveStage, depth: int) -> None:
-        old = self._ready_keys.get(stage.index)
+        key = None
         if stage.ready:
             key = (
                 *self.policy.ready_key(stage, stage.priority, depth),
@@ -355,15 +500,7 @@ class IncrementalPlanner:
                 stage.start,
                 stage.index,
             )
-            if key == old:
-                return
-            if old is not None:
-                self._ready.remove(old)
-            self._ready.add(key)
-            self._ready_keys[stage.index] = key
-        elif old is not None:
-            self._ready.remove(old)
-            del self._ready_keys[stage.index]
+        self._ready.put(stage.index, key)
 
     def _list_under(self, stage: LiveStage) -> None:
         """Keep a child node's first stage listed under the stage it continues from, keyed
@@ -391,101 +528,3 @@ class IncrementalPlanner:
             if not heads.keys:
                 del self._heads[parent.index]
             self._touch(parent.node)
-
-    def _note_source(self, stage: LiveStage) -> None:
-        task = stage.source_task if stage.source == "running" else None
-        old = self._task_of.get(stage.index)
-        if old == task:
-            return
-        if old is not None:
-            self._unsource(old, stage.index)
-            del self._task_of[stage.index]
-        if task is not None:
-            self._sourced.setdefault(task, {})[stage.index] = stage
-            self._task_of[stage.index] = task
-
-    def _unsource(self, task: str, index: int) -> None:
-        stages = self._sourced[task]
-        del stages[index]
-        if not stages:
-            del self._sourced[task]
-
-    # ------------------------------------------------------------------ estimates
-
-    def _differs(self, new: float, old: float) -> bool:
-        return new != old if self.tolerance == 0 else abs(new - old) > self.tolerance * abs(old)
-
-    def _track(self, node: str) -> None:
-        """`node` has stages now: price it and count it in its ancestors' subtrees."""
-        plan = self.plan
-        source: str | None = None
-        current: str | None = node
-        while current is not None:
-            self._below[current] = self._below.get(current, 0) + 1
-            parent = plan.nodes[current].parent
-            if self._below[current] == 1:
-                if parent is None:
-                    self._roots_with.add(current)
-                else:
-                    self._children_with.setdefault(parent, set()).add(current)
-            if source is None and self.cost.measured(current):
-                source = current
-            current = parent
-        if source not in self._applied:
-            self._applied[source] = (
-                self.cost.unmeasured_seconds() if source is None else self.cost.step_seconds(source)
-            )
-        self._source[node] = source
-        self._estimate[node] = self._applied[source]
-
-    def _untrack(self, node: str) -> None:
-        del self._source[node], self._estimate[node]
-        current: str | None = node
-        while current is not None:
-            parent = self.plan.nodes[current].parent
-            self._below[current] -= 1
-            if not self._below[current]:
-                del self._below[current]
-                if parent is None:
-                    self._roots_with.discard(current)
-                else:
-                    children = self._children_with[parent]
-                    children.discard(current)
-                    if not children:
-                        del self._children_with[parent]
-            current = parent
-
-    def _refresh_estimates(self) -> None:
-        """Re-price the nodes whose estimate moved beyond `tolerance` since it was applied."""
-        if not self._observed:
-            return
-        observed = list(self._observed)
-        self._observed.clear()
-        cost = self.cost
-        for node in observed:
-            if node not in self.plan.nodes:
-                continue
-            value = cost.step_seconds(node)
-            first = node not in self._split  # its subtree priced from an ancestor until now
-            if first or node not in self._applied or self._differs(value, self._applied[node]):
-                self._split.add(node)
-                self._applied[node] = value
-                self._reprice(node, [node] if node in self._below else [])
-        mean = cost.unmeasured_seconds()
-        if None in self._applied and self._differs(mean, self._applied[None]):
-            self._applied[None] = mean
-            self._reprice(None, [r for r in self._roots_with if not cost.measured(r)])
-
-    def _reprice(self, source: str | None, tops: list[str]) -> None:
-        """Give every node with stages priced from `source` its current estimate: the nodes
-        below `tops` down to (not into) measured descendants."""
-        self.refreshes += 1
-        value = self._applied[source]
-        stack = list(tops)
-        while stack:
-            node = stack.pop()
-            if node in self._estimate and (self._source[node] != source or self._estimate[node] != value):
-                self._source[node], self._estimate[node] = source, value
-                self.repriced += 1
-                self._touch(node)
-            stack.extend(c for c in self._children_with.get(node, ()) if not self.cost.measured(c))

@@ -89,6 +89,7 @@ from dagtune.trainer import (
     restore_rng,
     torch_threads,
 )
+from dagtune.validation import is_number
 
 __all__ = [
     "Carried",
@@ -181,7 +182,7 @@ def to_metrics(raw: Any, where: str) -> dict[str, float]:
                     f"{where} returned metric {name!r} as a {type(value).__name__} of shape {shape}, "
                     f"not one number ({error})"
                 ) from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_number(value):
             raise TypeError(f"{where} returned a non-numeric metric {name!r}: {value!r}")
         metrics[str(name)] = float(value)
     return metrics

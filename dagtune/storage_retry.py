@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 from fsspec.exceptions import FSTimeoutError
 
 from dagtune.errors import DagtuneError
+from dagtune.validation import check_number
 
 __all__ = [
     "ATTEMPT_SECONDS",
@@ -194,9 +195,7 @@ def is_transient(error: BaseException) -> bool:
 
 def check_retry_seconds(value: Any, field: str = "storage_retry_seconds") -> float:
     """`value` as a number of seconds >= 0, else a ValueError naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
+    return float(check_number(field, value, minimum=0, expected="a finite number of seconds >= 0"))
 
 
 def single_attempt_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:

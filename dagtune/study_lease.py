@@ -78,6 +78,7 @@ from typing import Any
 from dagtune.checkpoints import CheckpointStore
 from dagtune.errors import DagtuneError
 from dagtune.storage_retry import check_retry_seconds
+from dagtune.validation import check_number
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -119,13 +120,8 @@ class StudyLeaseLostError(RuntimeError, DagtuneError):
 
 def check_lease_ttl(value: Any) -> float:
     """`value` as a lease ttl in seconds (at least `MIN_LEASE_TTL`), else a ValueError."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not MIN_LEASE_TTL <= value < math.inf
-    ):
-        raise ValueError(f"lease_ttl must be a number of seconds >= {MIN_LEASE_TTL:g}, got {value!r}")
-    return float(value)
+    expected = f"a number of seconds >= {MIN_LEASE_TTL:g}"
+    return float(check_number("lease_ttl", value, minimum=MIN_LEASE_TTL, expected=expected))
 
 
 @dataclass(frozen=True)

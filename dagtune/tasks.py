@@ -48,7 +48,7 @@ class PathTask:
     to `torch_threads` (None: as the worker has it). A fused group whose task has a
     `fusion_check` (``"probe"`` or ``"agreement"``, `dagtune.fusion.check_fusion`) checks its
     trainer before training. `step_timeout` (seconds, None: no limit) is how long the task
-    may go without finishing a step before the worker gives it up (`dagtune.graph`).
+    may go without finishing a step before the worker gives it up (`dagtune.execution.dask`).
     """
 
     key: str

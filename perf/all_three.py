@@ -359,7 +359,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     """Both arms, alternating, then the chosen configurations at full width on every seed."""
     from distributed import Client
 
-    from dagtune.cluster import embedded_cluster
+    from dagtune.execution.dask import embedded_cluster
 
     size = sizes(mode)
     configs = raytune.distinct(search_space(size), size["epochs"])

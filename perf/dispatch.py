@@ -58,7 +58,7 @@ def _start(tls: bool) -> tuple[Any, Any, float]:
     """An embedded cluster of `WORKERS` and its client, and the seconds they took to start."""
     from distributed import Client
 
-    from dagtune.cluster import embedded_cluster
+    from dagtune.execution.dask import embedded_cluster
 
     began = time.perf_counter()
     cluster = embedded_cluster(WORKERS, None, tls)

@@ -260,7 +260,7 @@ def compare(tiny_trainer: type, tiny_kwargs: dict, mode: str) -> list[dict[str, 
     Tune's runs when Ray is installed."""
     from distributed import Client
 
-    from dagtune.cluster import embedded_cluster  # loads distributed
+    from dagtune.execution.dask import embedded_cluster  # loads distributed
 
     with_ray = raytune.ray_installed()
     with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:

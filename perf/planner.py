@@ -359,8 +359,8 @@ def incremental_benchmark(n: int, seed: int = 0, operations: int = 3000, profile
         "planner_rss_mib": round(planner_rss, 1),
         "rebuild_round_s": round(rebuild, 4),
         "rebuilt_nodes": planner.live.rebuilds,
-        "estimate_refreshes": planner.refreshes,
-        "nodes_repriced": planner.repriced,
+        "estimate_refreshes": planner.pricing.refreshes,
+        "nodes_repriced": planner.pricing.repriced,
         "operations": rows,
     }
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.cluster import embedded_cluster
 from dagtune.config import config_dumps
+from dagtune.execution.dask import embedded_cluster
 
 SEEDS = (0, 1, 2)  # every arm's chosen config trained at full width with each: the noise
 

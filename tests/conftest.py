@@ -11,7 +11,7 @@ import dask
 import pytest
 from hypothesis import HealthCheck, settings
 
-from dagtune.cluster import DASK_TRIM
+from dagtune.execution.dask import DASK_TRIM
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -29,7 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # --------------------------------------------------------------------------- a Dask cluster
 
 # The test clusters' workers keep glibc's malloc thresholds, as dagtune's embedded cluster
-# does (`dagtune.cluster.glibc_thresholds`): Dask's 64 KiB trim threshold slows training.
+# does (`dagtune.execution.dask.glibc_thresholds`): Dask's 64 KiB trim threshold slows training.
 dask.config.set({DASK_TRIM: None})
 
 

@@ -61,9 +61,7 @@ def test_a_study_closes_with_its_results_though_a_worker_is_stopped(tmp_path):
 def test_a_cluster_that_never_closes_is_killed_and_logged_and_the_study_keeps_its_results(
     tmp_path, caplog, monkeypatch
 ):
-    import dagtune.cluster
-
-    monkeypatch.setattr(dagtune.cluster, "CLOSE_SECONDS", 3.0)
+    monkeypatch.setattr("dagtune.execution._clusters.CLOSE_SECONDS", 3.0)
     storage = str(tmp_path / "runs")
     with (
         dask.config.set({"distributed.nanny.preload": ["hanging_teardown"]}),

@@ -21,7 +21,8 @@ from slurm_helpers import spawn
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.cluster import (
+from dagtune.dashboard import page_url
+from dagtune.execution.dask import (
     DASK_TRIM,
     DEMAND,
     TRIM,
@@ -31,7 +32,6 @@ from dagtune.cluster import (
     slow_allocator_workers,
     total_demand,
 )
-from dagtune.dashboard import page_url
 from dagtune.sim import SyntheticTrainer
 
 SPACE = dt.Grid(

@@ -149,13 +149,13 @@ def scheduler_client():
 
 
 def test_the_scheduler_holds_the_latest_snapshot_per_study(tmp_path, scheduler_client, monkeypatch):
-    from dagtune.dashboard import SNAPSHOTS, Publisher, attach, register, snapshots_on
+    from dagtune.dashboard import SNAPSHOTS, SnapshotFeed, attach, register, snapshots_on
     from dagtune.dashboard.page import labels
 
     cluster, client = scheduler_client
     assert register(client)  # the page is served there
     studies = [durable_sim_study(tmp_path / str(i), name="study") for i in range(2)]  # same name
-    publishers = [Publisher(study, client) for study in studies]
+    publishers = [SnapshotFeed(study, client) for study in studies]
     for config in SPACE:
         studies[0].submit(config, 20)
     sent = 0

@@ -663,7 +663,7 @@ def no_cluster(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the embedded cluster was started before the storage was checked")
 
-    monkeypatch.setattr("dagtune.cluster.embedded_cluster", refuse)
+    monkeypatch.setattr("dagtune.execution.dask.embedded_cluster", refuse)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ from slurm_helpers import spawn
 
 import dagtune as dt
 from dagtune.cli import main
-from dagtune.cluster import DEMAND
 from dagtune.dashboard import SNAPSHOTS, page_url
+from dagtune.execution.dask import DEMAND
 from dagtune.security import embedded_security, tls_from_files
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 

@@ -13,7 +13,7 @@ from dagtune.coordinator._ledger import TrialLedger
 from dagtune.coordinator._outcomes import MetricsKnown, Outcome
 from dagtune.coordinator._report import report_figures
 from dagtune.events import TaskEvent
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.plan import SearchPlan
 from dagtune.records import Trial, TrialState
 from dagtune.scheduling import SchedulingPolicy

@@ -35,7 +35,7 @@ from dagtune.events import (
     TaskStarted,
     TrainerWarned,
 )
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner

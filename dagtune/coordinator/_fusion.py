@@ -65,6 +65,7 @@ from dagtune.plan import SearchPlan
 from dagtune.planner import IncrementalPlanner
 from dagtune.scheduling import CostModel
 from dagtune.tasks import PathTask, TrainerSpec
+from dagtune.validation import check_int
 
 __all__ = ["Fusion", "Upcoming", "check_fuse", "upcoming_stages"]
 
@@ -74,10 +75,13 @@ log = logging.getLogger("dagtune")
 def check_fuse(fuse: Any, trainer: type) -> None:
     """Raise a ValueError naming `fuse` unless it is False, True or a positive int, and, when
     it turns fusion on, unless `trainer` is a `dagtune.FusibleTrainer`."""
-    if not isinstance(fuse, bool) and (not isinstance(fuse, int) or fuse < 1):
-        raise ValueError(
-            f"fuse must be False, True (a count measured from memory) or a positive int (the most "
-            f"trials one fused task trains), got {fuse!r}"
+    if not isinstance(fuse, bool):
+        check_int(
+            "fuse",
+            fuse,
+            minimum=1,
+            expected="False, True (a count measured from memory) or a positive int (the most "
+            "trials one fused task trains)",
         )
     if fuse is not False and not (isinstance(trainer, type) and issubclass(trainer, FusibleTrainer)):
         name = getattr(trainer, "__qualname__", repr(trainer))

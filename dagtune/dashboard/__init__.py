@@ -12,7 +12,7 @@ from typing import Any
 from dagtune.dashboard.plugin import (
     SNAPSHOTS,
     DashboardPlugin,
-    Publisher,
+    SnapshotFeed,
     attach,
     page_url,
     register,
@@ -22,7 +22,7 @@ from dagtune.dashboard.plugin import (
 __all__ = [
     "SNAPSHOTS",
     "DashboardPlugin",
-    "Publisher",
+    "SnapshotFeed",
     "attach",
     "dask_setup",
     "page_url",

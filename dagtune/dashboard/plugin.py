@@ -1,8 +1,9 @@
 """The page inside Dask's dashboard, and how a study feeds it.
 
 The coordinator runs in the client process, the dashboard in the scheduler's. A study's
-`Publisher` sends a snapshot (`dagtune.dashboard.snapshot`) whenever something changed, at
-most once per `interval`, into the scheduler's metadata under
+`SnapshotFeed` sends a snapshot (`dagtune.dashboard.snapshot`) whenever something changed,
+when the study's publisher asks it (`dagtune.execution.dask.Publisher`, at most once a
+second), into the scheduler's metadata under
 ``["dagtune", "dashboard", "<name>-<token>"]``: the scheduler holds one snapshot per study,
 the latest (never a log that grows with the study), and two studies of the same name stay
 apart. It publishes only where the page is served. `DashboardPlugin`, a scheduler plugin,
@@ -17,7 +18,6 @@ import dagtune; or the scheduler starts with it: ``dask scheduler --preload dagt
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +25,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dagtune.dashboard.snapshot import live_snapshot
 
-__all__ = ["SNAPSHOTS", "DashboardPlugin", "Publisher", "attach", "page_url", "register", "snapshots_on"]
+__all__ = ["SNAPSHOTS", "DashboardPlugin", "SnapshotFeed", "attach", "page_url", "register", "snapshots_on"]
 
 log = logging.getLogger("dagtune")
 
@@ -124,24 +124,15 @@ def _served(dask_scheduler: Any) -> bool:
     return bool(plugin is not None and plugin.served)
 
 
-class Publisher:
-    """Sends a study's snapshots to its scheduler from a daemon thread (see the module
-    docstring); `close` sends the last one and stops."""
+class SnapshotFeed:
+    """A study's snapshots, for its publisher (`dagtune.execution.dask.Publisher`): sent when
+    anything changed since the last one; the final one when the study closes."""
 
-    def __init__(self, study: Any, client: Any, interval: float = 1.0):
+    def __init__(self, study: Any, client: Any):
         self.study = study
         self.client = client
-        self.interval = interval
         self.key = f"{study.name}-{study.activity().token}"
-        self._stop = threading.Event()
         self._sent: tuple | None = None
-        self._thread = threading.Thread(
-            target=self._loop, name=f"dagtune-dashboard-{study.name}", daemon=True
-        )
-
-    def start(self) -> Publisher:
-        self._thread.start()
-        return self
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
@@ -154,41 +145,25 @@ class Publisher:
         self._sent = state
         return True
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            if self.study.activity().closed:
-                return
-            try:
-                self.publish()
-            except Exception:  # the page only lags; the study goes on
-                log.debug("dagtune: publishing a dashboard snapshot failed", exc_info=True)
-
-    def close(self) -> None:
-        """Publish the final state and stop (call before the client closes)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        try:
-            self.publish(force=True)
-        except Exception:
-            log.debug("dagtune: publishing the last dashboard snapshot failed", exc_info=True)
+    def finish(self) -> None:
+        """Send the final state (the study closes)."""
+        self.publish(force=True)
 
 
-def attach(
-    study: Any, *, interval: float = 1.0, announce: Callable[[str], None] | None = print
-) -> Publisher | None:
+def attach(study: Any, *, announce: Callable[[str], None] | None = print) -> SnapshotFeed | None:
     """Feed a study on Dask to the dagtune page and say where the page is.
 
-    Registers the page on the study's scheduler (the embedded cluster included), starts a
-    `Publisher` and announces the page next to Dask's dashboard link. Returns the publisher,
-    or None where no page is served (a scheduler without a dashboard, or one that can't
-    import dagtune) and for a study without a Dask client (e.g. a simulation).
+    Registers the page on the study's scheduler (the embedded cluster included) and
+    announces the page next to Dask's dashboard link. Returns the study's `SnapshotFeed`
+    (for its publisher), or None where no page is served (a scheduler without a dashboard,
+    or one that can't import dagtune) and for a study without a Dask client (e.g. a
+    simulation).
     """
     client = getattr(study, "client", None)
     if client is None or not register(client):
         return None
-    publisher = Publisher(study, client, interval).start()
+    feed = SnapshotFeed(study, client)
     url = page_url(client)
     if url and announce is not None:
         announce(f"dagtune: study {study.name!r} live at {url} (Dask dashboard: {client.dashboard_link})")
-    return publisher
+    return feed

@@ -36,6 +36,7 @@ plan, and brings in other writers' events on `refresh`.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
@@ -54,7 +55,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.plan._plan import SearchPlan
 from dagtune.records import RecordError, parse_plan_event
-from dagtune.validation import is_number
+from dagtune.validation import check_number, is_number
 
 __all__ = [
     "COMMIT_SECONDS",
@@ -135,13 +136,10 @@ def commit_seconds(value: float | str | None = None) -> float:
         value, source = os.environ.get(COMMIT_VARIABLE), COMMIT_VARIABLE
     if value is None:
         return COMMIT_SECONDS
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not 0 <= seconds < math.inf:
-        raise ValueError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
-    return seconds
+    if isinstance(value, str):  # the environment's text: a number, or refused as it is
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    return float(check_number(source, value, minimum=0, expected="a finite number of seconds >= 0"))
 
 
 class GroupCommit:

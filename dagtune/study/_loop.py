@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagtune.coordinator import Coordinator
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.study._workers import NoWorkersError, WorkerWatch
 
 __all__ = ["SUBMIT_QUIET_SECONDS", "StudyLoop"]
@@ -48,7 +48,7 @@ class StudyLoop:
         self.changed = threading.Condition(lock)
         self.periodic = periodic
         self.workers = workers
-        self.virtual = getattr(executor, "virtual", False)
+        self.virtual = executor.virtual
         self.failure: BaseException | None = None
         self.no_workers: NoWorkersError | None = None  # set while the cluster has none too long
         self.submitted_at = -SUBMIT_QUIET_SECONDS  # monotonic time of the latest submit

@@ -32,7 +32,7 @@ from dagtune.checkpoints import CheckpointStore, process_token
 from dagtune.config import Config, normalize_config
 from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.gc import GcPolicy, collect
 from dagtune.identity import model_identity, stored_kwargs, trainer_name
 from dagtune.loggers import Logger, Logging, check_loggers
@@ -256,7 +256,7 @@ class Study:
                 self._lease.release()
                 raise
         else:
-            self.store = getattr(executor, "store", None)
+            self.store = executor.store
             if isinstance(self.store, CheckpointStore):
                 self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
         self.executor = executor
@@ -326,28 +326,32 @@ class Study:
             self._logging.replay(self.coordinator.trials.values())
         self._metric: tuple[str | None, str] = (None, "max")
         self._loop.start(name)
-        self._dashboard = None
-        if getattr(self, "client", None) is not None:
-            from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
+        self._dashboard: Any = None  # the dagtune page's feed, where the scheduler serves the page
+        self._demand: Any = None  # the feed of the demand an adaptive cluster reads
+        self._publisher = self._publish() if getattr(self, "client", None) is not None else None
 
-            self._dashboard = attach(self)
-        self._demand = self._publish_demand()
+    def _publish(self) -> Any:
+        """On Dask, keep what the study shows on its scheduler up to date from one thread:
+        its demand (stages ready without a worker, for an adaptive cluster's
+        `DemandAdaptive`) and, where the dagtune page is served, its dashboard snapshot."""
+        from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
+        from dagtune.execution.dask import DemandFeed, Publisher  # loads distributed: on Dask only
 
-    def _publish_demand(self) -> Any:
-        """On Dask, keep the study's demand (stages ready without a worker) published for an
-        adaptive cluster (`dagtune.cluster.DemandAdaptive`); None otherwise."""
-        if getattr(self, "client", None) is None:
-            return None
-        from dagtune.cluster import DemandPublisher  # loads distributed: on Dask only
-
-        return DemandPublisher(self).start()
+        self._dashboard = attach(self)
+        self._demand = DemandFeed(self)
+        return Publisher(self, [feed for feed in (self._dashboard, self._demand) if feed is not None]).start()
 
     def _dask_executor(self, client: Any, workers: int | None, security: bool | Security | None) -> Executor:
         # Dask is loaded only by a study that runs on it
         from distributed import Client
 
-        from dagtune.cluster import adapts, embedded_cluster, slow_allocator_workers  # all load distributed
-        from dagtune.graph import DaskExecutor, check_resources
+        from dagtune.execution.dask import (  # loads distributed
+            DaskExecutor,
+            adapts,
+            check_resources,
+            embedded_cluster,
+            slow_allocator_workers,
+        )
 
         if client is None:
             cluster = embedded_cluster(workers, self.resources, security)
@@ -677,14 +681,14 @@ class Study:
                     self._lease.release()  # opening failed before the study could run
 
     def _stop_execution(self) -> None:
-        """Stop the loggers (writing what is left), the dashboard feed, the demand, the
-        executor and the embedded cluster. The study's work is saved by now, so nothing here
-        raises: each part that fails is logged, and the cluster is killed if it does not
-        close in time (`dagtune.cluster.close_embedded`)."""
+        """Stop the loggers (writing what is left), the publisher (the dashboard feed, the
+        demand), the executor and the embedded cluster. The study's work is saved by now, so
+        nothing here raises: each part that fails is logged, and the cluster is killed if it
+        does not close in time (`close_embedded`)."""
         parts = [
             ("the loggers", getattr(self, "_logging", None)),  # writes what is left
-            ("the dashboard feed", getattr(self, "_dashboard", None)),  # sends the final snapshot
-            ("the published demand", getattr(self, "_demand", None)),  # withdraws the demand
+            # sends the final snapshot, withdraws the demand
+            ("the publisher", getattr(self, "_publisher", None)),
             ("the executor", getattr(self, "executor", None)),
         ]
         for what, part in parts:
@@ -701,7 +705,7 @@ class Study:
                     error,
                 )
         if self._owned_cluster is not None:
-            from dagtune.cluster import close_embedded  # loads distributed: a study on Dask only
+            from dagtune.execution.dask import close_embedded  # loads distributed: a study on Dask only
 
             client, cluster = self._owned_cluster
             self._owned_cluster = None

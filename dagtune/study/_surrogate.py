@@ -34,12 +34,12 @@ from typing import Any
 
 from dagtune.algos import Algorithm, Context, Decision, Submit
 from dagtune.config import Config, config_dumps, normalize_config
-from dagtune.executor import Executor
+from dagtune.execution import Executor
 from dagtune.records import PENDING, STOPPED, StudyLink, Trial, is_study_name
 from dagtune.study._results import Result, TrialResult
 from dagtune.study._study import Study, TrialHandle
 from dagtune.trainer import Trainer, build_trainer, isolated_rng
-from dagtune.validation import check_int
+from dagtune.validation import check_int, check_number
 
 __all__ = ["NOT_TRANSFERRED", "Surrogate", "SurrogateResult", "SurrogateStudy"]
 
@@ -74,12 +74,10 @@ class Surrogate:
         check_int("Surrogate.scale", self.scale, minimum=2, note="1 is the target itself")
         if not isinstance(self.argument, str) or not self.argument.isidentifier():
             raise ValueError(f"Surrogate.argument must name a trainer argument, got {self.argument!r}")
-        if self.eager is not None and (
-            isinstance(self.eager, bool)
-            or not isinstance(self.eager, (int, float))
-            or not 0 < self.eager <= 1
-        ):
-            raise ValueError(f"Surrogate.eager must be None or a share in (0, 1], got {self.eager!r}")
+        if self.eager is not None:
+            check_number(
+                "Surrogate.eager", self.eager, above=0, maximum=1, expected="None or a share in (0, 1]"
+            )
         check_int("Surrogate.steps", self.steps, minimum=1, optional=True)
         names = self.not_transferred
         if isinstance(names, str) or not isinstance(names, Iterable):

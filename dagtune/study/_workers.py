@@ -6,7 +6,7 @@ The wait is Dask's config ``dagtune.lost-workers-wait`` (default 5 minutes: a na
 replaces a dead worker within seconds, a supervisor restarting ``dask worker`` processes
 within a minute or two), or on an adaptive cluster, which asks for new workers (a Slurm job
 may queue for long), ``dagtune.adaptive-wait`` (default 1 hour), as when a study waits
-for its first worker (`dagtune.graph.check_resources`).
+for its first worker (`dagtune.execution.dask.check_resources`).
 """
 
 from __future__ import annotations

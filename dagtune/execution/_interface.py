@@ -1,7 +1,7 @@
 """The executor interface: what the coordinator needs from a place that runs path tasks.
 
-`dagtune.graph.DaskExecutor` runs tasks as Dask futures on a real cluster;
-`dagtune.sim.SimulatedExecutor` runs the same tasks in virtual time. The coordinator cannot
+`DaskExecutor` (`dagtune.execution.dask`) runs tasks as Dask futures on a real cluster;
+`SimulatedExecutor` runs the same tasks in virtual time. The coordinator cannot
 tell them apart, so the planning code tested in simulation is the code that runs on GPUs.
 
 Executors report what happens as the runner's typed events (`dagtune.events`: a task
@@ -15,6 +15,7 @@ produced, and a task's `TaskEnded` comes after all its other events.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
 from dagtune.events import TaskEvent
 from dagtune.tasks import Directive, PathTask
@@ -23,6 +24,15 @@ __all__ = ["Executor"]
 
 
 class Executor(ABC):
+    """A place that runs path tasks (see the module docstring)."""
+
+    #: whether the clock is virtual: a simulation is turned by the study's waiting caller,
+    #: a real cluster by a driver thread that polls it (`dagtune.study`)
+    virtual: ClassVar[bool] = False
+    #: the checkpoint store its tasks write and read (a study given this executor keeps its
+    #: records there when it is a `dagtune.checkpoints.CheckpointStore`), or None
+    store: Any = None
+
     @abstractmethod
     def slots(self) -> int:
         """How many tasks (a fused group counting as one) can run at once right now."""

@@ -8,8 +8,8 @@ its nanny would start a new one while the study is closing. The study's process 
 the signal (`dagtune.Study.run`, ``dagtune run``): it keeps what was trained and closes
 the cluster, which stops the workers (and a worker whose study process is gone, even
 killed, exits by itself). So the workers ignore both: the embedded cluster starts them
-with both ignored (`dagtune.cluster.embedded_cluster`) and this preload
-(``preload=["dagtune.worker_preload"]``) ignores them again in every worker process a nanny
+with both ignored (`embedded_cluster`) and this preload
+(``preload=["dagtune.execution._worker_preload"]``) ignores them again in every worker process a nanny
 starts later, to replace one that died.
 """
 

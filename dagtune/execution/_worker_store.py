@@ -11,7 +11,7 @@ get the plugin from the scheduler when they register; the study's ``close`` unre
 
 Until then the scheduler keeps the plugin, pickled, to hand it to new workers, and any
 connected client can read it: that is why the embedded cluster admits only the study's own
-client (`dagtune.security`). Workers whose environment already holds credentials
+client (`_security`). Workers whose environment already holds credentials
 (``AWS_*`` variables, ``~/.aws``, an instance role) need no storage options at all, and then
 nothing secret travels through Dask.
 """

@@ -1,0 +1,68 @@
+"""One thread per study that keeps what the study shows on its scheduler up to date.
+
+A study on Dask keeps entries in its scheduler's metadata: its demand (`DemandFeed`, which
+an adaptive cluster scales for) and, where the dagtune page is served, its latest snapshot
+(`dagtune.dashboard.SnapshotFeed`). Each is a *feed*: it knows what to send and whether it
+changed (`publish`), and what to leave behind when the study closes (`finish`: the demand
+is withdrawn, the page gets the final snapshot). `Publisher` asks every feed every
+`interval` seconds from one daemon thread, and finishes them on `close`; a feed that fails
+only lags (it is logged at debug level), and the study goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = ["Feed", "Publisher"]
+
+log = logging.getLogger("dagtune")
+
+
+class Feed(Protocol):
+    """What a `Publisher` keeps up to date: one entry of the scheduler's metadata."""
+
+    def publish(self, force: bool = False) -> bool:
+        """Send the entry if it changed since it was last sent (or with `force`); True if sent."""
+
+    def finish(self) -> None:
+        """What the entry becomes when the study closes (sent or withdrawn)."""
+
+
+class Publisher:
+    """Asks each of `feeds` to publish every `interval` seconds, from one daemon thread,
+    until `study` closes or `close` is called (see the module docstring)."""
+
+    def __init__(self, study: Any, feeds: Sequence[Feed], interval: float = 1.0):
+        self.study = study
+        self.feeds = list(feeds)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"dagtune-publish-{study.name}", daemon=True)
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.study.activity().closed:
+                return
+            for feed in self.feeds:
+                try:
+                    feed.publish()
+                except Exception:  # what the scheduler shows only lags; the study goes on
+                    log.debug("dagtune: publishing %s failed", type(feed).__name__, exc_info=True)
+
+    def close(self) -> None:
+        """Stop, then finish every feed (call before the client closes)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for feed in self.feeds:
+            try:
+                feed.finish()
+            except Exception:
+                log.debug("dagtune: finishing %s failed", type(feed).__name__, exc_info=True)
