@@ -156,10 +156,11 @@ def test_an_outage_longer_than_the_bound_fails_the_study_cleanly_and_a_rerun_res
     assert "storage_retry_seconds=10" in message and "EndpointConnectionError" in message
     assert "key" not in options or options["secret"] not in message
     print(f"gave up {gave_up_after:.0f} s after the cut (bound 10 s): {message}")
-    # the outage began when the first operation that failed began, which may be shortly before
-    # the cut (under load, seconds): the bound holds from then, and from the cut give or take that
+    # the outage began when the first operation that failed began, which may be before the cut
+    # (4.5 s before it, under a load average of 25 at 35d2a5f): the bound holds from then, and
+    # from the cut give or take that
     assert int(re.search(r"unreachable for (\d+) s", message)[1]) >= 10
-    assert gave_up_after >= 10 - 5
+    assert gave_up_after >= 10 - 7
 
     with open_study(options, bucket, log, client=client) as again:  # the same study, resumed
         assert len(again.trials) == len(handles)
