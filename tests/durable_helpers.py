@@ -79,3 +79,12 @@ def new_bucket(options: dict) -> str:
     bucket = f"dagtune-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(**options).mkdir(bucket)
     return bucket
+
+
+def set_attempt_seconds(seconds: float) -> float:
+    """Set `dagtune.storage_retry.ATTEMPT_SECONDS` in this process (a Dask worker, through
+    ``client.run``) for the filesystems opened from now on; returns the value it had."""
+    from dagtune import storage_retry
+
+    previous, storage_retry.ATTEMPT_SECONDS = storage_retry.ATTEMPT_SECONDS, seconds
+    return previous

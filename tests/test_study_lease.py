@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,15 @@ def assert_every_trial_has_its_configs_metrics(storage, lrs: set[float]) -> None
         assert {m: row[m] for m in expected} == expected
 
 
+# On local disk only (the two-process tests cost ~30 s each): on S3, the race of two processes
+# creating the lease is the exclusive creation `test_contenders_for_a_lapsed_lease_never_both_win`
+# races there, the refusal and its message do not depend on the storage, and a new process
+# taking the study over and a released study opened again are `test_a_paused_holder...` and
+# `test_a_released_study...` on S3.
+LOCAL_ONLY = pytest.mark.parametrize("storage", ["local"], indirect=True)
+
+
+@LOCAL_ONLY
 def test_a_second_process_opening_the_study_is_refused_naming_the_holder(storage, tmp_path):
     go = tmp_path / "go"
     first, first_settings = start(storage, tmp_path, "a", [0.1, 0.05], go=str(go))
@@ -136,6 +146,7 @@ def test_a_second_process_opening_the_study_is_refused_naming_the_holder(storage
     assert_every_trial_has_its_configs_metrics(storage, {0.1, 0.05, 0.01, 0.02})
 
 
+@LOCAL_ONLY  # whether the holder's process is gone is asked of this machine, not of storage
 def test_a_study_whose_holder_was_killed_is_taken_over_at_once_on_its_machine(storage, tmp_path):
     first, settings = start(storage, tmp_path, "a", [0.1, 0.05])
     try:
@@ -218,12 +229,17 @@ def race(
 
 def test_contenders_for_a_lapsed_lease_never_both_win(storage):
     store = CheckpointStore(storage.url, storage.options)
+    holders = {}
     for round_ in range(2):
         name = f"race-{round_}"
         holder = StudyLease(store, name, ttl=3.0).acquire()
         holder._stop.set()  # its heartbeat stops, as if its machine slept
         holder._heartbeat.join()
-        winners, refused = race(store, name, 4)
+        holders[name] = holder
+    with ThreadPoolExecutor(len(holders)) as pool:  # both races at once: their waits overlap
+        raced = dict(zip(holders, pool.map(lambda name: race(store, name, 4), holders)))
+    for name, holder in holders.items():
+        winners, refused = raced[name]
         assert len(winners) == 1 and len(refused) == 3, (winners, refused)
         (winner,) = winners
         assert all(error.holder.session == winner.session for error in refused)
