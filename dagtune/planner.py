@@ -353,10 +353,13 @@ class IncrementalPlanner:
         """Apply every pending change (queries do this first)."""
         self.live.settle()
         self.pricing.refresh()
+        if not self._dirty:
+            return
         while self._dirty:
             _, node = heapq.heappop(self._dirty)
             self._queued.discard(node)
             self._price(node)
+        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
 
     def pick(self, slots: int) -> list[list[LiveStage]]:
         """What ``policy.pick(tree, slots, ...)`` returns for the rebuilt tree: up to `slots`

@@ -159,13 +159,17 @@ class ResultsWriter:
         whole = moved or renamed or renumber or not self._rows
         if whole:  # every row again, in trial id order
             rows = {i: row for row, i in enumerate(sorted(trials))}
-            dirty = list(range(len(rows)))
+            dirty = added = erred = list(range(len(rows)))
             points: dict[int, int] = {}
         else:
             rows = self._rows
             for i in fresh:
                 rows[i] = len(rows)
             dirty = sorted(rows[i] for i in changed)
+            # a trial's id and config never change: their rows are written once; its error
+            # only when it changes
+            added = [rows[i] for i in fresh]
+            erred = sorted(rows[i] for i in changed if i not in written or written[i][4] != trials[i].error)
             points = self._points
         order = sorted(rows, key=rows.__getitem__)  # trial ids by row
         steps = max(
@@ -177,17 +181,17 @@ class ResultsWriter:
             {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
         )
         self.chunks_written = 0
-        columns: dict[str, tuple[str, Callable[[Trial], Any]]] = {
-            "trial_id": ("int64", lambda t: t.id),
-            "status": ("text", lambda t: t.status),
-            "steps": ("int64", lambda t: t.reached),
-            "config": ("text", lambda t: config_dumps(t.config)),
-            "error": ("text", lambda t: t.error or ""),
+        columns: dict[str, tuple[str, Callable[[Trial], Any], list[int]]] = {
+            "trial_id": ("int64", lambda t: t.id, added),
+            "status": ("text", lambda t: t.status, dirty),
+            "steps": ("int64", lambda t: t.reached, dirty),
+            "config": ("text", lambda t: config_dumps(t.config), added),
+            "error": ("text", lambda t: t.error or "", erred),
         }
         for metric, key in keys.items():
-            columns[f"final/{key}"] = ("float64", _final(metric))
-        for name, (dtype, value) in columns.items():
-            self.chunks_written += _put_rows(group, name, dtype, order, trials, dirty, value, whole)
+            columns[f"final/{key}"] = ("float64", _final(metric), dirty)
+        for name, (dtype, value, rows_of) in columns.items():
+            self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole)
         _put_steps(group, steps, rewrite=renumber)
         touched = order if whole else changed
         for metric, key in keys.items():

@@ -22,6 +22,16 @@ scheduling round, what the coordinator did before the incremental planner) runs 
 smallest size as the reference.
 
     python perf/scale.py --algorithm grid --trials 10000 --workers 1000 [--durable] [--planner rebuild] [--json]
+
+Memory per trial: with ``--heap`` the run is traced (`tracemalloc`, which slows it several
+times: its CPU figures are not comparable) and the Python heap the study still holds after
+it ran (after a full collection) is divided by the trials, by the file that allocated it:
+``heap_per_trial_b`` is all of it, ``coordinator_heap_per_trial_b`` leaves out what the
+simulated workers keep (their live trainers: `sim.py`, `trainer.py`, `runner.py`, `random`,
+numpy, torch), and the largest lines are listed (``--heap-lines``). The simulator's
+checkpoint store (this file) is never counted.
+
+    python perf/scale.py --algorithm grid --trials 10000 --workers 1000 --heap [--heap-lines 30]
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,17 +151,56 @@ class ExecutorClock:
         return timed
 
 
-def run(name: str, n: int, workers: int, planner: str, durable: bool = False) -> dict[str, Any]:
-    """One study in this process (see the module docstring)."""
+#: where the simulated workers' own state is allocated (their live trainers), left out of the
+#: coordinator's heap
+WORKERS_SIDE = ("dagtune/sim.py", "dagtune/trainer.py", "dagtune/runner.py", "/random.py", "numpy/", "torch/")
+
+
+class Heap:
+    """The Python heap a study holds after it ran, by allocating line (`tracemalloc`)."""
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines
+        gc.collect()
+        tracemalloc.start()
+        self._before = tracemalloc.take_snapshot()
+
+    def held(self, n: int) -> dict[str, Any]:
+        """What the study holds now, per trial of `n`."""
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        ignored = [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__)]
+        stats = after.filter_traces(ignored).compare_to(self._before.filter_traces(ignored), "lineno")
+        total = sum(s.size_diff for s in stats)
+        workers = sum(s.size_diff for s in stats if any(w in s.traceback[0].filename for w in WORKERS_SIDE))
+        root = str(Path(__file__).resolve().parent.parent) + "/"
+        return {
+            "heap_per_trial_b": round(total / n),
+            "coordinator_heap_per_trial_b": round((total - workers) / n),
+            "heap_lines": [
+                f"{s.size_diff / n:.0f} B/trial {s.traceback[0].filename.replace(root, '')}:{s.traceback[0].lineno}"
+                for s in stats[: self.lines]
+            ],
+        }
+
+
+def run(
+    name: str, n: int, workers: int, planner: str, durable: bool = False, heap_lines: int | None = None
+) -> dict[str, Any]:
+    """One study in this process (see the module docstring); `heap_lines` (not None): trace
+    its heap and list that many of its largest lines."""
     directory = tempfile.mkdtemp(prefix="dagtune-scale-") if durable else None
     try:
-        return _run(name, n, workers, planner, directory)
+        return _run(name, n, workers, planner, directory, heap_lines)
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def _run(name: str, n: int, workers: int, planner: str, directory: str | None) -> dict[str, Any]:
+def _run(
+    name: str, n: int, workers: int, planner: str, directory: str | None, heap_lines: int | None = None
+) -> dict[str, Any]:
     store: PickledStore | CheckpointStore = (
         PickledStore() if directory is None else CheckpointStore(directory)
     )
@@ -175,18 +225,21 @@ def _run(name: str, n: int, workers: int, planner: str, directory: str | None) -
     coordinator.pump = timed_pump
     collections = FullCollections()
     search = algorithm(name, n)
+    heap = Heap(heap_lines) if heap_lines is not None else None
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     began, cpu = time.perf_counter(), time.process_time()
     result = study.run(search)
     total_cpu = time.process_time() - cpu
     wall = time.perf_counter() - began
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    held = heap.held(n) if heap is not None else {}
     collections.close()
     pumps.sort()
     report = result.report
     coordinator_cpu = total_cpu - clock.seconds
     events = coordinator.events_seen
     study.close()
+    checkpoints = store.held_bytes if isinstance(store, PickledStore) else 0
     return {
         "algorithm": name,
         "trials": len(search.trials),
@@ -203,10 +256,14 @@ def _run(name: str, n: int, workers: int, planner: str, directory: str | None) -
         "executor_s": round(clock.seconds, 2),
         "wall_s": round(wall, 1),
         "peak_rss_mib": round(max(0, rss_after - rss_before) / 1024, 1),
-        "checkpoints_mib": round(store.held_bytes / 2**20, 1) if isinstance(store, PickledStore) else None,
+        "checkpoints_mib": round(checkpoints / 2**20, 1) if isinstance(store, PickledStore) else None,
+        # the issue's measure of the coordinator's state: peak resident growth less the
+        # simulated checkpoints, per trial
+        "rss_per_trial_kib": round((max(0, rss_after - rss_before) - checkpoints / 1024) / n, 2),
         "executed": report["executed_steps"],
         "unique": report["unique_steps"],
         "makespan_s": round(report["makespan_seconds"], 1),
+        **held,
     }
 
 
@@ -338,8 +395,11 @@ def main() -> None:
     parser.add_argument("--planner", choices=("incremental", "rebuild"), default="incremental")
     parser.add_argument("--durable", action="store_true", help="storage on local disk (the default path)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--heap", action="store_true", help="trace the heap the study holds (slow)")
+    parser.add_argument("--heap-lines", type=int, default=20, help="with --heap: the largest lines listed")
     args = parser.parse_args()
-    row = run(args.algorithm, args.trials, args.workers, args.planner, args.durable)
+    lines = args.heap_lines if args.heap else None
+    row = run(args.algorithm, args.trials, args.workers, args.planner, args.durable, lines)
     print(json.dumps(row) if args.json else row, flush=True)
 
 

@@ -165,3 +165,24 @@ def test_every_event_crosses_the_wire_unchanged_and_is_frozen(event):
 def test_an_unknown_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="not a task event: kind 'teleport'"):
         from_wire({"kind": "teleport", "task": "t"})
+
+
+def test_ids_by_node_hold_one_id_bare_and_forget_an_emptied_node():
+    """`IdsByNode` (the ledger's watchers and paused trials) answers as a set per node would,
+    holding a lone id without a set and forgetting a node whose last id went."""
+    from dagtune.coordinator._ids import IdsByNode
+
+    ids, model = IdsByNode(), {}
+    steps = [("a", 1), ("a", 1), ("a", 2), ("b", 3), ("a", 1), ("a", 2), ("b", 3), ("b", 4), ("c", 5)]
+    for i, (node, trial) in enumerate(steps):
+        if i in (4, 5, 6):
+            ids.discard(node, trial)
+            model.get(node, set()).discard(trial)
+        else:
+            ids.add(node, trial)
+            model.setdefault(node, set()).add(trial)
+        model = {n: s for n, s in model.items() if s}
+        assert {n: set(ids.get(n)) for n in "abcd" if ids.get(n)} == model
+        assert len(ids) == len(model)
+    ids.discard("zz", 1)  # nothing there: nothing happens
+    assert ids.get("a") == () and ids.get("b") == (4,) and len(ids) == 2

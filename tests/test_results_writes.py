@@ -81,6 +81,28 @@ def test_a_write_stores_the_chunks_that_changed_whatever_the_trial_count(tmp_pat
     assert np.isnan(curve.loc[15001, 1]) and np.isnan(curve.loc[30000, 0])
 
 
+def test_ids_configs_and_errors_are_written_only_where_they_changed(tmp_path, stored_keys):
+    """A trial's id and config never change: their chunks are stored for the rows added
+    (the last chunk here), not for the trials that moved on; its error where it changed."""
+    writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(3000)
+    assert writer.write(trials)
+    _advance(trials)
+    trials[1500].status, trials[1500].error = "failed", "boom"
+    stored_keys.clear()
+    assert writer.write(trials)
+    chunks = sorted(k for k in stored_keys if not k.endswith("zarr.json"))
+    assert [k for k in chunks if k.startswith(("trial_id/", "config/", "error/"))] == [
+        "config/c/2",
+        "error/c/1",
+        "trial_id/c/2",
+    ]
+    assert len([k for k in chunks if k.startswith(("status/", "steps/"))]) == 6  # 3 chunks each
+    frame = open_results(str(tmp_path), "s").trials
+    assert frame.loc[1500, "error"] == "boom" and frame.loc[1499, "error"] == ""
+    assert frame.loc[3001, "lr"] == 0.5 and frame.loc[2999, "lr"] == pytest.approx(3.0)
+
+
 def test_nothing_changed_writes_nothing(tmp_path, stored_keys):
     writer = ResultsWriter(str(tmp_path / "results.zarr"), None, study="s", identity="x")
     trials = _trials(10)

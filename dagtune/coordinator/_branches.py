@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dagtune.config import Config, config_first_difference, value_key
+from dagtune.coordinator._ids import IdsByNode
 from dagtune.plan import SearchPlan
 from dagtune.records import COMPLETED, Trial
 from dagtune.tasks import Segment
@@ -25,7 +26,7 @@ class LaterBranches:
     def __init__(self, plan: SearchPlan, trials: Mapping[int, Trial]):
         self.plan = plan
         self.trials = trials
-        self._paused: dict[str, set[int]] = {}  # node -> completed trials ending on it
+        self._paused = IdsByNode()  # node -> completed trials ending on it
         # configs an algorithm may submit later, by their values at step 0: only those agreeing
         # there with a path can branch off it later (no scan of every prospect per segment)
         self._prospects: dict[tuple, list[Config]] = {}
@@ -33,11 +34,11 @@ class LaterBranches:
 
     def pause(self, trial: Trial) -> None:
         """`trial` completed: it may be extended from its node later."""
-        self._paused.setdefault(trial.node, set()).add(trial.id)
+        self._paused.add(trial.node, trial.id)
 
     def resume(self, trial: Trial) -> None:
         """`trial` is extended: it branches no more from where it paused."""
-        self._paused.get(trial.node, set()).discard(trial.id)
+        self._paused.discard(trial.node, trial.id)
 
     def expect(self, configs: Iterable[Config]) -> None:
         """The configs an algorithm may submit later (none: forget the earlier ones)."""
@@ -54,7 +55,7 @@ class LaterBranches:
         """Steps inside `segment` where a completed trial on its node would branch off if it
         were extended."""
         steps = set()
-        for trial_id in self._paused.get(segment.node, ()):
+        for trial_id in self._paused.get(segment.node):
             trial = self.trials[trial_id]
             if trial.status != COMPLETED or trial.steps > segment.start:
                 continue

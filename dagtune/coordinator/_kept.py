@@ -70,8 +70,10 @@ class LatestCheckpoints:
         self.held = held
         self._reasons: dict[Point, int] = {}
         self._latest: dict[Point, Point | None] = {}
-        # node -> the targets whose path passes it, with the last step of their range there
-        self._on_node: dict[str, dict[Point, int]] = {}
+        # node -> the targets whose path passes it, with the last step of their range there:
+        # one ``(target, step)`` pair where there is one (most nodes: a dict costs 232 bytes),
+        # a dict from the second
+        self._on_node: dict[str, tuple[Point, int] | dict[Point, int]] = {}
         self.lookups = 0  # calls of `SearchPlan.latest_checkpoint` (tests count them)
 
     def add(self, target: Point) -> None:
@@ -79,8 +81,15 @@ class LatestCheckpoints:
         self._reasons[target] = reasons + 1
         if reasons:
             return
+        on_node = self._on_node
         for node, limit in self._ranges(target):
-            self._on_node.setdefault(node, {})[target] = limit
+            held = on_node.get(node)
+            if held is None or (not isinstance(held, dict) and held[0] == target):
+                on_node[node] = (target, limit)
+            elif isinstance(held, dict):
+                held[target] = limit
+            else:
+                on_node[node] = {held[0]: held[1], target: limit}
         latest = self._lookup(target)
         self._latest[target] = latest
         if latest is not None:
@@ -94,9 +103,11 @@ class LatestCheckpoints:
         del self._reasons[target]
         for node, _ in self._ranges(target):
             targets = self._on_node[node]
-            del targets[target]
-            if not targets:
-                del self._on_node[node]
+            if isinstance(targets, dict):
+                del targets[target]
+                if targets:
+                    continue
+            del self._on_node[node]  # a lone pair is this target's
         latest = self._latest.pop(target)
         if latest is not None:
             self.held.remove(latest)
@@ -104,7 +115,8 @@ class LatestCheckpoints:
     def checkpoint_changed(self, node: str, step: int) -> None:
         """A checkpoint at ``(node, step)`` was recorded or dropped: the targets below it
         whose range on `node` reaches `step` look again."""
-        for target, limit in self._on_node.get(node, {}).items():
+        held = self._on_node.get(node, ())
+        for target, limit in held.items() if isinstance(held, dict) else (held,) if held else ():
             if step > limit:
                 continue  # past where its path leaves `node`
             latest = self._latest[target]

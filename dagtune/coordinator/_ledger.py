@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
 from dagtune.coordinator._branches import LaterBranches
+from dagtune.coordinator._ids import IdsByNode
 from dagtune.coordinator._kept import TrialPoints
 from dagtune.coordinator._outcomes import MetricsKnown, PointFailed
 from dagtune.plan import SearchPlan
@@ -74,7 +75,7 @@ class TrialLedger:
         self.kept = TrialPoints(plan)  # the checkpoints its trials need kept, kept as they change
         self.changed = False  # the requests in the plan changed since the last `settle`
         self._next_id = 0
-        self._watchers: dict[str, set[int]] = {}  # node -> pending trials passing through it
+        self._watchers = IdsByNode()  # node -> pending trials passing through it
         self._queue: deque[_Queued] = deque()
         self._queued: set[int] = set()  # trials whose request waits in the queue
 
@@ -195,6 +196,12 @@ class TrialLedger:
         (what a listener decides meanwhile is queued behind); returns whether the requests in
         the plan changed since the last `settle` (the dispatcher then plans a round)."""
         queue = self._queue
+        if queue:
+            self._deliver_queue(queue)
+        changed, self.changed = self.changed, False
+        return changed
+
+    def _deliver_queue(self, queue: deque[_Queued]) -> None:
         while queue:
             item = queue.popleft()
             kind, trial = item[0], item[1]
@@ -210,14 +217,14 @@ class TrialLedger:
                         listener.on_end(trial)
             else:
                 self._replay(trial, item[2])
-        changed, self.changed = self.changed, False
-        return changed
+        if not self._queued:  # a drained set keeps its table (a burst of trials: one per trial)
+            self._queued = set()
 
     def metrics_known(self, known: MetricsKnown) -> None:
         """Deliver metrics that became known to the trials passing there and complete the
         trials that waited for exactly that point."""
         node, step, metrics = known.node, known.step, known.metrics
-        for trial_id in sorted(self._watchers.get(node, ())):
+        for trial_id in sorted(self._watchers.get(node)):
             trial = self.trials[trial_id]
             if trial.status == PENDING and step > trial.reported and _covers(trial, node, step):
                 self._deliver(trial, step, metrics)
@@ -230,7 +237,7 @@ class TrialLedger:
 
     def point_failed(self, failed: PointFailed) -> None:
         """Fail the pending trials passing the point where training failed for good."""
-        for trial_id in sorted(self._watchers.get(failed.node, ())):
+        for trial_id in sorted(self._watchers.get(failed.node)):
             trial = self.trials[trial_id]
             if trial.status == PENDING and _covers(trial, failed.node, failed.step):
                 self._forget_request(trial)
@@ -262,7 +269,7 @@ class TrialLedger:
             return
         plan.request_at(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
-            self._watchers.setdefault(node, set()).add(trial.id)
+            self._watchers.add(node, trial.id)
         self.changed = True
 
     def _forget_request(self, trial: Trial) -> None:
@@ -276,9 +283,7 @@ class TrialLedger:
             return
         self.plan.remove_request(trial.node, trial.steps, trial.id)
         for node, _, _ in trial.segments:
-            watchers = self._watchers.get(node)
-            if watchers is not None:
-                watchers.discard(trial.id)
+            self._watchers.discard(node, trial.id)
         self.changed = True
 
     def _deliver(self, trial: Trial, step: int, metrics: dict[str, float]) -> bool:

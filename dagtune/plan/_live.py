@@ -328,10 +328,13 @@ class LiveStageTree:
 
     def settle(self) -> None:
         """Apply every change since the last call (deepest plan nodes first)."""
+        if not self._queue:
+            return
         while self._queue:
             _, node = heapq.heappop(self._queue)
             self._queued.discard(node)
             self._rebuild(node)
+        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
 
     def stages_of(self, node: str) -> list[LiveStage]:
         """The stages of plan node `node`, by start."""

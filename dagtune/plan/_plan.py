@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ class Node:
     config: Config
     order: int
     depth: int
-    children: dict[int, dict[tuple, list[str]]] = field(default_factory=dict)
+    children: dict[int, dict[tuple, str | list[str]]] = field(default_factory=dict)  # see `_add_id`
     requests: dict[int, set[Hashable]] = field(default_factory=dict)
     checkpoints: dict[int, CheckpointInfo] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -68,7 +68,7 @@ class SearchPlan:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.order: list[str] = []
-        self._roots: dict[tuple, list[str]] = {}
+        self._roots: dict[tuple, str | list[str]] = {}  # see `_add_id`
         self.active: dict[tuple[str, int], set[Hashable]] = {}
         self.request_rank: dict[tuple[str, int], int] = {}
         self._requests_made = 0
@@ -141,9 +141,9 @@ class SearchPlan:
         key = value_key(config, start)
         if parent is None:
             if not event.get("private"):  # a salted root is matched by no other trial
-                self._roots.setdefault(key, []).append(node.id)
+                _add_id(self._roots, key, node.id)
         else:
-            self.nodes[parent].children.setdefault(start, {}).setdefault(key, []).append(node.id)
+            _add_id(self.nodes[parent].children.setdefault(start, {}), key, node.id)
         return True
 
     # ------------------------------------------------------------------ trials
@@ -161,7 +161,7 @@ class SearchPlan:
             if private in self.nodes:
                 return private
             return self._create(None, 0, config, salt) if create else None
-        candidates = self._roots.get(value_key(config, 0), [])
+        candidates = _ids(self._roots.get(value_key(config, 0)))
         node = self._best_match(candidates, config, steps)
         if node is None:
             return self._create(None, 0, config) if create else None
@@ -169,13 +169,13 @@ class SearchPlan:
             diverge = _agreement(node, config, steps)
             if diverge >= steps:
                 return node.id
-            branches = node.children.get(diverge, {}).get(value_key(config, diverge), [])
+            branches = _ids(node.children.get(diverge, {}).get(value_key(config, diverge)))
             child = self._best_match(branches, config, steps)
             if child is None:
                 return self._create(node.id, diverge, config) if create else None
             node = child
 
-    def _best_match(self, ids: list[str], config: Config, steps: int) -> Node | None:
+    def _best_match(self, ids: Sequence[str], config: Config, steps: int) -> Node | None:
         """The candidate agreeing with `config` the longest (there is one unless journals of
         concurrent writers brought in equal-valued siblings)."""
         if not ids:
@@ -220,11 +220,14 @@ class SearchPlan:
 
     def remove_request(self, node: str, steps: int, waiter: Hashable) -> None:
         """Forget that `waiter` waits for ``(node, steps)`` (cancelled, or served)."""
-        waiters = self.nodes[node].requests.get(steps)
+        requests = self.nodes[node].requests
+        waiters = requests.get(steps)
         if waiters is not None:
             waiters.discard(waiter)
             if not waiters:
-                del self.nodes[node].requests[steps]
+                del requests[steps]
+                if not requests:  # an emptied dict keeps its table: most nodes end with none
+                    self.nodes[node].requests = {}
         active = self.active.get((node, steps))
         if active is not None:
             active.discard(waiter)
@@ -374,3 +377,22 @@ def _unique(plan: SearchPlan, requested: dict[str, set[int]]) -> int:
         end = max(end, max(node.children, default=node.start))
         total += end - node.start
     return total
+
+
+def _add_id(table: dict[tuple, str | list[str]], key: tuple, node: str) -> None:
+    """Add `node` under `key`: the bare id while it is the only one (a list per root costs
+    more than the id), a list from the second (concurrent writers' equal-valued siblings)."""
+    held = table.get(key)
+    if held is None:
+        table[key] = node
+    elif isinstance(held, str):
+        table[key] = [held, node]
+    else:
+        held.append(node)
+
+
+def _ids(held: str | list[str] | None) -> Sequence[str]:
+    """The node ids `_add_id` keeps under a key."""
+    if held is None:
+        return ()
+    return (held,) if isinstance(held, str) else held

@@ -25,7 +25,7 @@ def node_id(parent: str | None, start: int, config: Config, salt: str = "") -> s
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per checkpoint in the plan: no __dict__
 class CheckpointInfo:
     """A committed checkpoint: its size and content hash, for verification and GC."""
 

@@ -43,6 +43,9 @@ class Sequence(ABC):
     """
 
     _fields: ClassVar[tuple[str, ...]] = ()
+    # every config of a study holds its sequences: no __dict__ per instance (a subclass lists
+    # its `_fields` as its own slots; one that doesn't gets a __dict__ and works the same)
+    __slots__ = ("is_template", "_pieces", "_horizon", "_checked", "_nonfinite", "_identity", "_hash")
     #: whether an argument still holds a distribution (a template for random search)
     is_template: bool
     _registry: ClassVar[dict[str, type[Sequence]]] = {}

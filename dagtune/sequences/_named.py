@@ -46,6 +46,7 @@ class Constant(Sequence):
     """``value`` at every step; any JSON scalar (0.1, 128, "sgd")."""
 
     _fields = ("value",)
+    __slots__ = _fields
 
     def __init__(self, value: Scalar):
         self._store(value=check_scalar("Constant", "value", value))
@@ -58,6 +59,7 @@ class Steps(Sequence):
     """``values[k]`` where k is the number of milestones <= t: ``Steps([128, 256], [70])``."""
 
     _fields = ("values", "milestones")
+    __slots__ = _fields
 
     def __init__(self, values, milestones):
         milestones = check_milestones("Steps", "milestones", milestones)
@@ -83,6 +85,7 @@ class MultiStep(Sequence):
     """``init * gamma ** k`` where k is the number of milestones <= t (torch MultiStepLR)."""
 
     _fields = ("init", "milestones", "gamma")
+    __slots__ = _fields
 
     def __init__(self, init, milestones, gamma):
         self._store(
@@ -103,6 +106,7 @@ class Exponential(Sequence):
     """``init * gamma ** t`` (torch ExponentialLR)."""
 
     _fields = ("init", "gamma")
+    __slots__ = _fields
 
     def __init__(self, init, gamma):
         self._store(
@@ -120,6 +124,7 @@ class Linear(Sequence):
     """``start + (end - start) * t / steps`` for t < steps, then ``end``."""
 
     _fields = ("start", "end", "steps")
+    __slots__ = _fields
 
     def __init__(self, start, end, steps: int):
         self._store(
@@ -141,6 +146,7 @@ class Cosine(Sequence):
     every period, each period ``period_mult`` times longer (torch CosineAnnealingWarmRestarts)."""
 
     _fields = ("init", "period", "min_value", "period_mult")
+    __slots__ = _fields
 
     def __init__(self, init, period: int, min_value=0.0, period_mult: int = 1):
         self._store(
@@ -174,6 +180,7 @@ class Cyclic(Sequence):
     ``step_down`` (default: ``step_up``) (torch CyclicLR, mode "triangular")."""
 
     _fields = ("base", "max_value", "step_up", "step_down")
+    __slots__ = _fields
 
     def __init__(self, base, max_value, step_up: int, step_down: int | None = None):
         step_up = check_positive_int("Cyclic", "step_up", step_up)
@@ -193,6 +200,7 @@ class Warmup(Sequence):
     ``Warmup(5, MultiStep(0.1, [90, 135], 0.1))``."""
 
     _fields = ("steps", "then", "start")
+    __slots__ = _fields
 
     def __init__(self, steps: int, then, start=0.0):
         self._store(
@@ -230,6 +238,7 @@ class Piecewise(Sequence):
     """
 
     _fields = ("items",)
+    __slots__ = _fields
 
     def __init__(self, *items):
         if len(items) == 1 and isinstance(items[0], list):
