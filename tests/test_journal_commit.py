@@ -114,6 +114,38 @@ def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_pat
     assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a", b"b"]
 
 
+def test_a_commit_after_storage_came_back_writes_the_kept_records_instead_of_raising(tmp_path):
+    """Closing a study after an outage: the background commit failed during it, storage is
+    back, and the flush at close writes everything rather than raising the old failure."""
+    fs = dt.CheckpointStore(str(tmp_path)).fs
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the journal's directory should be")
+    journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
+    journal.append({"r": "a"})
+    _wait_for_committers()  # the background commit failed, and kept its error
+    blocked.unlink()
+    journal.flush()  # storage is back: written, nothing raised
+    journal.append({"r": "b"}, sync=True)  # the failure is over: appending raises nothing either
+    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
+    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a", b"b"]
+
+
+def test_a_commit_while_storage_is_still_failing_raises_its_own_error_and_keeps_the_records(tmp_path):
+    fs = dt.CheckpointStore(str(tmp_path)).fs
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the journal's directory should be")
+    journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
+    journal.append({"r": "a"})
+    _wait_for_committers()
+    for _ in range(2):  # every try raises while it fails
+        with pytest.raises(OSError):
+            journal.flush()
+    blocked.unlink()
+    journal.flush()
+    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
+    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a"]
+
+
 @pytest.mark.parametrize("value", ["soon", "-1", "inf"])
 def test_a_bad_commit_bound_is_refused_by_name(monkeypatch, value):
     monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", value)

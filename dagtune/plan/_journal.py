@@ -148,7 +148,7 @@ class GroupCommit:
     and gone when nothing waits), or at once on `commit`. The journals are written in the
     order they joined, so ordering between them holds on disk. `commits` counts the groups
     written; a failed write keeps its records for the next commit and its error is raised
-    to the next caller that appends or commits."""
+    to the next caller that appends (a commit tries the write again instead: see `commit`)."""
 
     def __init__(self, delay: float | None = None):
         self.delay = commit_seconds(delay)
@@ -182,10 +182,15 @@ class GroupCommit:
         self.commit()
 
     def commit(self) -> None:
-        """Write (and fsync) every journal's buffered records now, in the journals' order."""
+        """Write (and fsync) every journal's buffered records now, in the journals' order.
+
+        A failure kept from the background committer does not stop this try: its records
+        are still buffered, so a write that succeeds now has written them and the failure is
+        over (storage came back: closing a study after an outage saves its work); a write
+        that fails raises its own error."""
         with self._writing:
             with self._lock:
-                self._raise_failure()
+                self._error = None
                 self._due = None
                 self._wake.notify_all()  # a waiting committer has nothing left to wait for
                 batches = [(journal, journal._take()) for journal in self.journals]
