@@ -6,6 +6,7 @@ without any cluster: `DemandAdaptive`'s target, `slurm()`'s job script, GPU pinn
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import urllib.request
@@ -383,3 +384,39 @@ def test_slurm_cluster_scales_adaptively_through_dask_jobqueue(tmp_path):
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_embedded_workers_print_no_heartbeat_failure_when_the_studys_scheduler_goes():
+    """A worker whose heartbeat can't reach the study's scheduler (the study is closing after
+    Ctrl-C) prints nothing of it: the study's one line is what the user reads. Other worker
+    records still pass. The preload is loaded by the name the embedded cluster gives it."""
+    import importlib
+    import threading
+
+    from dagtune.execution._clusters import QUIET_WORKERS
+
+    class Kept(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.ERROR)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    preload = importlib.import_module(QUIET_WORKERS)
+    logger = logging.getLogger("distributed.worker")  # distributed's loggers don't propagate
+    before, kept = list(logger.filters), Kept()
+    setup = threading.Thread(target=preload.dask_setup, args=(None,))  # not the main thread:
+    setup.start()  # this process's signal handlers stay as they are
+    setup.join()
+    logger.addHandler(kept)
+    try:
+        try:
+            raise OSError("Stream is closed")
+        except OSError:
+            logger.exception("Failed to communicate with scheduler during heartbeat.")
+            logger.exception("Unexpected exception during heartbeat. Closing worker.")
+        assert kept.messages == ["Unexpected exception during heartbeat. Closing worker."]
+    finally:
+        logger.removeHandler(kept)
+        logger.filters[:] = before
