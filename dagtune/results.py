@@ -36,7 +36,16 @@ import numpy as np
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
-from dagtune.frames import TrialRow, trials_table
+from dagtune.frames import (
+    HyperColumn,
+    TrialRow,
+    frame_of,
+    is_constant,
+    last_value,
+    readable,
+    trials_table,
+    value_at,
+)
 from dagtune.records import Trial, is_study_name
 from dagtune.restore import stored_model
 from dagtune.storage_retry import StorageRetry, single_attempt_options
@@ -44,7 +53,7 @@ from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
-FORMAT = "dagtune-results/2"
+FORMAT = "dagtune-results/3"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _CHUNK_VALUES = 65536
 _CHUNK_ROWS = 1024  # rows of a per-trial array written together
@@ -119,6 +128,8 @@ class ResultsWriter:
         self._last = -1  # the largest trial id written
         self._metrics: set[str] = set()  # every metric written
         self._keys: dict[str, str] = {}  # metric -> array name, as last written
+        self._hypers: set[str] = set()  # every hyper-parameter written
+        self._hyper_keys: dict[str, str] = {}  # hyper-parameter -> array name, as last written
         self._steps = 0  # columns of the curves, as last written
         self._points: dict[int, int] = {}  # trial id -> curve points written
         #: chunks of the per-trial arrays the last write stored (one per array and chunk)
@@ -154,8 +165,11 @@ class ResultsWriter:
         moved = gone or (bool(fresh) and fresh[0] < self._last)
         metrics = self._metrics | {m for i in changed for _, ms in trials[i].curve for m in ms}
         keys = _array_names(metrics)
-        renamed = keys != self._keys
-        renumber = group.attrs.get("format", FORMAT) != FORMAT  # an older group's step coordinate
+        hypers = self._hypers | {n for i in changed for n in trials[i].config}
+        hyper_keys = _array_names(hypers)
+        renamed = keys != self._keys or hyper_keys != self._hyper_keys
+        # an older group: its step coordinate may count from 1, it lacks the hyper-parameters' arrays
+        renumber = group.attrs.get("format", FORMAT) != FORMAT
         whole = moved or renamed or renumber or not self._rows
         if whole:  # every row again, in trial id order
             rows = {i: row for row, i in enumerate(sorted(trials))}
@@ -178,7 +192,13 @@ class ResultsWriter:
             max((s for i in (order if whole else changed) for s, _ in trials[i].curve), default=0),
         )
         group.attrs.update(
-            {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
+            {
+                "format": FORMAT,
+                "study": self.study,
+                "identity": self.identity,
+                "metrics": keys,
+                "hyperparameters": hyper_keys,
+            }
         )
         self.chunks_written = 0
         columns: dict[str, tuple[str, Callable[[Trial], Any], list[int]]] = {
@@ -190,6 +210,15 @@ class ResultsWriter:
         }
         for metric, key in keys.items():
             columns[f"final/{key}"] = ("float64", _final(metric), dirty)
+        for hyper, key in hyper_keys.items():  # a config never changes; the last value follows the steps
+            columns[f"hyper/{key}/constant"] = ("bool", _hyper(hyper, is_constant, True), added)
+            columns[f"hyper/{key}/first"] = (
+                "text",
+                _hyper(hyper, lambda s: _json(value_at(s, 0)), "null"),
+                added,
+            )
+            columns[f"hyper/{key}/schedule"] = ("text", _hyper(hyper, readable, ""), added)
+            columns[f"hyper/{key}/last"] = ("text", _last(hyper), dirty)
         for name, (dtype, value, rows_of) in columns.items():
             self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole)
         _put_steps(group, steps, rewrite=renumber)
@@ -216,11 +245,29 @@ class ResultsWriter:
             points[i] = len(trials[i].curve)
         self._rows, self._points, self._last = rows, points, max(rows, default=-1)
         self._metrics, self._keys, self._steps = metrics, keys, steps
+        self._hypers, self._hyper_keys = hypers, hyper_keys
         return True
 
 
 def _final(metric: str) -> Callable[[Trial], float]:
     return lambda t: np.nan if not t.metrics else t.metrics.get(metric, np.nan)
+
+
+def _hyper(name: str, cell: Callable[[Any], Any], missing: Any) -> Callable[[Trial], Any]:
+    """A trial's cell of hyper-parameter `name` (`cell` of its sequence; `missing` if its
+    config lacks it)."""
+    return lambda t: missing if name not in t.config else cell(t.config[name])
+
+
+def _last(name: str) -> Callable[[Trial], str]:
+    """A trial's value of hyper-parameter `name` at the last step it reached, as JSON."""
+    return lambda t: "null" if name not in t.config else _json(last_value(t.config[name], t.reached))
+
+
+def _json(value: Any) -> str:
+    """A hyper-parameter's value (a JSON scalar, NaN or None) as JSON text that reads back
+    the same value of the same type."""
+    return json.dumps(value.item() if isinstance(value, np.generic) else value)
 
 
 def _snapshot(trial: Trial) -> tuple:
@@ -398,8 +445,14 @@ class StudyResults:
     def trials(self):
         """A DataFrame indexed by trial id: status, steps, final metrics, one column per
         hyper-parameter (a constant's value; a schedule's text, ``NAME/first`` and
-        ``NAME/last``), error and config (canonical JSON); `dagtune.frames` says exactly."""
-        return trials_table(self.rows())
+        ``NAME/last``), error and config (canonical JSON); `dagtune.frames` says exactly.
+
+        Built from the group's columns, hyper-parameters from their cells the writer stored;
+        a group written before those (format ``dagtune-results/2`` or older) parses each
+        row's config instead (`rows`), to the same frame."""
+        if self.group.attrs.get("format") != FORMAT or "hyperparameters" not in self.group.attrs:
+            return trials_table(self.rows())
+        return _stored_frame(self.group, self.metrics, dict(self.group.attrs["hyperparameters"]))
 
     def curve(self, metric: str):
         """A DataFrame of `metric`: one row per trial, one column per step from 0 (column
@@ -415,6 +468,49 @@ class StudyResults:
             index=pd.Index(self.group["trial_id"][:], name="trial_id", dtype="int64"),
             columns=pd.RangeIndex(steps, name="step"),
         )
+
+
+def _stored_frame(group: Any, metrics: Mapping[str, str], hypers: Mapping[str, str]):
+    """The trials frame of `group` (format `FORMAT`) from its columns, without a config
+    parsed: what `trials_table` makes of its rows (`StudyResults.rows`), cell for cell."""
+    ids = group["trial_id"][:]
+    order = np.argsort(ids, kind="stable")  # rows are in trial id order already: kept as it is
+
+    def column(name: str) -> list:
+        return group[name][:][order].tolist()
+
+    finals = {}
+    for metric in sorted(metrics):
+        values = group[f"final/{metrics[metric]}"][:][order]
+        if not np.isnan(values).all():  # a metric no trial has a value of has no column
+            finals[metric] = values.tolist()
+    columns = {}
+    for hyper in sorted(hypers):
+        key = hypers[hyper]
+        schedule = column(f"hyper/{key}/schedule")  # "": the trial's config lacks it
+        if not any(schedule):
+            continue
+        first = _json_cells(column(f"hyper/{key}/first"))
+        if bool(np.all(group[f"hyper/{key}/constant"][:])):
+            columns[hyper] = HyperColumn(True, first, [], [])
+        else:
+            last = _json_cells(column(f"hyper/{key}/last"))
+            columns[hyper] = HyperColumn(False, first, [text or None for text in schedule], last)
+    empty = config_dumps({})
+    return frame_of(
+        ids[order].tolist(),
+        [str(status) for status in column("status")],
+        column("steps"),
+        finals,
+        columns,
+        [str(error) for error in column("error")],
+        [str(text) or empty for text in column("config")],
+    )
+
+
+def _json_cells(texts: list[str]) -> list:
+    """JSON texts decoded, all in one call of the parser."""
+    return json.loads(f"[{','.join(texts)}]")
 
 
 def open_results(storage: str, name: str, storage_options: Mapping[str, Any] | None = None) -> StudyResults:
