@@ -8,15 +8,24 @@ zarr, xarray or `open_results` (pandas). The group lives at
     config    str [trial] (canonical JSON of the config)      error  str [trial] ("" if none)
     step      int64 [step] = 0, 1, 2, ...
     final/<metric>  float64 [trial]          curve/<metric>  float64 [trial, step] (NaN: not evaluated)
+    hyper/<name>/constant  bool [trial]  whether the trial's sequence is constant (true if it lacks it)
+    hyper/<name>/first     str [trial]   its value at step 0, as JSON ("null" if it lacks it)
+    hyper/<name>/schedule  str [trial]   its short text (`dagtune.frames.readable`; "" if it lacks it)
+    hyper/<name>/last      str [trial]   its value at the last step reached, as JSON ("null": none)
 
 A step is one call of ``Trainer.train()`` counted from 0, and ``curve/<metric>[i, s]`` is the
 metric of trial ``i`` evaluated right after step ``s`` (after ``s + 1`` steps of training), as
 in every curve dagtune shows (`dagtune.frames`). Groups written before that convention
 (format ``dagtune-results/1``) numbered the same columns 1, 2, ...: they read the same, and a
-study that resumes one rewrites its ``step`` coordinate.
+study that resumes one rewrites its ``step`` coordinate. The ``hyper/`` cells are what the
+trials frame shows of each hyper-parameter, worked out by the writer (the last value again
+as the trial's steps change) so that reading a frame parses no config; groups written
+before them (format ``dagtune-results/2``) read the same by parsing each row's config, and
+a study that resumes one writes them.
 
-with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
-name, since a metric name may hold characters an array name can't). There is one row per
+with attributes ``format``, ``study``, ``identity``, ``metrics`` (metric name -> array
+name, since a metric name may hold characters an array name can't) and ``hyperparameters``
+(hyper-parameter name -> array name). There is one row per
 trial, in trial id order (``trial_id`` says which). A write costs what changed: the
 per-trial arrays are stored in chunks of 1,024 rows and only the chunks holding a trial that
 changed are written again (new trials add rows), and the learning curves get only the points
