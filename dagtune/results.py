@@ -483,7 +483,8 @@ def _stored_frame(group: Any, metrics: Mapping[str, str], hypers: Mapping[str, s
     """The trials frame of `group` (format `FORMAT`) from its columns, without a config
     parsed: what `trials_table` makes of its rows (`StudyResults.rows`), cell for cell."""
     ids = group["trial_id"][:]
-    order = np.argsort(ids, kind="stable")  # rows are in trial id order already: kept as it is
+    # the writer keeps the rows in trial id order: sorted again only if they are not
+    order = slice(None) if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
 
     def column(name: str) -> list:
         return group[name][:][order].tolist()

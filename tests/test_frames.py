@@ -166,6 +166,14 @@ def test_stored_hyper_parameter_cells_give_the_frame_the_configs_give(tmp_path):
     assert {"lr/schedule", "lr/first", "lr/last", "bs", "opt", "only", "none"} <= set(frame.columns)
     assert frame["bs"].dtype.kind == "i" and math.isnan(frame.loc[2, "wd/last"])
     assert math.isnan(frame.loc[3, "lr/last"]) and frame.loc[1, "only"] is None
+    group = zarr.open_group(results_url(str(tmp_path), "s"), mode="a")
+    for name in ["trial_id", "status", "steps", "config", "error", "final/loss"]:
+        group[name][:] = group[name][:][[2, 0, 3, 1]]  # rows out of trial id order read the same
+    for hyper in ("lr", "bs", "opt", "wd", "only", "none"):
+        for cell in ("constant", "first", "schedule", "last"):
+            array = group[f"hyper/{hyper}/{cell}"]
+            array[:] = array[:][[2, 0, 3, 1]]
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, frame)
 
 
 def test_results_written_before_hyper_parameter_cells_read_the_same_and_gain_them(tmp_path):
