@@ -184,8 +184,10 @@ class ResultsWriter:
             rows = {i: row for row, i in enumerate(sorted(trials))}
             dirty = added = erred = list(range(len(rows)))
             points: dict[int, int] = {}
+            kept = 0
         else:
-            rows = self._rows
+            kept = len(self._rows)  # rows a write stored
+            rows = dict(self._rows)  # kept only once written: a failed write is tried again whole
             for i in fresh:
                 rows[i] = len(rows)
             dirty = sorted(rows[i] for i in changed)
@@ -229,7 +231,7 @@ class ResultsWriter:
             columns[f"hyper/{key}/schedule"] = ("text", _hyper(hyper, readable, ""), added)
             columns[f"hyper/{key}/last"] = ("text", _last(hyper), dirty)
         for name, (dtype, value, rows_of) in columns.items():
-            self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole)
+            self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole, kept)
         _put_steps(group, steps, rewrite=renumber)
         touched = order if whole else changed
         for metric, key in keys.items():
@@ -346,12 +348,15 @@ def _put_rows(
     dirty: list[int],
     value: Callable[[Trial], Any],
     whole: bool,
+    kept: int,
 ) -> int:
     """Write the rows `dirty` (sorted row numbers) of the per-trial array `name`, one chunk
-    of `_CHUNK_ROWS` rows at a time: each chunk holding a dirty row is written whole (its
-    rows from `order`, the trial ids by row); the array is created, grown or, with `whole`
-    or another layout (a group written before chunks were fixed), made anew. Returns the
-    chunks written."""
+    of `_CHUNK_ROWS` rows at a time: each chunk holding a dirty row is written whole, its
+    dirty rows and those from `kept` on (the rows no write stored yet) from `order` (the
+    trial ids by row), its other rows as stored (so a write works out the cells of the trials
+    that changed, not of every trial in their chunks); the array is created, grown or, with
+    `whole` or another layout (a group written before chunks were fixed), made anew.
+    Returns the chunks written."""
     length = len(order)
     kind = _text([]).dtype if dtype == "text" else np.dtype(dtype)
     array = group.get(name)
@@ -359,15 +364,22 @@ def _put_rows(
         array, whole = None, True
     if array is None or whole:
         array = _create(group, name, shape=(length,), dtype=kind, chunks=(_CHUNK_ROWS,), overwrite=True)
-        dirty = list(range(length))
+        dirty, kept = list(range(length)), 0
     elif array.shape != (length,):
         array.resize((length,))
-    chunks = sorted({row // _CHUNK_ROWS for row in dirty})
-    for chunk in chunks:
+    by_chunk: dict[int, list[int]] = {}
+    for row in dirty:
+        by_chunk.setdefault(row // _CHUNK_ROWS, []).append(row)
+    for chunk, rows in sorted(by_chunk.items()):
         begin, end = chunk * _CHUNK_ROWS, min((chunk + 1) * _CHUNK_ROWS, length)
-        values = [value(trials[i]) for i in order[begin:end]]
+        stored = min(end, kept)
+        values = array[begin:stored].tolist() if begin < stored else []
+        for row in rows:
+            if row < stored:
+                values[row - begin] = value(trials[order[row]])
+        values.extend(value(trials[i]) for i in order[begin + len(values) : end])
         array[begin:end] = _text(values) if dtype == "text" else np.array(values, dtype=kind)
-    return len(chunks)
+    return len(by_chunk)
 
 
 # --------------------------------------------------------------------------- reading

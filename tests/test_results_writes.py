@@ -139,3 +139,30 @@ def test_rows_that_moved_are_written_again_in_trial_order(tmp_path):
     results = open_results(str(tmp_path), "s")
     assert list(results.trials.index) == [0, 1, 2, 3, 4]
     assert list(results.curve("loss")[0]) == pytest.approx([1.0 / (i + 1) for i in range(5)])
+
+
+def test_a_write_that_failed_halfway_is_done_whole_the_next_time(tmp_path, monkeypatch):
+    """Rows added by a write that failed after storing some chunks (a storage error) get
+    their ids, configs and cells when the write is tried again; the cells of the rows kept
+    are read back, not worked out again."""
+    import dagtune.results as results
+
+    writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(1500)
+    assert writer.write(trials)
+    _advance(trials)
+    put = results._put_rows
+
+    def failing(group, name, *args):
+        if name == "config":
+            raise OSError("storage went away")
+        return put(group, name, *args)
+
+    monkeypatch.setattr(results, "_put_rows", failing)
+    with pytest.raises(OSError):
+        writer.write(trials)
+    monkeypatch.setattr(results, "_put_rows", put)
+    assert writer.write(trials)
+    frame = open_results(str(tmp_path), "s").trials
+    assert list(frame.index) == list(range(1502)) and frame.loc[1501, "lr"] == 0.5
+    assert frame.loc[1024, "lr"] == pytest.approx(1.025) and frame.loc[750, "steps"] == 2
