@@ -38,7 +38,19 @@ from dagtune.config import Config, config_dumps
 from dagtune.records import Trial
 from dagtune.sequences import Constant, Sequence, Steps
 
-__all__ = ["FIXED_COLUMNS", "TrialRow", "curves_table", "is_constant", "readable", "row_of", "trials_table"]
+__all__ = [
+    "FIXED_COLUMNS",
+    "HyperColumn",
+    "TrialRow",
+    "curves_table",
+    "frame_of",
+    "is_constant",
+    "last_value",
+    "readable",
+    "row_of",
+    "trials_table",
+    "value_at",
+]
 
 #: The columns every trials frame has besides metrics and hyper-parameters.
 FIXED_COLUMNS = ("status", "steps", "error", "config")
@@ -83,18 +95,74 @@ def is_constant(sequence: Sequence) -> bool:
         return False
 
 
-def _value(sequence: Sequence, step: int) -> Any:
+def value_at(sequence: Sequence, step: int) -> Any:
+    """The value of `sequence` at `step` as frames show it: NaN where it is not finite."""
     try:
         return sequence(step)
     except ValueError:  # not finite there
         return math.nan
 
 
+def last_value(sequence: Sequence, steps: int) -> Any:
+    """The value of `sequence` at the last of `steps` steps trained (None if none)."""
+    return None if steps <= 0 else value_at(sequence, steps - 1)
+
+
+@dataclass(frozen=True)
+class HyperColumn:
+    """One hyper-parameter over a frame's rows (the trials frame's cells, None where a
+    trial lacks it): `constant` whether it is constant in every trial that has it (one
+    column of `first`), else its `schedule` texts and its values at the `first` and `last`
+    step trained (`schedule` and `last` unused when constant)."""
+
+    constant: bool
+    first: list
+    schedule: list
+    last: list
+
+
 def trials_table(rows: Iterable[TrialRow]):
     """The trials frame of `rows` (the module docstring gives its columns)."""
+    rows = sorted(rows, key=lambda r: r.id)
+    hypers: dict[str, HyperColumn] = {}
+    for name in sorted({n for r in rows for n in r.config}):
+        sequences = [r.config.get(name) for r in rows]
+        constant = all(s is None or is_constant(s) for s in sequences)
+        first = [None if s is None else value_at(s, 0) for s in sequences]
+        if constant:  # one column: no texts or last values to work out
+            hypers[name] = HyperColumn(True, first, [], [])
+            continue
+        schedule = [None if s is None else readable(s) for s in sequences]
+        last = [None if s is None else last_value(s, r.steps) for s, r in zip(sequences, rows)]
+        hypers[name] = HyperColumn(False, first, schedule, last)
+    return frame_of(
+        [r.id for r in rows],
+        [r.status for r in rows],
+        [r.steps for r in rows],
+        {
+            m: [float(r.metrics.get(m, math.nan)) for r in rows]
+            for m in sorted({m for r in rows for m in r.metrics})
+        },
+        hypers,
+        [r.error or "" for r in rows],
+        [config_dumps(r.config) if r.config_json is None else r.config_json for r in rows],
+    )
+
+
+def frame_of(
+    ids: list[int],
+    status: list[str],
+    steps: list[int],
+    metrics: Mapping[str, list[float]],
+    hypers: Mapping[str, HyperColumn],
+    error: list[str],
+    config: list[str],
+):
+    """The trials frame of columns given whole, one cell per row in trial id order
+    (`metrics` and `hypers` by name, in the order of their columns): what `trials_table`
+    builds from rows, and a stored study's results from their stored columns."""
     import pandas as pd  # loaded only for a table
 
-    rows = sorted(rows, key=lambda r: r.id)
     taken: set[str] = set(FIXED_COLUMNS)
 
     def claim(name: str, prefix: str) -> str:
@@ -104,29 +172,20 @@ def trials_table(rows: Iterable[TrialRow]):
         taken.add(column)
         return column
 
-    columns: dict[str, list] = {
-        "status": [r.status for r in rows],
-        "steps": [r.steps for r in rows],
-    }
-    for metric in sorted({m for r in rows for m in r.metrics}):
-        columns[claim(metric, "metric")] = [float(r.metrics.get(metric, math.nan)) for r in rows]
-    for name in sorted({n for r in rows for n in r.config}):
-        sequences = [r.config.get(name) for r in rows]
+    columns: dict[str, list] = {"status": status, "steps": steps}
+    for metric, values in metrics.items():
+        columns[claim(metric, "metric")] = values
+    for name, hyper in hypers.items():
         column = name if name not in taken else f"config/{name}"
-        if all(s is None or is_constant(s) for s in sequences):
-            columns[claim(column, "config")] = [None if s is None else s(0) for s in sequences]
+        if hyper.constant:
+            columns[claim(column, "config")] = hyper.first
             continue
-        columns[claim(f"{column}/schedule", "config")] = [
-            None if s is None else readable(s) for s in sequences
-        ]
-        columns[claim(f"{column}/first", "config")] = [None if s is None else _value(s, 0) for s in sequences]
-        columns[claim(f"{column}/last", "config")] = [
-            None if s is None or r.steps <= 0 else _value(s, r.steps - 1) for s, r in zip(sequences, rows)
-        ]
-    columns["error"] = [r.error or "" for r in rows]
-    columns["config"] = [config_dumps(r.config) if r.config_json is None else r.config_json for r in rows]
-    index = pd.Index([r.id for r in rows], name="trial_id", dtype="int64")
-    return pd.DataFrame(columns, index=index)
+        columns[claim(f"{column}/schedule", "config")] = hyper.schedule
+        columns[claim(f"{column}/first", "config")] = hyper.first
+        columns[claim(f"{column}/last", "config")] = hyper.last
+    columns["error"] = error
+    columns["config"] = config
+    return pd.DataFrame(columns, index=pd.Index(ids, name="trial_id", dtype="int64"))
 
 
 def curves_table(curves: Mapping[int, Iterable[tuple[int, Mapping[str, float]]]], metric: str, ids=None):

@@ -8,15 +8,24 @@ zarr, xarray or `open_results` (pandas). The group lives at
     config    str [trial] (canonical JSON of the config)      error  str [trial] ("" if none)
     step      int64 [step] = 0, 1, 2, ...
     final/<metric>  float64 [trial]          curve/<metric>  float64 [trial, step] (NaN: not evaluated)
+    hyper/<name>/constant  bool [trial]  whether the trial's sequence is constant (true if it lacks it)
+    hyper/<name>/first     str [trial]   its value at step 0, as JSON ("null" if it lacks it)
+    hyper/<name>/schedule  str [trial]   its short text (`dagtune.frames.readable`; "" if it lacks it)
+    hyper/<name>/last      str [trial]   its value at the last step reached, as JSON ("null": none)
 
 A step is one call of ``Trainer.train()`` counted from 0, and ``curve/<metric>[i, s]`` is the
 metric of trial ``i`` evaluated right after step ``s`` (after ``s + 1`` steps of training), as
 in every curve dagtune shows (`dagtune.frames`). Groups written before that convention
 (format ``dagtune-results/1``) numbered the same columns 1, 2, ...: they read the same, and a
-study that resumes one rewrites its ``step`` coordinate.
+study that resumes one rewrites its ``step`` coordinate. The ``hyper/`` cells are what the
+trials frame shows of each hyper-parameter, worked out by the writer (the last value again
+as the trial's steps change) so that reading a frame parses no config; groups written
+before them (format ``dagtune-results/2``) read the same by parsing each row's config, and
+a study that resumes one writes them.
 
-with attributes ``format``, ``study``, ``identity`` and ``metrics`` (metric name -> array
-name, since a metric name may hold characters an array name can't). There is one row per
+with attributes ``format``, ``study``, ``identity``, ``metrics`` (metric name -> array
+name, since a metric name may hold characters an array name can't) and ``hyperparameters``
+(hyper-parameter name -> array name). There is one row per
 trial, in trial id order (``trial_id`` says which). A write costs what changed: the
 per-trial arrays are stored in chunks of 1,024 rows and only the chunks holding a trial that
 changed are written again (new trials add rows), and the learning curves get only the points
@@ -36,7 +45,16 @@ import numpy as np
 
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
-from dagtune.frames import TrialRow, trials_table
+from dagtune.frames import (
+    HyperColumn,
+    TrialRow,
+    frame_of,
+    is_constant,
+    last_value,
+    readable,
+    trials_table,
+    value_at,
+)
 from dagtune.records import Trial, is_study_name
 from dagtune.restore import stored_model
 from dagtune.storage_retry import StorageRetry, single_attempt_options
@@ -44,7 +62,7 @@ from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
-FORMAT = "dagtune-results/2"
+FORMAT = "dagtune-results/3"
 _CHUNK_TRIALS, _CHUNK_STEPS = 64, 256
 _CHUNK_VALUES = 65536
 _CHUNK_ROWS = 1024  # rows of a per-trial array written together
@@ -119,6 +137,8 @@ class ResultsWriter:
         self._last = -1  # the largest trial id written
         self._metrics: set[str] = set()  # every metric written
         self._keys: dict[str, str] = {}  # metric -> array name, as last written
+        self._hypers: set[str] = set()  # every hyper-parameter written
+        self._hyper_keys: dict[str, str] = {}  # hyper-parameter -> array name, as last written
         self._steps = 0  # columns of the curves, as last written
         self._points: dict[int, int] = {}  # trial id -> curve points written
         #: chunks of the per-trial arrays the last write stored (one per array and chunk)
@@ -154,15 +174,20 @@ class ResultsWriter:
         moved = gone or (bool(fresh) and fresh[0] < self._last)
         metrics = self._metrics | {m for i in changed for _, ms in trials[i].curve for m in ms}
         keys = _array_names(metrics)
-        renamed = keys != self._keys
-        renumber = group.attrs.get("format", FORMAT) != FORMAT  # an older group's step coordinate
+        hypers = self._hypers | {n for i in changed for n in trials[i].config}
+        hyper_keys = _array_names(hypers)
+        renamed = keys != self._keys or hyper_keys != self._hyper_keys
+        # an older group: its step coordinate may count from 1, it lacks the hyper-parameters' arrays
+        renumber = group.attrs.get("format", FORMAT) != FORMAT
         whole = moved or renamed or renumber or not self._rows
         if whole:  # every row again, in trial id order
             rows = {i: row for row, i in enumerate(sorted(trials))}
             dirty = added = erred = list(range(len(rows)))
             points: dict[int, int] = {}
+            kept = 0
         else:
-            rows = self._rows
+            kept = len(self._rows)  # rows a write stored
+            rows = dict(self._rows)  # kept only once written: a failed write is tried again whole
             for i in fresh:
                 rows[i] = len(rows)
             dirty = sorted(rows[i] for i in changed)
@@ -178,7 +203,13 @@ class ResultsWriter:
             max((s for i in (order if whole else changed) for s, _ in trials[i].curve), default=0),
         )
         group.attrs.update(
-            {"format": FORMAT, "study": self.study, "identity": self.identity, "metrics": keys}
+            {
+                "format": FORMAT,
+                "study": self.study,
+                "identity": self.identity,
+                "metrics": keys,
+                "hyperparameters": hyper_keys,
+            }
         )
         self.chunks_written = 0
         columns: dict[str, tuple[str, Callable[[Trial], Any], list[int]]] = {
@@ -190,8 +221,17 @@ class ResultsWriter:
         }
         for metric, key in keys.items():
             columns[f"final/{key}"] = ("float64", _final(metric), dirty)
+        for hyper, key in hyper_keys.items():  # a config never changes; the last value follows the steps
+            columns[f"hyper/{key}/constant"] = ("bool", _hyper(hyper, is_constant, True), added)
+            columns[f"hyper/{key}/first"] = (
+                "text",
+                _hyper(hyper, lambda s: _json(value_at(s, 0)), "null"),
+                added,
+            )
+            columns[f"hyper/{key}/schedule"] = ("text", _hyper(hyper, readable, ""), added)
+            columns[f"hyper/{key}/last"] = ("text", _last(hyper), dirty)
         for name, (dtype, value, rows_of) in columns.items():
-            self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole)
+            self.chunks_written += _put_rows(group, name, dtype, order, trials, rows_of, value, whole, kept)
         _put_steps(group, steps, rewrite=renumber)
         touched = order if whole else changed
         for metric, key in keys.items():
@@ -216,11 +256,29 @@ class ResultsWriter:
             points[i] = len(trials[i].curve)
         self._rows, self._points, self._last = rows, points, max(rows, default=-1)
         self._metrics, self._keys, self._steps = metrics, keys, steps
+        self._hypers, self._hyper_keys = hypers, hyper_keys
         return True
 
 
 def _final(metric: str) -> Callable[[Trial], float]:
     return lambda t: np.nan if not t.metrics else t.metrics.get(metric, np.nan)
+
+
+def _hyper(name: str, cell: Callable[[Any], Any], missing: Any) -> Callable[[Trial], Any]:
+    """A trial's cell of hyper-parameter `name` (`cell` of its sequence; `missing` if its
+    config lacks it)."""
+    return lambda t: missing if name not in t.config else cell(t.config[name])
+
+
+def _last(name: str) -> Callable[[Trial], str]:
+    """A trial's value of hyper-parameter `name` at the last step it reached, as JSON."""
+    return lambda t: "null" if name not in t.config else _json(last_value(t.config[name], t.reached))
+
+
+def _json(value: Any) -> str:
+    """A hyper-parameter's value (a JSON scalar, NaN or None) as JSON text that reads back
+    the same value of the same type."""
+    return json.dumps(value.item() if isinstance(value, np.generic) else value)
 
 
 def _snapshot(trial: Trial) -> tuple:
@@ -290,12 +348,15 @@ def _put_rows(
     dirty: list[int],
     value: Callable[[Trial], Any],
     whole: bool,
+    kept: int,
 ) -> int:
     """Write the rows `dirty` (sorted row numbers) of the per-trial array `name`, one chunk
-    of `_CHUNK_ROWS` rows at a time: each chunk holding a dirty row is written whole (its
-    rows from `order`, the trial ids by row); the array is created, grown or, with `whole`
-    or another layout (a group written before chunks were fixed), made anew. Returns the
-    chunks written."""
+    of `_CHUNK_ROWS` rows at a time: each chunk holding a dirty row is written whole, its
+    dirty rows and those from `kept` on (the rows no write stored yet) from `order` (the
+    trial ids by row), its other rows as stored (so a write works out the cells of the trials
+    that changed, not of every trial in their chunks); the array is created, grown or, with
+    `whole` or another layout (a group written before chunks were fixed), made anew.
+    Returns the chunks written."""
     length = len(order)
     kind = _text([]).dtype if dtype == "text" else np.dtype(dtype)
     array = group.get(name)
@@ -303,15 +364,22 @@ def _put_rows(
         array, whole = None, True
     if array is None or whole:
         array = _create(group, name, shape=(length,), dtype=kind, chunks=(_CHUNK_ROWS,), overwrite=True)
-        dirty = list(range(length))
+        dirty, kept = list(range(length)), 0
     elif array.shape != (length,):
         array.resize((length,))
-    chunks = sorted({row // _CHUNK_ROWS for row in dirty})
-    for chunk in chunks:
+    by_chunk: dict[int, list[int]] = {}
+    for row in dirty:
+        by_chunk.setdefault(row // _CHUNK_ROWS, []).append(row)
+    for chunk, rows in sorted(by_chunk.items()):
         begin, end = chunk * _CHUNK_ROWS, min((chunk + 1) * _CHUNK_ROWS, length)
-        values = [value(trials[i]) for i in order[begin:end]]
+        stored = min(end, kept)
+        values = array[begin:stored].tolist() if begin < stored else []
+        for row in rows:
+            if row < stored:
+                values[row - begin] = value(trials[order[row]])
+        values.extend(value(trials[i]) for i in order[begin + len(values) : end])
         array[begin:end] = _text(values) if dtype == "text" else np.array(values, dtype=kind)
-    return len(chunks)
+    return len(by_chunk)
 
 
 # --------------------------------------------------------------------------- reading
@@ -398,8 +466,14 @@ class StudyResults:
     def trials(self):
         """A DataFrame indexed by trial id: status, steps, final metrics, one column per
         hyper-parameter (a constant's value; a schedule's text, ``NAME/first`` and
-        ``NAME/last``), error and config (canonical JSON); `dagtune.frames` says exactly."""
-        return trials_table(self.rows())
+        ``NAME/last``), error and config (canonical JSON); `dagtune.frames` says exactly.
+
+        Built from the group's columns, hyper-parameters from their cells the writer stored;
+        a group written before those (format ``dagtune-results/2`` or older) parses each
+        row's config instead (`rows`), to the same frame."""
+        if self.group.attrs.get("format") != FORMAT or "hyperparameters" not in self.group.attrs:
+            return trials_table(self.rows())
+        return _stored_frame(self.group, self.metrics, dict(self.group.attrs["hyperparameters"]))
 
     def curve(self, metric: str):
         """A DataFrame of `metric`: one row per trial, one column per step from 0 (column
@@ -415,6 +489,50 @@ class StudyResults:
             index=pd.Index(self.group["trial_id"][:], name="trial_id", dtype="int64"),
             columns=pd.RangeIndex(steps, name="step"),
         )
+
+
+def _stored_frame(group: Any, metrics: Mapping[str, str], hypers: Mapping[str, str]):
+    """The trials frame of `group` (format `FORMAT`) from its columns, without a config
+    parsed: what `trials_table` makes of its rows (`StudyResults.rows`), cell for cell."""
+    ids = group["trial_id"][:]
+    # the writer keeps the rows in trial id order: sorted again only if they are not
+    order = slice(None) if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
+
+    def column(name: str) -> list:
+        return group[name][:][order].tolist()
+
+    finals = {}
+    for metric in sorted(metrics):
+        values = group[f"final/{metrics[metric]}"][:][order]
+        if not np.isnan(values).all():  # a metric no trial has a value of has no column
+            finals[metric] = values.tolist()
+    columns = {}
+    for hyper in sorted(hypers):
+        key = hypers[hyper]
+        schedule = column(f"hyper/{key}/schedule")  # "": the trial's config lacks it
+        if not any(schedule):
+            continue
+        first = _json_cells(column(f"hyper/{key}/first"))
+        if bool(np.all(group[f"hyper/{key}/constant"][:])):
+            columns[hyper] = HyperColumn(True, first, [], [])
+        else:
+            last = _json_cells(column(f"hyper/{key}/last"))
+            columns[hyper] = HyperColumn(False, first, [text or None for text in schedule], last)
+    empty = config_dumps({})
+    return frame_of(
+        ids[order].tolist(),
+        [str(status) for status in column("status")],
+        column("steps"),
+        finals,
+        columns,
+        [str(error) for error in column("error")],
+        [str(text) or empty for text in column("config")],
+    )
+
+
+def _json_cells(texts: list[str]) -> list:
+    """JSON texts decoded, all in one call of the parser."""
+    return json.loads(f"[{','.join(texts)}]")
 
 
 def open_results(storage: str, name: str, storage_options: Mapping[str, Any] | None = None) -> StudyResults:

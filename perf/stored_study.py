@@ -14,8 +14,9 @@ name files that are not written (nothing here loads them; `dagtune gc` would dro
 Last, the study's read index is written (`dagtune.study_index.rebuild_index`: what a study's
 writer does when it closes), so readers find what a closed study leaves.
 
-Stores are cached under ``/tmp/dagtune-perf-stores/{n}`` (a ``READY`` file marks a whole one;
-one made before read indexes gets its index on first use).
+Stores are cached under ``/tmp/dagtune-perf-stores/{n}-dagtune-results3`` (the results
+format this dagtune writes: a store an older writer left is not read as this one's; a
+``READY`` file marks a whole one; one made before read indexes gets its index on first use).
 
     python perf/stored_study.py 100000    # prints the storage directory
 """
@@ -34,6 +35,7 @@ from dagtune.config import config_to_json
 from dagtune.durable import index_path
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import CheckpointInfo, Trial
+from dagtune.results import FORMAT as RESULTS_FORMAT
 from dagtune.results import ResultsWriter, results_url
 from dagtune.study_index import rebuild_index
 
@@ -56,7 +58,7 @@ def _loss(warm: float, lr: float, step: int) -> float:
 
 def generate(n: int, cache: Path = CACHE) -> str:
     """The storage directory of a stored study of `n` trials (a multiple of 100), made once."""
-    directory = cache / str(n)
+    directory = cache / f"{n}-{RESULTS_FORMAT.replace('/', '')}"  # a store of each results format
     if (directory / "READY").exists():
         if not Path(index_path(f"{directory}/runs", NAME)).exists():
             rebuild_index(CheckpointStore(str(directory / "runs")), NAME)

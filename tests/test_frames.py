@@ -13,7 +13,9 @@ import zarr
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.results import FORMAT, results_url
+from dagtune.frames import row_of, trials_table
+from dagtune.records import Trial
+from dagtune.results import FORMAT, ResultsWriter, open_results, results_url
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 SPACE = dt.Grid(
@@ -120,3 +122,75 @@ def test_results_written_before_steps_counted_from_zero_read_the_same_and_are_re
     assert group.attrs["format"] == FORMAT and list(group["step"][:]) == [0, 1, 2, 3]
     after = dt.open_results(path, "old").curve("val_loss")
     pd.testing.assert_frame_equal(after.loc[[0, 1]], before)
+
+
+def _varied_trials() -> dict[int, Trial]:
+    """Trials whose hyper-parameters take every kind of cell: ints, strings, bools and None,
+    a schedule in some trials and a constant in others, one no trial after the first has, a
+    value that is not finite at the last step, and a trial that trained no step."""
+    configs = [
+        {
+            "lr": dt.Steps([0.1, 0.01], [2]),
+            "bs": 64,
+            "opt": "sgd",
+            "wd": dt.Exponential(0.1, 1.0),
+            "only": True,
+        },
+        {"lr": 0.3, "bs": 128, "opt": "adam", "wd": 0.0, "none": None},
+        {"lr": dt.MultiStep(0.1, [1], 0.5), "bs": 64, "opt": "sgd", "wd": dt.Exponential(1e300, 1e300)},
+        {"lr": dt.Linear(0.1, 0.2, 3), "bs": 32, "opt": "sgd", "wd": 1e-4},
+    ]
+    trials = {}
+    for i, config in enumerate(configs):
+        trial = Trial(i, dt.config.normalize_config(config), 4)
+        trial.curve = [(s, {"loss": 1.0 / (i + s)}) for s in range(1, 4 - (i == 3) * 3)]
+        trial.reported = len(trial.curve)
+        if i == 0:
+            trial.status, trial.metrics = "completed", trial.curve[-1][1]
+        trials[i] = trial
+    trials[1].status, trials[1].error = "failed", "Traceback: boom"
+    return trials
+
+
+def test_stored_hyper_parameter_cells_give_the_frame_the_configs_give(tmp_path):
+    """The frame `open_results` builds from the hyper-parameter cells the writer stored is,
+    cell for cell and dtype for dtype, the one parsing every row's config gives, and the one
+    a run's `Result.trials` shows of the same trials."""
+    trials = _varied_trials()
+    ResultsWriter(results_url(str(tmp_path), "s"), None, study="s", identity="x").write(trials)
+    results = open_results(str(tmp_path), "s")
+    assert results.group.attrs["format"] == FORMAT and "hyperparameters" in results.group.attrs
+    frame = results.trials
+    pd.testing.assert_frame_equal(frame, trials_table(results.rows()))
+    pd.testing.assert_frame_equal(frame, trials_table(row_of(t) for t in trials.values()))
+    assert {"lr/schedule", "lr/first", "lr/last", "bs", "opt", "only", "none"} <= set(frame.columns)
+    assert frame["bs"].dtype.kind == "i" and math.isnan(frame.loc[2, "wd/last"])
+    assert math.isnan(frame.loc[3, "lr/last"]) and frame.loc[1, "only"] is None
+    group = zarr.open_group(results_url(str(tmp_path), "s"), mode="a")
+    for name in ["trial_id", "status", "steps", "config", "error", "final/loss"]:
+        group[name][:] = group[name][:][[2, 0, 3, 1]]  # rows out of trial id order read the same
+    for hyper in ("lr", "bs", "opt", "wd", "only", "none"):
+        for cell in ("constant", "first", "schedule", "last"):
+            array = group[f"hyper/{hyper}/{cell}"]
+            array[:] = array[:][[2, 0, 3, 1]]
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, frame)
+
+
+def test_results_written_before_hyper_parameter_cells_read_the_same_and_gain_them(tmp_path):
+    """A group the previous dagtune wrote (format 2: no hyper-parameter cells) reads to the
+    same frame (each row's config parsed), and a study that resumes it writes them."""
+    trials = _varied_trials()
+    url = results_url(str(tmp_path), "s")
+    ResultsWriter(url, None, study="s", identity="x").write(trials)
+    expected = open_results(str(tmp_path), "s").trials
+    group = zarr.open_group(url, mode="a")
+    del group["hyper"]
+    attributes = dict(group.attrs)
+    del attributes["hyperparameters"]
+    group.attrs.put({**attributes, "format": "dagtune-results/2"})
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected)
+    trials[4] = Trial(4, dt.config.normalize_config({"lr": 0.2, "bs": 16, "opt": "sgd", "wd": 0.0}), 4)
+    ResultsWriter(url, None, study="s", identity="x").write(trials)
+    resumed = open_results(str(tmp_path), "s")
+    assert resumed.group.attrs["format"] == FORMAT and "hyper" in resumed.group
+    pd.testing.assert_frame_equal(resumed.trials, trials_table(row_of(t) for t in trials.values()))

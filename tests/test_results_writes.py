@@ -1,6 +1,7 @@
 """The results writer costs what changed (issue 24): a write after a few trials changed
-stores the same number of zarr chunks in a study of 3,000 trials as in one of 30,000,
-counted at the zarr store, and what it stores reads back exactly."""
+stores the same number of zarr chunks in a study of 3,000 trials as in one of 30,000 (the
+hyper-parameters' cells included), counted at the zarr store, and what it stores reads back
+exactly."""
 
 from __future__ import annotations
 
@@ -68,8 +69,16 @@ def _chunks_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
 def test_a_write_stores_the_chunks_that_changed_whatever_the_trial_count(tmp_path, stored_keys):
     small = _chunks_of_a_write(tmp_path, 3000, stored_keys)
     large = _chunks_of_a_write(tmp_path, 30000, stored_keys)
-    # 6 per-trial arrays x 3 chunks of rows, the curve's chunks of the 4 points, 1 of steps
-    assert len(large) == len(small) <= 6 * 3 + 4 + 1
+    # 10 per-trial arrays x 3 chunks of rows, the curve's chunks of the 4 points, 1 of steps
+    assert len(large) == len(small) <= 10 * 3 + 4 + 1
+    assert [k for k in large if k.startswith("hyper/")] == [  # lr's cells: its last value moves on
+        "hyper/lr/constant/c/29",
+        "hyper/lr/first/c/29",
+        "hyper/lr/last/c/0",
+        "hyper/lr/last/c/14",
+        "hyper/lr/last/c/29",
+        "hyper/lr/schedule/c/29",
+    ]
 
     results = open_results(str(tmp_path / "30000"), "s")
     frame = results.trials
@@ -82,8 +91,9 @@ def test_a_write_stores_the_chunks_that_changed_whatever_the_trial_count(tmp_pat
 
 
 def test_ids_configs_and_errors_are_written_only_where_they_changed(tmp_path, stored_keys):
-    """A trial's id and config never change: their chunks are stored for the rows added
-    (the last chunk here), not for the trials that moved on; its error where it changed."""
+    """A trial's id and config never change: their chunks (and those of its hyper-parameter
+    cells but the value at its last step) are stored for the rows added (the last chunk
+    here), not for the trials that moved on; its error where it changed."""
     writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
     trials = _trials(3000)
     assert writer.write(trials)
@@ -92,9 +102,15 @@ def test_ids_configs_and_errors_are_written_only_where_they_changed(tmp_path, st
     stored_keys.clear()
     assert writer.write(trials)
     chunks = sorted(k for k in stored_keys if not k.endswith("zarr.json"))
-    assert [k for k in chunks if k.startswith(("trial_id/", "config/", "error/"))] == [
+    assert [k for k in chunks if k.startswith(("trial_id/", "config/", "error/", "hyper/lr/"))] == [
         "config/c/2",
         "error/c/1",
+        "hyper/lr/constant/c/2",
+        "hyper/lr/first/c/2",
+        "hyper/lr/last/c/0",
+        "hyper/lr/last/c/1",
+        "hyper/lr/last/c/2",
+        "hyper/lr/schedule/c/2",
         "trial_id/c/2",
     ]
     assert len([k for k in chunks if k.startswith(("status/", "steps/"))]) == 6  # 3 chunks each
@@ -123,3 +139,30 @@ def test_rows_that_moved_are_written_again_in_trial_order(tmp_path):
     results = open_results(str(tmp_path), "s")
     assert list(results.trials.index) == [0, 1, 2, 3, 4]
     assert list(results.curve("loss")[0]) == pytest.approx([1.0 / (i + 1) for i in range(5)])
+
+
+def test_a_write_that_failed_halfway_is_done_whole_the_next_time(tmp_path, monkeypatch):
+    """Rows added by a write that failed after storing some chunks (a storage error) get
+    their ids, configs and cells when the write is tried again; the cells of the rows kept
+    are read back, not worked out again."""
+    import dagtune.results as results
+
+    writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(1500)
+    assert writer.write(trials)
+    _advance(trials)
+    put = results._put_rows
+
+    def failing(group, name, *args):
+        if name == "config":
+            raise OSError("storage went away")
+        return put(group, name, *args)
+
+    monkeypatch.setattr(results, "_put_rows", failing)
+    with pytest.raises(OSError):
+        writer.write(trials)
+    monkeypatch.setattr(results, "_put_rows", put)
+    assert writer.write(trials)
+    frame = open_results(str(tmp_path), "s").trials
+    assert list(frame.index) == list(range(1502)) and frame.loc[1501, "lr"] == 0.5
+    assert frame.loc[1024, "lr"] == pytest.approx(1.025) and frame.loc[750, "steps"] == 2
