@@ -968,6 +968,7 @@ def dashboard(
             port=port,
             refresh=refresh,
             allow_origins=origins,
+            read=lambda store, name, plans: study_view(store, name, plans).snapshot,  # its index, if current
         )
     except OSError as error:
         raise UserError(

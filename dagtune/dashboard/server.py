@@ -15,22 +15,41 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dagtune.catalog import StorageError, list_studies, load_study, open_storage
-from dagtune.study_index import study_view
+from dagtune.dashboard.snapshot import stored_snapshot
 
 __all__ = ["StoredSnapshots", "serve", "websocket_origins"]
 
 
-class StoredSnapshots:
-    """The latest snapshot of each study in storage (or of `names`), cached `refresh` s."""
+#: how a snapshot of a stored study is read: (store, study name, plans read so far) -> snapshot
+SnapshotReader = Callable[[Any, str, dict], dict]
 
-    def __init__(self, store: Any, names: list[str] | None = None, refresh: float = 5.0):
+
+def snapshot_from_journals(store: Any, name: str, plans: dict) -> dict:
+    """Study `name`'s snapshot read from its journals (`load_study`; `plans` shares the
+    model's plan between the studies of one refresh)."""
+    return stored_snapshot(load_study(store, name, plans))
+
+
+class StoredSnapshots:
+    """The latest snapshot of each study in storage (or of `names`), cached `refresh` s,
+    each read by `read` (`dagtune dashboard` passes the study's index when it is current:
+    `dagtune.study_index`, a module above this package)."""
+
+    def __init__(
+        self,
+        store: Any,
+        names: list[str] | None = None,
+        refresh: float = 5.0,
+        read: SnapshotReader = snapshot_from_journals,
+    ):
         self.store = store
         self.names = names
         self.refresh = refresh
+        self.read = read
         self._cache: dict[str, dict] = {}
         self._read_at = -float("inf")
 
@@ -40,7 +59,7 @@ class StoredSnapshots:
             plans: dict = {}
             for name in self.names or list_studies(self.store):
                 try:
-                    snapshot = study_view(self.store, name, plans).snapshot  # its index, if current
+                    snapshot = self.read(self.store, name, plans)
                 except StorageError:
                     continue  # created but not written yet
                 previous = self._cache.get(name)
@@ -103,11 +122,13 @@ def serve(
     refresh: float = 5.0,
     storage_options: Mapping[str, Any] | None = None,
     allow_origins: Iterable[str] = (),
+    read: SnapshotReader = snapshot_from_journals,
 ):
     """Start serving the page for `storage` at ``http://{address}:{port}/dagtune`` (port 0:
     a free one) to browsers at `websocket_origins` (plus `allow_origins`); returns the
     started `bokeh.server.server.Server` (``server.io_loop.start()`` runs it,
-    ``server.stop()`` stops it). Raises `StorageError` for unreadable storage."""
+    ``server.stop()`` stops it). Each study's snapshot is read by `read` (`StoredSnapshots`).
+    Raises `StorageError` for unreadable storage."""
     from bokeh.application import Application
     from bokeh.application.handlers.function import FunctionHandler
     from bokeh.server.server import Server
@@ -116,11 +137,11 @@ def serve(
 
     store = open_storage(storage, storage_options)
     for name in names or ():
-        load_study(store, name)  # a clear error for a study that is not there
+        read(store, name, {})  # a clear error for a study that is not there
     port = port or free_port(address)
 
     def make(doc: Any) -> None:
-        build_page(doc, StoredSnapshots(store, names, refresh), period_ms=int(refresh * 1000))
+        build_page(doc, StoredSnapshots(store, names, refresh, read), period_ms=int(refresh * 1000))
 
     server = Server(
         {"/dagtune": Application(FunctionHandler(make))},
