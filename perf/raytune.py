@@ -305,11 +305,11 @@ def distinct(configs: list[dict], epochs: int) -> list[dict]:
 def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
     """Grid and ASHA on Ray Tune and dagtune; returns rows, headline ratios and accounts.
 
-    Smoke runs train 4 distinct trials for 3 epochs (Ray Tune included when it is installed,
+    Smoke runs train 4 distinct trials for 2 epochs (Ray Tune included when it is installed,
     `ray=False` leaves it out)."""
     from digits import search_space
 
-    epochs = 3 if mode == "smoke" else EPOCHS
+    epochs = 2 if mode == "smoke" else EPOCHS
     configs = list(search_space())
     if mode == "smoke":
         configs = distinct(configs, epochs)[:4]

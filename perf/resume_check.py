@@ -10,8 +10,8 @@ Measured side by side, alternating which setting goes first, in CPU seconds (on 
 other work shares, wall time varies by tens of percent from run to run; the CPU time a
 process spends varies far less): `run_alone` of the digits CNN written by hand
 (`examples/digits_trainer.py`; its check runs after the first step, in memory), the median
-of 7 runs each (3 in smoke mode); and the first 12 configs of the digits grid of
-`examples/digits.py` (162 unique epochs of 30-epoch trials; 6 epochs in smoke mode) as a
+of 7 runs each (1 run of 2 epochs in smoke mode); and the first 12 configs of the digits grid of
+`examples/digits.py` (162 unique epochs of 30-epoch trials; 4 configs of 2 epochs in smoke mode) as a
 study on the embedded cluster of 2 workers, each setting on fresh storage, the median of 3
 rounds (1 in smoke mode): the CPU seconds of the two worker processes over the run (training,
 checkpoints, the check, Dask's own work), and the wall time for reference.
@@ -78,15 +78,15 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         "momentum": 0.9,
         "weight_decay": 5e-4,
     }
-    steps = {"smoke": 6, "quick": 30, "full": 30}[mode]
-    repeats = {"smoke": 3, "quick": 7, "full": 9}[mode]
+    steps = {"smoke": 2, "quick": 30, "full": 30}[mode]
+    repeats = {"smoke": 1, "quick": 7, "full": 9}[mode]
     _alone(hand_written, config, 2, 0)  # warm up: imports, the data set's cache
     alone: dict[int, list[float]] = {1: [], 0: []}
     for i in range(repeats):
         for check in (1, 0) if i % 2 == 0 else (0, 1):
             alone[check].append(_alone(hand_written, config, steps, check))
     space = list(search_space())
-    trials, epochs = {"smoke": (12, 6), "quick": (12, 30), "full": (36, 30)}[mode]
+    trials, epochs = {"smoke": (4, 2), "quick": (12, 30), "full": (36, 30)}[mode]
     rounds = {"smoke": 1, "quick": 3, "full": 3}[mode]
     studies: dict[int, list[dict[str, float]]] = {1: [], 0: []}
     for i in range(rounds):
