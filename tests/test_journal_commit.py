@@ -99,51 +99,53 @@ def test_a_group_writes_its_journals_in_their_order(tmp_path, journal_fsyncs):
     assert [p.rsplit("/", 2)[-2] for p in journal_fsyncs] == ["plan", "rec", "rec"]
 
 
-def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_path):
+def _failing_journal(tmp_path) -> tuple:
+    """A journal whose directory can't be made (a file stands at its parent's place) and
+    whose first record, "a", waits in a group commit of 10 ms; and that file."""
     fs = dt.CheckpointStore(str(tmp_path)).fs
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the journal's directory should be")
     journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
     journal.append({"r": "a"})
+    return blocked, journal
+
+
+def _written(blocked, journal: Journal) -> list[bytes]:
+    """The first letter of each record's "r" that `journal` wrote."""
+    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
+    return [line.split(b'"r":"')[1][:1] for line in lines]
+
+
+def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_path):
+    blocked, journal = _failing_journal(tmp_path)
     _wait_for_committers()  # the background commit failed, and kept its error
     with pytest.raises(OSError):
         journal.append({"r": "b"})
     blocked.unlink()
     journal.flush()
-    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
-    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a", b"b"]
+    assert _written(blocked, journal) == [b"a", b"b"]
 
 
 def test_a_commit_after_storage_came_back_writes_the_kept_records_instead_of_raising(tmp_path):
     """Closing a study after an outage: the background commit failed during it, storage is
     back, and the flush at close writes everything rather than raising the old failure."""
-    fs = dt.CheckpointStore(str(tmp_path)).fs
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where the journal's directory should be")
-    journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
-    journal.append({"r": "a"})
+    blocked, journal = _failing_journal(tmp_path)
     _wait_for_committers()  # the background commit failed, and kept its error
     blocked.unlink()
     journal.flush()  # storage is back: written, nothing raised
     journal.append({"r": "b"}, sync=True)  # the failure is over: appending raises nothing either
-    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
-    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a", b"b"]
+    assert _written(blocked, journal) == [b"a", b"b"]
 
 
 def test_a_commit_while_storage_is_still_failing_raises_its_own_error_and_keeps_the_records(tmp_path):
-    fs = dt.CheckpointStore(str(tmp_path)).fs
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where the journal's directory should be")
-    journal = Journal(fs, str(blocked / "journal"), commit=GroupCommit(0.01))
-    journal.append({"r": "a"})
+    blocked, journal = _failing_journal(tmp_path)
     _wait_for_committers()
     for _ in range(2):  # every try raises while it fails
         with pytest.raises(OSError):
             journal.flush()
     blocked.unlink()
     journal.flush()
-    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
-    assert [line.split(b'"r":"')[1][:1] for line in lines] == [b"a"]
+    assert _written(blocked, journal) == [b"a"]
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "inf"])
