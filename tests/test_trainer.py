@@ -56,6 +56,16 @@ def test_seed_everything_is_reproducible():
     assert draws() != first
 
 
+def test_seed_everything_seeds_torch_as_torch_manual_seed_does():
+    for seed in (0, 7, 2**40 + 3):
+        torch.manual_seed(seed)
+        expected = torch.rand(5), torch.get_rng_state()
+        torch.manual_seed(seed + 1)
+        seed_everything(seed)
+        assert torch.equal(torch.rand(5), expected[0])
+        assert torch.equal(torch.get_rng_state(), expected[1])
+
+
 def test_seed_everything_accepts_large_seeds_and_rejects_bad_ones():
     seed_everything(2**40 + 3)
     a = draws()
