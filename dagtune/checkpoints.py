@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -39,7 +40,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
-import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.errors import DagtuneError
@@ -224,6 +224,8 @@ class CheckpointStore:
                 f"{path}: has {len(data)} bytes, the {MARKER} marker says {marker['nbytes']} "
                 "(truncated or overwritten)"
             )
+        import torch  # the checkpoints' format: reading a store's records and markers needs none
+
         # hashed on another thread while torch reads the same bytes (hashlib releases the GIL);
         # what was loaded is given back only if the hash matches
         with _Digest(data) as digest:
@@ -450,8 +452,15 @@ def _write_synced(path: str, data: bytes | memoryview) -> None:
 
 # --------------------------------------------------------------------------- serialization
 
-# types torch.load(weights_only=True) always accepts; anything else is checked by loading
-_PLAIN_LEAVES = frozenset({bool, int, float, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+
+@functools.cache
+def _plain_leaves() -> frozenset[type]:
+    """The types torch.load(weights_only=True) always accepts; anything else is checked by loading."""
+    import torch  # the checkpoints' format: reading a store's records and markers needs none
+
+    return frozenset({bool, int, float, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+
+
 _CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
 
 
@@ -470,6 +479,8 @@ def _serialize(state: dict) -> io.BytesIO:
         "which torch.load(weights_only=True) refuses; a checkpoint state may hold only tensors, "
         "numbers, strings, bools, None and lists, tuples and dicts of those"
     )
+    import torch  # the checkpoints' format: reading a store's records and markers needs none
+
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
@@ -526,7 +537,7 @@ def _short(error: Exception) -> str:
 def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
     """The first part of `value` that is not a plain leaf or container, as (where, type)."""
     kind = type(value)
-    if kind in _PLAIN_LEAVES:
+    if kind in _plain_leaves():
         return None
     if kind not in _CONTAINERS:
         return where, kind.__qualname__

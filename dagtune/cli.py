@@ -46,14 +46,10 @@ from dagtune.catalog import (
     stored_studies,
 )
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import check_fuse
 from dagtune.errors import DagtuneError
 from dagtune.gc import GcPolicy
-from dagtune.launch import SetupError, load_setup
 from dagtune.progress import watch
 from dagtune.records import COMPLETED, PENDING
-from dagtune.restore import stored_model
-from dagtune.security import tls_from_files
 from dagtune.study_index import status_figures, study_status, study_view
 from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
@@ -108,8 +104,6 @@ def _user_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         try:
             return command(*args, **kwargs)
-        except SetupError as error:
-            raise UserError(str(error), error.hint) from None
         except StudyNameError as error:
             raise UserError(f"--study {error}", "`dagtune status STORAGE` lists the studies there") from None
         except StorageReadError as error:
@@ -191,6 +185,8 @@ def _security(
             f"{given[0]} needs --tls-ca-file and --tls-cert too",
             "give the CA file and this process's certificate (and --tls-key unless the certificate holds it)",
         )
+    from dagtune.security import tls_from_files  # loads the executors (the simulated one: torch)
+
     try:
         return tls_from_files(ca_file, cert, key)
     except ValueError as error:
@@ -378,7 +374,14 @@ def run(
     parsed = _parse_resources(resources)
     security = _security(scheduler, no_tls, tls_ca_file, tls_cert, tls_key)
     fused = _parse_fuse(fuse)
-    setup = load_setup(target)
+    from dagtune.launch import SetupError, load_setup  # loads the study, torch and the algorithms
+
+    try:
+        setup = load_setup(target)
+    except SetupError as error:
+        if _debug():
+            raise
+        raise UserError(str(error), error.hint) from None
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
     options = dict(setup.options)
@@ -507,6 +510,8 @@ def _parse_fuse(value: str | None) -> bool | int | None:
 
 
 def _check_fuse(fuse: bool | int, trainer: type) -> None:
+    from dagtune.coordinator import check_fuse  # loads the fusion check and torch
+
     try:
         check_fuse(fuse, trainer)
     except ValueError as error:
@@ -895,6 +900,8 @@ def export(
     import os
 
     import torch
+
+    from dagtune.restore import stored_model  # loads torch and the worker's runner
 
     check_study_name(study)
     store = open_storage(storage)

@@ -30,12 +30,11 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.coordinator import Coordinator
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
     COMPLETED,
@@ -50,6 +49,9 @@ from dagtune.records import (
 from dagtune.results import ResultsWriter, results_url
 from dagtune.storage_retry import RetryingFileSystem, StorageRetry
 from dagtune.study_lease import StudyLease
+
+if TYPE_CHECKING:
+    from dagtune.coordinator import Coordinator
 
 __all__ = [
     "Leases",

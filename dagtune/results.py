@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,9 +56,10 @@ from dagtune.frames import (
     value_at,
 )
 from dagtune.records import Trial, is_study_name
-from dagtune.restore import stored_model
 from dagtune.storage_retry import StorageRetry, single_attempt_options
-from dagtune.trainer import Trainer
+
+if TYPE_CHECKING:
+    from dagtune.trainer import Trainer
 
 __all__ = ["ResultsWriter", "StudyResults", "open_results", "results_url"]
 
@@ -408,6 +409,8 @@ class StudyResults:
     def _model(self, trial_id: int, trainer: Any, trainer_kwargs: Mapping[str, Any] | None):
         if self.storage is None or self.name is None:
             raise ValueError("these results were not opened with dt.open_results: no storage to load from")
+        from dagtune.restore import stored_model  # loads torch and the worker's runner: reading needs neither
+
         store = CheckpointStore(self.storage, self._storage_options)
         return stored_model(store, self.name, trial_id, trainer=trainer, trainer_kwargs=trainer_kwargs)
 

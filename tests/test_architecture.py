@@ -16,8 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: Optional or slow-to-load libraries: `import dagtune` loads none of them, and a module that
 #: loads one may be imported inside a function (docs/architecture.md, "Imports inside functions").
+#: torch is one: training needs it, reading a store (`dagtune status`, `open_results`) does not.
 HEAVY = frozenset(
-    {"IPython", "bokeh", "dask", "dask_jobqueue", "distributed", "optuna", "ray", "tornado", "zarr"}
+    {"IPython", "bokeh", "dask", "dask_jobqueue", "distributed", "optuna", "ray", "tornado", "torch", "zarr"}
 )
 
 
@@ -40,6 +41,7 @@ class Module:
     path: Path
     imports: list[Import]
     heavy: set[str]  # HEAVY libraries it imports itself, at module level
+    lazy: bool  # a lazy face (PEP 562): its names' modules load on first use, not with it
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -53,6 +55,7 @@ class _Reader(ast.NodeVisitor):
         self.functions = self.type_checking = 0
         self.imports: list[Import] = []
         self.heavy: set[str] = set()
+        self.lazy = False
 
     def _in_function(self, node: ast.AST) -> None:
         self.functions += 1
@@ -60,6 +63,7 @@ class _Reader(ast.NodeVisitor):
         self.functions -= 1
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.lazy = self.lazy or (node.name == "__getattr__" and not self.functions)
         self._in_function(node)
 
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
@@ -120,13 +124,23 @@ def read_tree(top: str) -> dict[str, Module]:
         text = path.read_text()
         reader = _Reader(name, path.name == "__init__.py", known, text.splitlines(), top)
         reader.visit(ast.parse(text, str(path)))
-        modules[name] = Module(name, path, reader.imports, reader.heavy)
+        modules[name] = Module(name, path, reader.imports, reader.heavy, reader.lazy)
     return modules
+
+
+def defining(i: Import, modules: dict[str, Module]) -> list[str]:
+    """The modules import `i` loads: the one it names, or, for names taken from a lazy face,
+    the modules the face's ``TYPE_CHECKING`` imports take those names from."""
+    face = modules.get(i.target)
+    if face is None or not face.lazy or not i.names:
+        return [i.target]
+    return sorted({t.target for t in face.imports if t.type_only and set(t.names) & set(i.names)})
 
 
 def loads(modules: dict[str, Module]) -> dict[str, set[str]]:
     """The HEAVY libraries importing each module loads: its own, its packages' and those of
-    every module it imports at module level."""
+    every module it imports at module level (through a lazy face: the modules of the names
+    taken from it)."""
     loaded = {name: set(module.heavy) for name, module in modules.items()}
     changed = True
     while changed:
@@ -136,7 +150,12 @@ def loads(modules: dict[str, Module]) -> dict[str, set[str]]:
             parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
             for other in [
                 *parents,
-                *(i.target for i in module.imports if not i.in_function and not i.type_only),
+                *(
+                    t
+                    for i in module.imports
+                    if not i.in_function and not i.type_only
+                    for t in defining(i, modules)
+                ),
             ]:
                 loaded[name] |= loaded.get(other, set())
             changed = changed or len(loaded[name]) != before
@@ -275,7 +294,7 @@ def test_an_import_inside_a_function_loads_a_heavy_library_and_says_so():
     for i in internal_imports(modules):
         if not i.in_function:
             continue
-        gained = loaded[i.target] - loaded[i.source]
+        gained = set().union(*(loaded[t] for t in defining(i, modules))) - loaded[i.source]
         if not gained:
             wrong.append(
                 f"{where(i, modules)}: {i.target} loads nothing heavy {i.source} lacks: import it at the top"
@@ -288,6 +307,22 @@ def test_an_import_inside_a_function_loads_a_heavy_library_and_says_so():
 def test_importing_dagtune_loads_no_heavy_library():
     loaded = loads(read_tree("dagtune"))["dagtune"]
     assert not loaded, f"import dagtune loads {sorted(loaded)}"
+
+
+def test_the_modules_that_read_a_store_load_no_torch():
+    """The command line (status, tree, gc, the page), `open_results` and the study index read
+    storage without training: torch loads only where a model is trained or restored
+    (tests/test_lazy_imports.py checks the same in a fresh interpreter)."""
+    loaded = loads(read_tree("dagtune"))
+    readers = [
+        "dagtune.cli",
+        "dagtune.results",
+        "dagtune.study_index",
+        "dagtune.catalog",
+        "dagtune.dashboard",
+    ]
+    wrong = [name for name in readers if "torch" in loaded[name]]
+    assert not wrong, f"these load torch: {wrong}"
 
 
 def test_the_readme_layout_lists_the_layers_and_their_modules():

@@ -32,11 +32,43 @@ Its other parts: the running tasks and what they will deliver (`_running`), the 
 workers keep live (`_memory`), the points where later trials would branch off a path
 (`_branches`), which launches share a fused task (`_fusion`, `Study(fuse=...)`), and the
 figures of its report, each defined once (`_report`).
+
+The face is lazy (PEP 562), like the package's: a name loads its part on first use, so a
+reader of storage that asks `trial_figures` loads the report's figures, not the fusion check
+and torch behind `Coordinator` and `check_fuse`.
 """
 
-from dagtune.coordinator._coordinator import Coordinator
-from dagtune.coordinator._fusion import check_fuse
-from dagtune.coordinator._ledger import TrialListener
-from dagtune.coordinator._report import report_figures, trial_figures
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dagtune.coordinator._coordinator import Coordinator
+    from dagtune.coordinator._fusion import check_fuse
+    from dagtune.coordinator._ledger import TrialListener
+    from dagtune.coordinator._report import report_figures, trial_figures
 
 __all__ = ["Coordinator", "TrialListener", "check_fuse", "report_figures", "trial_figures"]
+
+#: Each public name -> the part that defines it.
+_WHERE = {
+    "Coordinator": "._coordinator",
+    "check_fuse": "._fusion",
+    "TrialListener": "._ledger",
+    "report_figures": "._report",
+    "trial_figures": "._report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the part behind a public name on first access, and keep the name."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
