@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -91,22 +92,36 @@ def _chained(study: dt.Study, lo: int, hi: int, n: int) -> None:
 
 
 def _interleaved(
-    runs: dict[tuple[str, str], Any], n: int, repeats: int
-) -> dict[tuple[str, str], list[float]]:
-    """Milliseconds per stage of each of `runs` ((what, cluster) -> run(lo, hi)) in each of
-    `repeats` rounds of ``n // repeats`` stages: every round runs every measurement once, in
-    an order rotated (and reversed every other round), so that a drift in the machine's load
-    favours none of them."""
+    runs: dict[tuple[str, str], Any], cpu: Callable[[], float], n: int, repeats: int
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+    """Milliseconds of wall time and of CPU time (`cpu`: seconds used so far) per stage of
+    each of `runs` ((what, cluster) -> run(lo, hi)) in each of `repeats` rounds of
+    ``n // repeats`` stages: every round runs every measurement once, in an order rotated
+    (and reversed every other round), so that a drift in the machine's load favours none of
+    them."""
     chunk = n // repeats
     names = list(runs)
-    per_stage: dict[tuple[str, str], list[float]] = {name: [] for name in names}
+    wall: dict[tuple[str, str], list[float]] = {name: [] for name in names}
+    used: dict[tuple[str, str], list[float]] = {name: [] for name in names}
     for round_ in range(repeats):
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order if round_ % 2 == 0 else order[::-1]:
-            began = time.perf_counter()
+            cpu_began, began = cpu(), time.perf_counter()
             runs[name](round_ * chunk, (round_ + 1) * chunk)
-            per_stage[name].append(1000 * (time.perf_counter() - began) / chunk)
-    return per_stage
+            wall[name].append(1000 * (time.perf_counter() - began) / chunk)
+            used[name].append(1000 * (cpu() - cpu_began) / chunk)
+    return wall, used
+
+
+def _cpu(clients: list[Any]) -> Callable[[], float]:
+    """CPU seconds used so far by this process (the study's coordinator, the Dask clients
+    and the embedded clusters' schedulers) and by every worker process of `clients`."""
+
+    def used() -> float:
+        workers = sum(sum(client.run(time.process_time).values()) for client in clients)
+        return time.process_time() + workers
+
+    return used
 
 
 def benchmark(mode: str = "quick") -> dict[str, Any]:
@@ -139,7 +154,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
             runs[RAW, name] = partial(_raw, clients[name])
             runs[INDEPENDENT, name] = partial(_independent, studies[name])
             runs[CHAINED, name] = partial(_chained, studies[name], n=n)
-        per_stage = _interleaved(runs, n, repeats)
+        per_stage, cpu_per_stage = _interleaved(runs, _cpu(list(clients.values())), n, repeats)
         loads = {name: dict(study.coordinator.loads) for name, study in studies.items()}
     rows = []
     for (what, name), values in per_stage.items():
@@ -153,12 +168,19 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
                 "ms_per_stage": ms,
                 "stages_per_second": 1000 / ms,
                 "worker_ms_per_stage": busy * ms,
+                "cpu_ms_per_stage": statistics.median(cpu_per_stage[what, name]),
                 "rounds": ", ".join(f"{v:.1f}" for v in values),
             }
         )
     overhead = {  # the median over rounds of each round's difference: measured side by side
         name: statistics.median(
             a - b for a, b in zip(per_stage[INDEPENDENT, name], per_stage[RAW, name], strict=True)
+        )
+        for name, _ in SETTINGS
+    }
+    cpu_overhead = {
+        name: statistics.median(
+            a - b for a, b in zip(cpu_per_stage[INDEPENDENT, name], cpu_per_stage[RAW, name], strict=True)
         )
         for name, _ in SETTINGS
     }
@@ -169,6 +191,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         "rows": rows,
         "overhead_ms_per_stage": overhead,
         "overhead_worker_ms_per_stage": {name: WORKERS * ms for name, ms in overhead.items()},
+        "overhead_cpu_ms_per_stage": cpu_overhead,
         "tls_ratio": {
             what: median[what, "TLS"] / median[what, "plain TCP"] for what in (RAW, INDEPENDENT, CHAINED)
         },
@@ -206,6 +229,7 @@ def markdown(result: dict[str, Any]) -> str:
             ("ms_per_stage", "wall ms/stage (median of rounds)"),
             ("stages_per_second", "stages/s"),
             ("worker_ms_per_stage", "worker-ms/stage (busy workers x wall)"),
+            ("cpu_ms_per_stage", "CPU ms/stage (all processes, median)"),
             ("rounds", "wall ms/stage of each round"),
         ],
     )
@@ -224,7 +248,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"**{overhead[tls]:.1f} ms of wall time per stage** over raw Dask with both workers busy (the "
         f"median over rounds of each round's difference), i.e. "
         f"**{result['overhead_worker_ms_per_stage'][tls]:.1f} ms of a worker's time per stage** "
-        f"({overhead[tcp]:.1f} ms on plain TCP). Studies on the durable default store (a local "
+        f"({overhead[tcp]:.1f} ms on plain TCP); in CPU time (this process, with the coordinator, "
+        "client and scheduler, plus both workers: what a loaded machine makes everyone wait for) "
+        f"**{result['overhead_cpu_ms_per_stage'][tls]:.1f} ms per stage** over raw Dask "
+        f"({result['overhead_cpu_ms_per_stage'][tcp]:.1f} ms on plain TCP). Studies on the durable default store (a local "
         "directory): every stage saves its checkpoint (data and commit marker fsynced). "
         f"TLS against plain TCP, side by side: raw Dask tasks {raw:.2f}x, "
         f"independent stages {independent:.2f}x, chained stages {chained:.2f}x the wall "
