@@ -62,25 +62,26 @@ def _serialize(state: dict) -> bytes:
 def _measure(store: CheckpointStore, raw_fs, raw_path: str, state: dict, repeats: int) -> dict[str, float]:
     data = _serialize(state)
     timings: dict[str, list[float]] = {"store_save": [], "store_load": [], "raw_write": [], "raw_read": []}
+    cpu: dict[str, list[float]] = {name: [] for name in timings}  # CPU seconds of this process
+
+    def timed(name: str, operation: Any) -> None:
+        cpu_began, began = time.process_time(), time.perf_counter()
+        operation()
+        timings[name].append(time.perf_counter() - began)
+        cpu[name].append(time.process_time() - cpu_began)
+
     raw_fs.makedirs(raw_path, exist_ok=True)
 
     def store_side(step: int) -> None:
-        began = time.perf_counter()
-        store.save(IDENTITY, NODE, step, state)
-        timings["store_save"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        store.load(IDENTITY, NODE, step)
-        timings["store_load"].append(time.perf_counter() - began)
+        timed("store_save", lambda: store.save(IDENTITY, NODE, step, state))
+        timed("store_load", lambda: store.load(IDENTITY, NODE, step))
         store.delete(IDENTITY, NODE, step)  # (untimed) S3's memory holds one copy at a time
 
     def raw_side(step: int) -> None:
-        began = time.perf_counter()
-        raw_fs.pipe_file(f"{raw_path}/{step}.pt", _serialize(state))
-        timings["raw_write"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        torch.load(io.BytesIO(raw_fs.cat_file(f"{raw_path}/{step}.pt")), weights_only=True)
-        timings["raw_read"].append(time.perf_counter() - began)
-        raw_fs.rm_file(f"{raw_path}/{step}.pt")
+        path = f"{raw_path}/{step}.pt"
+        timed("raw_write", lambda: raw_fs.pipe_file(path, _serialize(state)))
+        timed("raw_read", lambda: torch.load(io.BytesIO(raw_fs.cat_file(path)), weights_only=True))
+        raw_fs.rm_file(path)
 
     for step in range(1, repeats + 1):  # alternating which side goes first
         for side in (store_side, raw_side) if step % 2 else (raw_side, store_side):
@@ -96,6 +97,8 @@ def _measure(store: CheckpointStore, raw_fs, raw_path: str, state: dict, repeats
         **{f"{name}_mb_per_s": megabytes / seconds for name, seconds in median.items()},
         "save_ratio": statistics.median(ratios["save"]),
         "load_ratio": statistics.median(ratios["load"]),
+        "save_cpu_ratio": statistics.median(cpu["store_save"]) / statistics.median(cpu["raw_write"]),
+        "load_cpu_ratio": statistics.median(cpu["store_load"]) / statistics.median(cpu["raw_read"]),
         "save_ratios": ", ".join(f"{r:.2f}" for r in ratios["save"]),
         "load_ratios": ", ".join(f"{r:.2f}" for r in ratios["load"]),
     }
@@ -160,13 +163,17 @@ def markdown(result: dict[str, Any]) -> str:
                 ("store_load_mb_per_s", "store load MB/s"),
                 ("raw_read_mb_per_s", "raw read MB/s"),
                 ("load_ratio", "load time ratio"),
+                ("save_cpu_ratio", "save CPU ratio"),
+                ("load_cpu_ratio", "load CPU ratio"),
                 ("save_ratios", "save ratio of each repetition"),
                 ("load_ratios", "load ratio of each repetition"),
             ],
         )
         + f"\n\nMedian of {result['repeats']} repetitions, store and raw alternating which goes first; "
         "the ratios are the medians of each repetition's store time over its raw time (all of "
-        "them in the last two columns, save then load). Store save: torch.save streamed into a "
+        "them in the last two columns, save then load); the CPU ratios are the median CPU time "
+        "of this process (the hash thread's included) of the store over that of raw, which the "
+        "machine's load and the disk's fsync time do not change. Store save: torch.save streamed into a "
         "temporary file through a writer that hashes each chunk (SHA-256; a large chunk on a "
         "second thread while it is written), fsync, rename to the content-addressed name, then "
         "a commit marker (fsync); on S3 torch.save into memory, hashed as it is written, one "
