@@ -23,6 +23,7 @@ fsspec's exclusive ``mode="create"`` (``If-None-Match`` on S3).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -30,6 +31,7 @@ import hashlib
 import io
 import json
 import math
+import mmap
 import os
 import re
 import threading
@@ -213,36 +215,21 @@ class CheckpointStore:
         if marker is None:
             raise CheckpointError(f"no committed checkpoint at {directory}: the {MARKER} marker is missing")
         path = f"{directory}/{marker['file']}"
+        if self.local:
+            return _load_local(path, marker, map_location)
         # a retrying filesystem gives a large read the time its size needs (`dagtune.storage_retry`)
         sized = {"expected_bytes": marker["nbytes"]} if isinstance(self.fs, RetryingFileSystem) else {}
         try:
             data = self.fs.cat_file(path, **sized)  # one read: the bytes are hashed and loaded from it
         except FileNotFoundError:
             raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
-        if len(data) != marker["nbytes"]:
-            raise CheckpointError(
-                f"{path}: has {len(data)} bytes, the {MARKER} marker says {marker['nbytes']} "
-                "(truncated or overwritten)"
-            )
-        import torch  # the checkpoints' format: reading a store's records and markers needs none
-
-        # hashed on another thread while torch reads the same bytes (hashlib releases the GIL);
-        # what was loaded is given back only if the hash matches
-        with _Digest(data) as digest:
-            try:
-                state = torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
-            except Exception as error:
-                failure: Exception | None = error
-            else:
-                failure = None
-        if digest.hexdigest != marker["sha256"]:
-            raise CheckpointError(
-                f"{path}: sha256 is {digest.hexdigest}, the {MARKER} marker says {marker['sha256']} (corrupted)"
-            )
-        if failure is not None:
-            reason = _short(failure)
-            raise CheckpointError(f"{path}: cannot be loaded with weights_only=True: {reason}") from failure
-        return state
+        _check_size(path, len(data), marker)
+        # hashed on the hash thread while torch reads the same bytes; what was loaded is given
+        # back only if the hash matches
+        digest = _Sha256()
+        with digest.meanwhile(data):
+            state, failure = _torch_load(io.BytesIO(data), map_location)
+        return _verified(path, marker, digest.hexdigest(), state, failure)
 
     def points(self, identity: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
         """Every committed checkpoint of `identity` as ``(node, step, info)``, in node and step
@@ -336,13 +323,8 @@ class CheckpointStore:
         existing = self._read_marker(directory)
         if existing is not None:
             return CheckpointInfo(existing["nbytes"], existing["sha256"])
-        buffer = _serialize(state)
-        data = buffer.getbuffer()  # no copy: hashed and written from torch.save's buffer
-        try:
-            sha = self._write_data(directory, data)
-            name, nbytes = f"state-{sha[:16]}.pt", len(data)
-        finally:
-            data.release()
+        sha, nbytes = self._write_data(directory, state)
+        name = f"state-{sha[:16]}.pt"
         marker = json.dumps(
             {"format": FORMAT_VERSION, "file": name, "nbytes": nbytes, "sha256": sha}, sort_keys=True
         ).encode()
@@ -358,28 +340,38 @@ class CheckpointStore:
             f"{directory}: could not commit; the checkpoint is being saved and deleted concurrently"
         )
 
-    def _write_data(self, directory: str, data: memoryview) -> str:
-        """Write `data` as the data file named by its hash (``state-<sha256[:16]>.pt``) in
-        `directory`; returns the sha256. On a local disk the bytes are hashed on another
-        thread while they are written and fsynced under a temporary name, then renamed."""
+    def _write_data(self, directory: str, state: dict) -> tuple[str, int]:
+        """Serialize `state` into the data file named by its hash (``state-<sha256[:16]>.pt``)
+        in `directory`, hashing the bytes as torch.save writes them; returns the sha256 and
+        the size. On a local disk torch.save writes straight into a temporary file (no copy
+        of the bytes in memory), fsynced, then renamed; elsewhere into memory, then one
+        whole object."""
+        checked = _checked(state)  # refused before anything is written
         if not self.local:
-            sha = hashlib.sha256(data).hexdigest()
+            buffer = io.BytesIO()
+            writer = _HashingWriter(buffer)
+            _save_into(state, checked, writer)
             self.fs.makedirs(directory, exist_ok=True)
-            self.fs.pipe_file(f"{directory}/state-{sha[:16]}.pt", bytes(data))  # a whole object at once
-            return sha
+            # getvalue shares torch.save's buffer (no copy); the object appears whole at once
+            self.fs.pipe_file(f"{directory}/state-{writer.hexdigest()[:16]}.pt", buffer.getvalue())
+            return writer.hexdigest(), writer.nbytes
         os.makedirs(directory, exist_ok=True)
         tmp = f"{directory}/state.tmp-{uuid.uuid4().hex}"
         try:
-            with _Digest(data) as digest:
-                _write_synced(tmp, data)
-            path = f"{directory}/state-{digest.hexdigest[:16]}.pt"
-            if not (os.path.exists(path) and os.path.getsize(path) == len(data)):
+            with open(tmp, "wb") as file:
+                writer = _HashingWriter(file)
+                _save_into(state, checked, writer)
+                file.flush()
+                os.fsync(file.fileno())
+            sha = writer.hexdigest()
+            path = f"{directory}/state-{sha[:16]}.pt"
+            if not (os.path.exists(path) and os.path.getsize(path) == writer.nbytes):
                 os.replace(tmp, path)  # atomic: readers see no file or the whole file
             # else: the same content (the name is its hash), written completely by another writer
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        return digest.hexdigest
+        return sha, writer.nbytes
 
     def _create_marker(self, path: str, payload: bytes) -> bool:
         """Write the marker if there is none; False if one exists already."""
@@ -467,57 +459,181 @@ _CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
 def serialize_state(state: dict) -> bytes:
     """``torch.save`` of `state` into bytes, refused (TypeError) unless
     ``torch.load(weights_only=True)`` can read it back."""
-    return _serialize(state).getvalue()
+    import torch  # the checkpoints' format: reading a store's records and markers needs none
+
+    checked = _checked(state)
+    if checked is not None:
+        return checked.getvalue()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
 
 
-def _serialize(state: dict) -> io.BytesIO:
-    """`serialize_state`, in the buffer torch.save wrote (no copy of the bytes)."""
+def _save_into(state: dict, checked: io.BytesIO | None, sink: Any) -> None:
+    """``torch.save`` of `state` into `sink` (a binary file-like object), given what
+    `_checked` said of it."""
+    if checked is None:
+        import torch  # the checkpoints' format: reading a store's records and markers needs none
+
+        torch.save(state, sink)
+    else:
+        sink.write(checked.getbuffer())
+
+
+_REFUSAL = (
+    "which torch.load(weights_only=True) refuses; a checkpoint state may hold only tensors, "
+    "numbers, strings, bools, None and lists, tuples and dicts of those"
+)
+
+
+def _checked(state: dict) -> io.BytesIO | None:
+    """Refuse (TypeError) a `state` that ``torch.load(weights_only=True)`` can't read back.
+    None for a state of plain leaves and containers (torch.save may stream it wherever it
+    goes); a state holding anything else is saved into memory and loaded back there to let
+    torch decide, and that saved copy is returned."""
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
     unusual = _first_unusual(state, "state")
-    refusal = (
-        "which torch.load(weights_only=True) refuses; a checkpoint state may hold only tensors, "
-        "numbers, strings, bools, None and lists, tuples and dicts of those"
-    )
+    if unusual is None:
+        return None
+    where, kind = unusual
     import torch  # the checkpoints' format: reading a store's records and markers needs none
 
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
     except Exception as error:
-        if unusual is None:
-            raise
-        where, kind = unusual
-        raise TypeError(f"{where} is of type {kind}, {refusal} (torch.save: {_short(error)})") from error
-    if unusual is not None:  # not obviously safe: let torch decide
-        buffer.seek(0)
-        try:
-            torch.load(buffer, weights_only=True)
-        except Exception as error:
-            where, kind = unusual
-            raise TypeError(f"{where} is of type {kind}, {refusal} ({_short(error)})") from None
+        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} (torch.save: {_short(error)})") from error
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as error:
+        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} ({_short(error)})") from None
     return buffer
 
 
-class _Digest:
-    """The sha256 of `data`, computed on a thread of its own inside the ``with`` block
-    (hashlib releases the GIL), so that reading or writing the same bytes overlaps it;
-    `hexdigest` once the block is left."""
+#: a chunk this large is hashed on the hash thread while it is written (or read) elsewhere;
+#: a smaller one is hashed at once (a hand-over would cost more than the hash)
+_OVERLAP_BYTES = 1 << 20
 
-    def __init__(self, data: bytes | memoryview):
-        self._data = data
-        self.hexdigest = ""
-        self._thread = threading.Thread(target=self._run, name="dagtune-checkpoint-hash", daemon=True)
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, the hash thread)
+_POOL_LOCK = threading.Lock()
 
-    def _run(self) -> None:
-        self.hexdigest = hashlib.sha256(self._data).hexdigest()
 
-    def __enter__(self) -> _Digest:
-        self._thread.start()
-        return self
+def _hash_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's hash thread (hashlib releases the interpreter lock on large inputs, so
+    it runs beside the I/O or torch.load of the same bytes); made again in a forked child."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(1, "dagtune-checkpoint-hash"))
+        return _POOL[1]
 
-    def __exit__(self, *exc: object) -> None:
-        self._thread.join()
+
+class _Sha256:
+    """A sha256 and the byte count of what it hashed, fed in order; a large input is hashed
+    on the hash thread `meanwhile` the caller does something else with the same bytes."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.nbytes = 0
+
+    @contextlib.contextmanager
+    def meanwhile(self, data: bytes | memoryview | mmap.mmap) -> Iterator[None]:
+        """Hash `data` while the ``with`` block runs; it is hashed when the block is left."""
+        size = len(data) if not isinstance(data, memoryview) else data.nbytes
+        self.nbytes += size
+        if size < _OVERLAP_BYTES:
+            self._sha.update(data)
+            yield
+            return
+        pending = _hash_thread().submit(self._sha.update, data)
+        try:
+            yield
+        finally:
+            pending.result()
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _HashingWriter:
+    """A binary file-like object that hashes each chunk on its way into `sink` (a file or a
+    BytesIO): what ``torch.save`` writes is hashed as it is written, with no copy."""
+
+    def __init__(self, sink: Any):
+        self.sink = sink
+        self.digest = _Sha256()
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data)
+        with self.digest.meanwhile(view):
+            self.sink.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    @property
+    def nbytes(self) -> int:
+        return self.digest.nbytes
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _load_local(path: str, marker: Mapping[str, Any], map_location: Any) -> dict:
+    """Load the data file at `path` on a local disk: torch.load reads it from the open file
+    (no copy of its bytes in memory) while the hash thread hashes the same file, mapped
+    into memory; the state is given back only if size and hash match the marker."""
+    try:
+        file = open(path, "rb")  # noqa: SIM115 - closed below, after the mapping
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: data file missing, though {MARKER} names it") from None
+    with file:
+        _check_size(path, os.fstat(file.fileno()).st_size, marker)
+        digest = _Sha256()
+        if marker["nbytes"] == 0:  # nothing to map; torch.load says what is wrong
+            state, failure = _torch_load(file, map_location)
+        else:
+            with (
+                mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                digest.meanwhile(mapped),
+            ):
+                state, failure = _torch_load(file, map_location)
+        return _verified(path, marker, digest.hexdigest(), state, failure)
+
+
+def _check_size(path: str, nbytes: int, marker: Mapping[str, Any]) -> None:
+    if nbytes != marker["nbytes"]:
+        raise CheckpointError(
+            f"{path}: has {nbytes} bytes, the {MARKER} marker says {marker['nbytes']} "
+            "(truncated or overwritten)"
+        )
+
+
+def _torch_load(source: Any, map_location: Any) -> tuple[Any, Exception | None]:
+    """``torch.load(weights_only=True)`` of `source`, or its failure (reported only once the
+    hash is known: a corrupted file is called corrupted, not unloadable)."""
+    import torch  # the checkpoints' format: reading a store's records and markers needs none
+
+    try:
+        return torch.load(source, weights_only=True, map_location=map_location), None
+    except Exception as error:
+        return None, error
+
+
+def _verified(path: str, marker: Mapping[str, Any], sha: str, state: Any, failure: Exception | None) -> dict:
+    """`state`, loaded from `path`, if its bytes hashed to the marker's sha256 and it loaded."""
+    if sha != marker["sha256"]:
+        raise CheckpointError(
+            f"{path}: sha256 is {sha}, the {MARKER} marker says {marker['sha256']} (corrupted)"
+        )
+    if failure is not None:
+        raise CheckpointError(
+            f"{path}: cannot be loaded with weights_only=True: {_short(failure)}"
+        ) from failure
+    return state
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -535,22 +651,32 @@ def _short(error: Exception) -> str:
 
 
 def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
-    """The first part of `value` that is not a plain leaf or container, as (where, type)."""
+    """The first part of `value` that is not a plain leaf or container, as (where, type).
+    Plain leaves are passed over where they are met, without making their place's name (a
+    state's RNG holds hundreds of ints)."""
     kind = type(value)
     if kind in _plain_leaves():
         return None
     if kind not in _CONTAINERS:
         return where, kind.__qualname__
     if kind in (list, tuple):
-        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+        parts = (
+            (lambda i=i: f"{where}[{i}]", item)
+            for i, item in enumerate(value)
+            if type(item) not in _plain_leaves()
+        )
     else:
-        items = (
+        parts = (
             pair
             for key, item in value.items()
-            for pair in ((f"{where} key {key!r}", key), (f"{where}[{key!r}]", item))
+            for pair in (
+                (lambda key=key: f"{where} key {key!r}", key),
+                (lambda key=key: f"{where}[{key!r}]", item),
+            )
+            if type(pair[1]) not in _plain_leaves()
         )
-    for place, item in items:
-        found = _first_unusual(item, place)
+    for place, part in parts:
+        found = _first_unusual(part, place())
         if found is not None:
             return found
     return None

@@ -338,6 +338,12 @@ class MemberPath:
         ]
 
     @property
+    def finished(self) -> bool:
+        """No directive can make it train another step: it reached its path's end, was
+        halted, or its end (or failure) is sent. Its directive need not be read again."""
+        return self.done or self.halted or self.position >= self.task.end
+
+    @property
     def paused(self) -> bool:
         """At the boundary the coordinator asked to pause at (its checkpoint is saved)."""
         return self.position == self.directive.pause_at and self.task.start < self.position < self.task.end

@@ -2,11 +2,12 @@
 
 Both sides serialize and deserialize the same state on the same filesystem: the raw
 baseline is ``torch.save`` into memory and one fsspec write, one fsspec read and
-``torch.load(weights_only=True)``; the store adds a SHA-256 of the bytes (on a second
-thread, while they are written or while torch.load reads them), a content-addressed data
-file, a commit marker (and fsync of both on local disk) and its checks on load (size, hash:
-a state is returned only if it matches). Measured side by side, alternating, on local disk
-and on an S3 endpoint on loopback (moto's server), best of 3 (5 with --full). The load
+``torch.load(weights_only=True)``; the store adds a SHA-256 of the bytes (hashed as
+torch.save writes them, and on a second thread while torch.load reads them), a
+content-addressed data file, a commit marker (and fsync of both on local disk) and its
+checks on load (size, hash: a state is returned only if it matches). Measured side by side,
+alternating, on local disk and on an S3 endpoint on loopback (moto's server), median of 7
+repetitions (11 with --full). The load
 average of the machine at the start is given: the ratios are wall times, and on a machine
 busy with other work both sides slow down unevenly.
 """
@@ -16,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import socket
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -59,36 +62,52 @@ def _serialize(state: dict) -> bytes:
 def _measure(store: CheckpointStore, raw_fs, raw_path: str, state: dict, repeats: int) -> dict[str, float]:
     data = _serialize(state)
     timings: dict[str, list[float]] = {"store_save": [], "store_load": [], "raw_write": [], "raw_read": []}
+    cpu: dict[str, list[float]] = {name: [] for name in timings}  # CPU seconds of this process
+
+    def timed(name: str, operation: Any) -> None:
+        cpu_began, began = time.process_time(), time.perf_counter()
+        operation()
+        timings[name].append(time.perf_counter() - began)
+        cpu[name].append(time.process_time() - cpu_began)
+
     raw_fs.makedirs(raw_path, exist_ok=True)
-    for step in range(1, repeats + 1):
-        began = time.perf_counter()
-        store.save(IDENTITY, NODE, step, state)
-        timings["store_save"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        store.load(IDENTITY, NODE, step)
-        timings["store_load"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        raw_fs.pipe_file(f"{raw_path}/{step}.pt", _serialize(state))
-        timings["raw_write"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        torch.load(io.BytesIO(raw_fs.cat_file(f"{raw_path}/{step}.pt")), weights_only=True)
-        timings["raw_read"].append(time.perf_counter() - began)
+
+    def store_side(step: int) -> None:
+        timed("store_save", lambda: store.save(IDENTITY, NODE, step, state))
+        timed("store_load", lambda: store.load(IDENTITY, NODE, step))
+        store.delete(IDENTITY, NODE, step)  # (untimed) S3's memory holds one copy at a time
+
+    def raw_side(step: int) -> None:
+        path = f"{raw_path}/{step}.pt"
+        timed("raw_write", lambda: raw_fs.pipe_file(path, _serialize(state)))
+        timed("raw_read", lambda: torch.load(io.BytesIO(raw_fs.cat_file(path)), weights_only=True))
+        raw_fs.rm_file(path)
+
+    for step in range(1, repeats + 1):  # alternating which side goes first
+        for side in (store_side, raw_side) if step % 2 else (raw_side, store_side):
+            side(step)
     megabytes = len(data) / 1e6
-    best = {name: min(values) for name, values in timings.items()}
+    median = {name: statistics.median(values) for name, values in timings.items()}
+    ratios = {  # each repetition's store time over its raw time, side by side
+        kind: [s / r for s, r in zip(timings[f"store_{a}"], timings[f"raw_{b}"], strict=True)]
+        for kind, a, b in (("save", "save", "write"), ("load", "load", "read"))
+    }
     return {
         "megabytes": megabytes,
-        **{f"{name}_mb_per_s": megabytes / seconds for name, seconds in best.items()},
-        "save_ratio": best["store_save"] / best["raw_write"],
-        "load_ratio": best["store_load"] / best["raw_read"],
+        **{f"{name}_mb_per_s": megabytes / seconds for name, seconds in median.items()},
+        "save_ratio": statistics.median(ratios["save"]),
+        "load_ratio": statistics.median(ratios["load"]),
+        "save_cpu_ratio": statistics.median(cpu["store_save"]) / statistics.median(cpu["raw_write"]),
+        "load_cpu_ratio": statistics.median(cpu["store_load"]) / statistics.median(cpu["raw_read"]),
+        "save_ratios": ", ".join(f"{r:.2f}" for r in ratios["save"]),
+        "load_ratios": ", ".join(f"{r:.2f}" for r in ratios["load"]),
     }
 
 
 def benchmark(mode: str = "quick") -> dict[str, Any]:
-    import os
-
     load = os.getloadavg()[0]
     megabytes = 1 if mode == "smoke" else 100
-    repeats = {"smoke": 3, "quick": 3, "full": 5}[mode]
+    repeats = {"smoke": 3, "quick": 7, "full": 11}[mode]
     state = {"weights": torch.arange(megabytes * 250_000, dtype=torch.float32)}  # 4 bytes each
     rows = []
     with tempfile.TemporaryDirectory() as directory:
@@ -107,9 +126,9 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     return {
         "rows": rows,
         "repeats": repeats,
-        "note": "best of repeats; ratio = store time / raw time",
         "commit": _commit(),
         "load_average": load,
+        "load_average_after": os.getloadavg()[0],
     }
 
 
@@ -144,14 +163,27 @@ def markdown(result: dict[str, Any]) -> str:
                 ("store_load_mb_per_s", "store load MB/s"),
                 ("raw_read_mb_per_s", "raw read MB/s"),
                 ("load_ratio", "load time ratio"),
+                ("save_cpu_ratio", "save CPU ratio"),
+                ("load_cpu_ratio", "load CPU ratio"),
+                ("save_ratios", "save ratio of each repetition"),
+                ("load_ratios", "load ratio of each repetition"),
             ],
         )
-        + f"\n\nBest of {result['repeats']} runs. Store save: torch.save, SHA-256 (on a second thread, while writing), a content-addressed "
-        "file then a commit marker (fsync on local disk); store load: read, size and hash checks, "
-        "torch.load(weights_only=True). Raw write: torch.save into memory and one fsspec write; raw "
-        "read: one fsspec read and torch.load(weights_only=True). So both sides serialize, and the "
-        "ratios are what the store's guarantees cost. "
-        f"Measured at commit {result.get('commit', '?')} with a load average of "
-        f"{result.get('load_average', float('nan')):.1f} on this machine's cores when it began."
-        + (f" {result['note']}" if result.get("note") else "")
+        + f"\n\nMedian of {result['repeats']} repetitions, store and raw alternating which goes first; "
+        "the ratios are the medians of each repetition's store time over its raw time (all of "
+        "them in the last two columns, save then load); the CPU ratios are the median CPU time "
+        "of this process (the hash thread's included) of the store over that of raw, which the "
+        "machine's load and the disk's fsync time do not change. Store save: torch.save streamed into a "
+        "temporary file through a writer that hashes each chunk (SHA-256; a large chunk on a "
+        "second thread while it is written), fsync, rename to the content-addressed name, then "
+        "a commit marker (fsync); on S3 torch.save into memory, hashed as it is written, one "
+        "object. Store load (local disk): torch.load(weights_only=True) reads the open file "
+        "while a second thread hashes the same file mapped into memory; the state is returned "
+        "only if size and hash match the marker (S3: one read, then the same). Raw write: "
+        "torch.save into memory and one fsspec write (no fsync); raw read: one fsspec read and "
+        "torch.load(weights_only=True). So both sides serialize, and the ratios are what the "
+        "store's guarantees cost. "
+        f"Measured at commit {result.get('commit', '?')}; load average "
+        f"{result.get('load_average', float('nan')):.1f} (1 min, {os.cpu_count()} cores shared with other "
+        f"work) when it began, {result.get('load_average_after', float('nan')):.1f} when it ended."
     )

@@ -20,7 +20,7 @@ from dagtune.events import TaskEvent, TaskFailed, to_wire
 from dagtune.execution._worker_store import StoreRef, store_on
 from dagtune.fusion import FusedPathRunner
 from dagtune.resumecheck import ResumeChecks
-from dagtune.runner import LiveTrainers, PathRunner
+from dagtune.runner import LiveTrainers, MemberPath, PathRunner
 from dagtune.tasks import Directive, PathTask
 
 __all__ = ["run_group", "run_path"]
@@ -62,9 +62,8 @@ def _run(
         checks=checks,
         resume_checks=resume_checks,
     )
-    updates = {key: member.update for key, member in runner.members.items()}
     with _StepWatch(worker, first.topic, first.step_timeout, runner.timeout_events) as watch:
-        return runner.run(_relay(worker, first.topic, directives, updates, watch))
+        return runner.run(_relay(worker, first.topic, directives, runner.members, watch))
 
 
 class _StepWatch:
@@ -148,17 +147,24 @@ def _relay(
     worker: Worker,
     topic: str,
     directives: str,
-    updates: dict[str, Callable[[Directive], list[TaskEvent]]],
+    members: dict[str, MemberPath],
     watch: _StepWatch,
 ) -> Callable[[list[TaskEvent]], None]:
     """What a runner calls after each step: send the step's events as one message (so they
-    arrive together), then read the current directives and hand each task's to its `updates`
-    entry, sending back the checkpoints it declines; `watch` times the steps, not this."""
+    arrive together), then read the current directives and hand each task's to its entry of
+    `members`, sending back the checkpoints it declines; `watch` times the steps, not this.
+
+    The directives are read (a round trip to the scheduler) only while a member may train
+    another step: once every member is `MemberPath.finished` no directive changes what it
+    does, and a checkpoint it would decline is replanned anyway when its end arrives."""
     variable = Variable(directives)
 
     def relay(events: list[TaskEvent]) -> None:
         watch.pause()
         worker.log_event(topic, [to_wire(event) for event in events])
+        if all(member.finished for member in members.values()):
+            watch.restart()
+            return
         try:
             current = variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
@@ -166,8 +172,8 @@ def _relay(
         if current is not None:
             declined = [
                 event
-                for key, update in updates.items()
-                for event in update(Directive.from_dict(current.get(key)))
+                for key, member in members.items()
+                for event in member.update(Directive.from_dict(current.get(key)))
             ]
             if declined:
                 worker.log_event(topic, [to_wire(event) for event in declined])

@@ -21,7 +21,8 @@ from dagtune.study._workers import NoWorkersError, WorkerWatch
 __all__ = ["SUBMIT_QUIET_SECONDS", "StudyLoop"]
 
 #: a burst of `Study.submit` calls (a plain loop) is planned as one: the driver launches work
-#: for submitted trials once this long passed without a submission. A stage launched for
+#: for submitted trials once this long passed without a submission (or at once when a caller
+#: starts waiting for a result: it submits nothing more meanwhile). A stage launched for
 #: the first trial alone would run past the point where the next ones branch off, and that
 #: prefix would be trained again.
 SUBMIT_QUIET_SECONDS = 0.05
@@ -126,6 +127,11 @@ class StudyLoop:
         what stopped the loop, a cluster without workers for too long, or a TimeoutError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
+            if not self.virtual and not done() and self.in_burst():
+                # a caller that waits submits nothing more meanwhile: its burst is over, and
+                # its work is planned now rather than after the quiet interval
+                self.submitted_at = -SUBMIT_QUIET_SECONDS
+                self.coordinator.schedule()
             while not done():
                 if self.failure is not None:
                     raise RuntimeError("the dagtune coordinator failed") from self.failure
