@@ -41,22 +41,34 @@ def image_model(hidden: int) -> nn.Module:
     )
 
 
+def grouped_first_model(hidden: int) -> nn.Module:
+    """A grouped convolution on the shared input (its groups see different input channels)."""
+    return nn.Sequential(
+        nn.Conv2d(2, hidden, 3, padding=1, groups=2),
+        nn.ReLU(),
+        nn.MaxPool2d(4),
+        nn.Flatten(),
+        nn.Linear(hidden * 2, 2),
+    )
+
+
 def dense_model(hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 2))
 
 
-MODELS = {"image": image_model, "dense": dense_model}
+MODELS = {"image": image_model, "grouped-first": grouped_first_model, "dense": dense_model}
+SHAPES = {"image": (1, 8, 8), "grouped-first": (2, 4, 8)}
 
 
 class Standard(TinyMLP):
-    """A model of standard layers on 64 features (1x8x8 images for `image_model`), fused
-    with grouped kernels."""
+    """A model of standard layers on 64 features (images shaped `SHAPES`), fused with
+    grouped kernels."""
 
     fused_kernels = "grouped"
 
     def __init__(self, kind: str = "image", seed: int = 0, **optimizer: Any):
         self.kind = kind
-        self.input_shape = (1, 8, 8) if kind == "image" else None
+        self.input_shape = SHAPES.get(kind)
         super().__init__(hidden=8, features=64, seed=seed, **optimizer)
 
     def make_model(self, features: int, hidden: int) -> nn.Module:

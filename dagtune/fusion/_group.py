@@ -17,6 +17,10 @@ re-assigns in its forward (``self.mean = 0.9 * self.mean + ...``) is carried thr
 member's new value is returned from the vmapped function and replaces its slice of the
 stacked buffer, as the unfused module keeps the new tensor.
 
+With ``fused_kernels="grouped"`` a model that is an ``nn.Sequential`` of standard layers is
+called below vmap for all members at once (`dagtune.fusion._horizontal`, HFTA-style: the
+members' channels side by side); only the rest of the loss runs under vmap.
+
 Each batch is fetched once (`FusibleTrainer.batch`) and shared; the data order and every
 non-fusible hyper-parameter live in one host trainer. Evaluation copies one member's weights
 into the host's module and runs the user's ``evaluate_model`` on it, exactly as unfused.

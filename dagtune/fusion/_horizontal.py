@@ -159,9 +159,12 @@ def _conv(
     layer: nn.Conv2d, weights: dict, prefix: str, x: torch.Tensor, members: int, shared: bool
 ) -> torch.Tensor:
     """One convolution for every member: their filters side by side, ``groups`` times K (a
-    shared input is convolved once with all members' filters, groups unchanged)."""
+    shared input is convolved once with all members' filters when the layer has one group;
+    with several, each member's group needs its own copy of the input channels)."""
     weight = weights[prefix + "weight"].flatten(0, 1)
     bias = weights[prefix + "bias"].flatten() if layer.bias is not None else None
+    if shared and layer.groups > 1:
+        x, shared = x.repeat(1, members, 1, 1), False
     groups = layer.groups if shared else layer.groups * members
     output = functional.conv2d(x, weight, bias, layer.stride, layer.padding, layer.dilation, groups)
     return output.contiguous(memory_format=torch.channels_last)
