@@ -97,6 +97,25 @@ def test_standard_layers_train_grouped_without_vmap_close_to_unfused(kind, monke
         assert torch.equal(rng, reference_rng)  # dropout drew what unfused training draws
 
 
+def test_tied_layers_take_vmaps_path():
+    """Tied weights (two Linear layers sharing their Parameters): the fused state holds them
+    once, so vmap's path."""
+
+    def tied(hidden: int) -> nn.Module:
+        first, second = nn.Linear(64, 64), nn.Linear(64, 64)
+        second.weight, second.bias = first.weight, first.bias
+        return nn.Sequential(first, nn.ReLU(), second, nn.ReLU(), nn.Linear(64, 2))
+
+    MODELS["tied"] = tied
+    try:
+        values = schedules(2)
+        _, states, _ = fused(Standard, {"kind": "tied"}, values)
+        _, reference, _ = unfused(Standard, {"kind": "tied"}, values[1])
+        assert largest_difference(states[1], reference) <= TOLERANCE
+    finally:
+        del MODELS["tied"]
+
+
 def test_the_fusion_check_passes_standard_layers_through_vmaps_path():
     """The check's trace records every layer's output (hooks), so it runs vmap's path."""
     assert check_fusion(Standard, {"kind": "image"}, 0, schedules(1)[0]).ok

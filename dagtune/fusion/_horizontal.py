@@ -85,8 +85,8 @@ def horizontal_call(
     images = any(isinstance(layer, (nn.Conv2d, nn.MaxPool2d)) for layer in module)
     if args[0].dim() != (4 if images else 2):  # a member's input: a batch of images, or of rows
         return None
-    names = [name for name, _ in module.named_parameters()]
-    if any(name not in tensors for name in names):
+    names = [name for name, _ in module.named_parameters(remove_duplicate=False)]
+    if any(name not in tensors for name in names):  # tied weights: the fused state holds them once
         return None
 
     def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
