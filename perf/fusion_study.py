@@ -404,7 +404,7 @@ def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
 
     from distributed import Client
 
-    from dagtune.cluster import embedded_cluster
+    from dagtune.execution.dask import embedded_cluster
 
     parser = argparse.ArgumentParser(prog="python -m perf.fusion study", description=main.__doc__)
     parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")

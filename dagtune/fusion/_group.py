@@ -17,6 +17,10 @@ re-assigns in its forward (``self.mean = 0.9 * self.mean + ...``) is carried thr
 member's new value is returned from the vmapped function and replaces its slice of the
 stacked buffer, as the unfused module keeps the new tensor.
 
+With ``fused_kernels="grouped"`` a model that is an ``nn.Sequential`` of standard layers is
+called below vmap for all members at once (`dagtune.fusion._horizontal`, HFTA-style: the
+members' channels side by side); only the rest of the loss runs under vmap.
+
 Each batch is fetched once (`FusibleTrainer.batch`) and shared; the data order and every
 non-fusible hyper-parameter live in one host trainer. Evaluation copies one member's weights
 into the host's module and runs the user's ``evaluate_model`` on it, exactly as unfused.
@@ -33,6 +37,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from dagtune.errors import DagtuneError
+from dagtune.fusion._horizontal import horizontal_call
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
 from dagtune.fusion._trace import ModuleTrace
@@ -50,15 +55,22 @@ class MemberModel:
     """One member's model inside a fused step: calls the module with that member's weights and
     buffers (`tensors`, name -> tensor). A buffer the module re-assigns during the call is
     written back into `tensors` (torch's ``functional_call`` does so for the dict it is
-    given), so a later call in the same loss sees the new value, as the unfused module does."""
+    given), so a later call in the same loss sees the new value, as the unfused module does.
+    With `horizontal` (``fused_kernels="grouped"``), a model of standard layers runs for all
+    members at once without vmap (`dagtune.fusion._horizontal`)."""
 
-    __slots__ = ("module", "tensors")
+    __slots__ = ("horizontal", "module", "tensors")
 
-    def __init__(self, module: torch.nn.Module, tensors: dict[str, torch.Tensor]):
+    def __init__(self, module: torch.nn.Module, tensors: dict[str, torch.Tensor], horizontal: bool = False):
         self.module = module
         self.tensors = tensors
+        self.horizontal = horizontal
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.horizontal:
+            output = horizontal_call(self.module, self.tensors, args, kwargs)
+            if output is not None:
+                return output
         return functional_call(self.module, self.tensors, args, kwargs)
 
 
@@ -158,10 +170,11 @@ class FusedGroup:
         """Each member's loss on `batch` (a graph to the stacked parameters), after taking up
         the buffers the forward re-assigned; `trace` records the layers' outputs (stacked)."""
         host, module = self.host, self.host.model
+        horizontal = host.fused_kernels == "grouped" and trace is None
 
         def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
             tensors = {**params, **buffers}
-            loss = mean_loss(host.loss(MemberModel(module, tensors), batch))
+            loss = mean_loss(host.loss(MemberModel(module, tensors, horizontal), batch))
             reassigned = {key: tensors[key] for key in buffers if tensors[key] is not buffers[key]}
             return loss, reassigned, trace.outputs if trace is not None else []
 

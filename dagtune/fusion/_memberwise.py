@@ -71,6 +71,8 @@ __all__ = [
     "RECURRENT",
     "ROW_LOSSES",
     "MemberwiseLayers",
+    "below_vmap",
+    "channels_last",
     "channels_last_pool",
     "memberwise",
     "row_loss",
@@ -227,7 +229,7 @@ def _unflat(leaves: list[Any], spec: Any) -> Any:
     return leaves[0] if spec is None else pytree.tree_unflatten(leaves, spec)
 
 
-def _lowered(
+def below_vmap(
     rule: Callable[[int, list[torch.Tensor], list[int | None]], tuple[Any, Any]], tensors: list[Any]
 ):
     """Run `rule` on the unbatched tensors below the current vmap level and batch its result
@@ -293,7 +295,7 @@ def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, rando
         stacked = [torch.stack(parts) for parts in zip(*outputs)]
         return stacked, [0] * len(stacked)
 
-    batched = _lowered(rule, call.tensors())
+    batched = below_vmap(rule, call.tensors())
     if batched is None:  # nothing batched: the unfused call
         return function(*args, **kwargs)
     leaves, spec = structure
@@ -333,7 +335,7 @@ def row_loss(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         tensors["target"] = stacked.reshape(-1, *stacked.shape[2:])
         return [function(**tensors, **rest).unflatten(0, (members, -1))], [0]
 
-    batched = _lowered(rule, [bound[name] for name in names])
+    batched = below_vmap(rule, [bound[name] for name in names])
     return function(*args, **kwargs) if batched is None else batched[0]
 
 
@@ -346,7 +348,7 @@ def shared_noise(draw: Callable[[torch.Tensor], torch.Tensor], input: torch.Tens
         stacked = values[0].movedim(dims[0], 0)
         return [stacked * draw(torch.ones_like(stacked[0]))], [0]
 
-    batched = _lowered(rule, [input])
+    batched = below_vmap(rule, [input])
     return draw(input) if batched is None else batched[0]
 
 
@@ -360,22 +362,22 @@ def channels_last_pool(pool: Callable[[torch.Tensor], Any], input: torch.Tensor)
         input, dim = values[0], dims[0]
         if dim == input.dim() - 4:  # [..., K, C, H, W]: K x C channels
             channels = input.shape[dim + 1]
-            outputs = _channels_last(pool, input.flatten(dim, dim + 1))
+            outputs = channels_last(pool, input.flatten(dim, dim + 1))
             return [out.unflatten(dim, (members, channels)) for out in outputs], [dim] * len(outputs)
         stacked = input.movedim(dim, 0)
-        outputs = _channels_last(pool, stacked.reshape(-1, *stacked.shape[-3:]))
+        outputs = channels_last(pool, stacked.reshape(-1, *stacked.shape[-3:]))
         return [out.view(*stacked.shape[:-3], *out.shape[-3:]) for out in outputs], [0] * len(outputs)
 
-    batched = _lowered(rule, [input])
-    return _channels_last(pool, input) if batched is None else batched
+    batched = below_vmap(rule, [input])
+    return channels_last(pool, input) if batched is None else batched
 
 
-def _channels_last(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> list[torch.Tensor]:
+def channels_last(pool: Callable[[torch.Tensor], Any], input: torch.Tensor) -> list[torch.Tensor]:
     """`pool`'s outputs on `input` laid out channels-last, given back contiguous (as the NCHW
     kernel returns them); each gradient travels back in the layout its side computes in
     (mixed layouts make the elementwise kernels around it slow)."""
     if input.dim() != 4:  # one image [C, H, W]: as a batch of one
-        return [out[0] for out in _channels_last(pool, input.unsqueeze(0))]
+        return [out[0] for out in channels_last(pool, input.unsqueeze(0))]
     planes = input.contiguous(memory_format=torch.channels_last)
     if planes.requires_grad:
         planes.register_hook(lambda grad: grad.contiguous())
