@@ -37,7 +37,6 @@ from dagtune.catalog import (
     NotDagtuneStorageError,
     StorageError,
     StorageReadError,
-    StoredStudy,
     StudyNameError,
     check_study_name,
     collect_garbage,
@@ -47,10 +46,11 @@ from dagtune.catalog import (
 )
 from dagtune.checkpoints import CheckpointStore
 from dagtune.errors import DagtuneError
+from dagtune.frames import TrialRow, trials_table
 from dagtune.gc import GcPolicy
 from dagtune.progress import watch
 from dagtune.records import COMPLETED, PENDING
-from dagtune.study_index import status_figures, study_status, study_view
+from dagtune.study_index import StudyDetail, status_figures, study_detail, study_status, study_view, top_rows
 from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
     UNKNOWN_FROM_STORAGE,
@@ -59,7 +59,6 @@ from dagtune.summary import (
     metric_of,
     reuse_text,
     seconds_label,
-    trials_frame,
 )
 
 __all__ = ["main"]
@@ -607,11 +606,16 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
     store, names = _names(storage, study)
     plans: dict = {}
     snapshots: dict[str, dict] = {}
-    stored: StoredStudy | None = None
+    detail: StudyDetail | None = None
     for name in names:
-        if study or metric or mode:  # the best trials, incidents, another metric: the journals
+        indexed = None if metric or mode or not study else study_detail(store, name, top)
+        if indexed is not None:  # the best trials and incidents from a current index
+            snapshots[name], detail = indexed
+        elif study or metric or mode:  # another metric, or no current index: the journals
             stored = load_study(store, name, plans)
             snapshots[name] = status_figures(stored, metric, mode)
+            rows = top_rows(stored.trials, snapshots[name]["metric"], snapshots[name]["mode"], top)
+            detail = StudyDetail(stored.identity, rows, stored.describe.get("gpus"), stored.incidents)
         else:  # from the study's index when it is current (`dagtune.study_index`)
             snapshots[name] = study_status(store, name, plans)
     table = Table(title=f"dagtune studies in {storage}")
@@ -654,25 +658,25 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         )
     for name, snapshot in snapshots.items():
         _print_failures(console, name, snapshot["failures"], storage, limit=None if study else 1)
-    if study and stored is not None:
-        snapshot = snapshots[stored.name]
+    if study and detail is not None:
+        snapshot = snapshots[study]
         report = snapshot["report"]
         console.print(
             f"reuse: {report['trial_steps']} trial steps need {report['unique_steps']} unique steps "
-            f"(merge rate {report['merge_rate']:.2f}); the search plan of {stored.identity} holds "
+            f"(merge rate {report['merge_rate']:.2f}); the search plan of {detail.identity} holds "
             f"{report['plan_steps']} trained steps and {report['checkpoints']} checkpoints "
             f"({report['checkpoint_bytes'] / 1e6:.1f} MB) shared by every study of this model"
         )
         if "executed_steps" in report:
             console.print(
                 f"trained: {report['executed_steps']} steps executed by this study's sessions, "
-                f"{report['gpu_seconds']:.1f} {seconds_label(stored.describe.get('gpus'))}"
+                f"{report['gpu_seconds']:.1f} {seconds_label(detail.gpus)}"
             )
         else:
             console.print(f"[dim]{_escape(UNKNOWN_FROM_STORAGE)}[/]")
-        _print_top(console, stored, snapshot, top)
-        _print_writer(console, store, stored.name)
-        for incident in stored.incidents:
+        _print_top(console, detail.top, snapshot)
+        _print_writer(console, store, study)
+        for incident in detail.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
 
 
@@ -705,19 +709,12 @@ def _print_failures(console: Any, name: str, failed: list, storage: str, limit: 
         console.print(f"  trial {trial}: {_escape(line)}")
 
 
-def _print_top(console: Any, stored: StoredStudy, snapshot: dict, top: int) -> None:
-    import heapq
-
+def _print_top(console: Any, rows: list[TrialRow], snapshot: dict) -> None:
+    """The table of the best trials (`rows`, best first) by the snapshot's metric."""
     from rich.table import Table
 
     metric = snapshot["metric"]
-    scored = [t for t in stored.trials if metric is not None and t.metrics and metric in t.metrics]
-    sign = -1.0 if snapshot["mode"] == "min" else 1.0
-    # the best `top` first (NaN last), then the frame of those alone: its columns are the same
-    ranked = heapq.nsmallest(
-        top, scored, key=lambda t: (t.metrics[metric] != t.metrics[metric], -sign * t.metrics[metric], t.id)
-    )
-    frame = trials_frame(ranked).reset_index()
+    frame = trials_table(rows).reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")

@@ -8,7 +8,10 @@ lines a trial, so half a minute and more than a gigabyte for 100,000 trials, on 
 `dagtune status`. Yet a study that has ended does not change. So the study's writer (the
 holder of its writer lease, `dagtune.study_lease`), when it closes, computes what the views
 show from the trials it read and wrote (`digest`: the status row, the failed trials, the
-page's snapshot and the tree's trial ends) and writes it to ``studies/{name}/index.json.gz``
+page's snapshot, the tree's trial ends and, in ``detail``, what `dagtune status --study`
+adds: the best `TOP_KEPT` trials by the default metric and the incidents; an index
+without ``detail``, as the first writers of this format left, sends that command to the
+journals) and writes it to ``studies/{name}/index.json.gz``
 with *what it covers*: every file of both journals and its size
 (`dagtune.plan.Journal.covered`). Journals only grow (object stores add segments, never
 rewrite one), so while each journal holds exactly those files at those sizes the bytes are
@@ -25,29 +28,37 @@ writer leaves the old index or none, never part of one), in one put on an object
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_study, stored_study
 from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_dumps, config_from_json
 from dagtune.durable import Persistence, index_path, put_whole
+from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
+from dagtune.records import Trial
 from dagtune.summary import best_of, failures, metric_of, status_counts
 
 __all__ = [
     "INDEX_FORMAT",
+    "TOP_KEPT",
     "StoredView",
+    "StudyDetail",
     "digest",
     "read_index",
     "rebuild_index",
     "status_figures",
+    "study_detail",
     "study_status",
     "study_view",
+    "top_rows",
     "write_index",
     "write_study_index",
 ]
@@ -55,6 +66,7 @@ __all__ = [
 log = logging.getLogger("dagtune")
 
 INDEX_FORMAT = "dagtune-index/1"
+TOP_KEPT = 100  # best trials an index keeps for `dagtune status --study` (its ``--top``)
 
 
 def status_figures(stored: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict[str, Any]:
@@ -89,6 +101,79 @@ def status_figures(stored: StoredStudy, metric: str | None = None, mode: str | N
         "failures": [list(failed) for failed in failures(trials)],
         "link": None if link is None else str(link),
     }
+
+
+def top_rows(trials: Iterable[Trial], metric: str | None, mode: str, top: int) -> list[TrialRow]:
+    """The rows of the best `top` of `trials` by `metric` (`mode` ``max`` or ``min``; NaN last,
+    then by trial id), best first: what `dagtune status --study` lists."""
+    if metric is None:
+        return []
+    scored = [t for t in trials if t.metrics and metric in t.metrics]
+    sign = -1.0 if mode == "min" else 1.0
+    ranked = heapq.nsmallest(
+        top, scored, key=lambda t: (t.metrics[metric] != t.metrics[metric], -sign * t.metrics[metric], t.id)
+    )
+    return [row_of(t) for t in ranked]
+
+
+def _detail_of(stored: StoredStudy, status: Mapping[str, Any]) -> dict[str, Any]:
+    """What `dagtune status --study` shows beyond the status row (default metric): the best
+    `TOP_KEPT` trials' rows, how many trials have the metric, the study's ``gpus`` and the
+    incidents of reading its journals."""
+    metric = status["metric"]
+    rows = top_rows(stored.trials, metric, status["mode"], TOP_KEPT)
+    scored = sum(1 for t in stored.trials if metric is not None and t.metrics and metric in t.metrics)
+    return {
+        "top": [[r.id, r.status, r.steps, dict(r.metrics), config_dumps(r.config), r.error] for r in rows],
+        "scored": scored,
+        "gpus": stored.describe.get("gpus"),
+        "incidents": list(stored.incidents),
+    }
+
+
+@dataclass
+class StudyDetail:
+    """What `dagtune status --study` shows of a study beyond its status row, with the
+    default metric: its best trials' rows (best first, at most the ``top`` asked), its
+    search plan's `identity`, its ``gpus`` (`dagtune.summary.seconds_label`) and the
+    incidents of reading its journals."""
+
+    identity: str
+    top: list[TrialRow]
+    gpus: Any
+    incidents: list[str]
+
+
+def study_detail(store: CheckpointStore, name: str, top: int) -> tuple[dict[str, Any], StudyDetail] | None:
+    """Study `name`'s status figures and `StudyDetail` (its `top` best trials) from its index,
+    when the index is current and holds them (an index written before it kept them does not,
+    nor one that keeps fewer than `top` of more trials), else None: read the journals."""
+    index = read_index(store, name)
+    detail = None if index is None else index.get("detail")
+    if not isinstance(detail, dict) or not isinstance(index.get("identity"), str):
+        return None
+    try:
+        kept, scored = detail["top"], detail["scored"]
+        if len(kept) < min(top, scored):
+            return None
+        rows = [
+            TrialRow(
+                int(i),
+                str(status),
+                int(steps),
+                dict(metrics),
+                config_from_json(json.loads(config)),
+                str(error),
+            )
+            for i, status, steps, metrics, config, error in kept[:top]
+        ]
+        incidents = [str(line) for line in detail["incidents"]]
+    except (KeyError, TypeError, ValueError) as error:
+        log.warning(
+            "dagtune: the index of study %s has no readable detail (%s); the journals are read", name, error
+        )
+        return None
+    return index["status"], StudyDetail(index["identity"], rows, detail.get("gpus"), incidents)
 
 
 def _tree_ends(stored: StoredStudy, metric: str | None) -> dict[str, list[str]]:
@@ -135,14 +220,22 @@ def _view_of(stored: StoredStudy) -> StoredView:
     )
 
 
-def digest(stored: StoredStudy, covers: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
+def digest(
+    stored: StoredStudy, covers: Mapping[str, Mapping[str, int]], *, detail: bool = True
+) -> dict[str, Any]:
     """The index of `stored`, read from journals holding exactly `covers` (journal directory
-    under the storage root -> file name -> size)."""
-    return _index_of(_view_of(stored), stored.identity, covers)
+    under the storage root -> file name -> size); with `dagtune status --study`'s detail
+    unless `detail` is False (its incidents are not known exactly)."""
+    view = _view_of(stored)
+    return _index_of(view, stored.identity, covers, _detail_of(stored, view.status) if detail else None)
 
 
-def _index_of(view: StoredView, identity: str, covers: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
+def _index_of(
+    view: StoredView, identity: str, covers: Mapping[str, Mapping[str, int]], detail: dict[str, Any] | None
+) -> dict[str, Any]:
+    extra = {} if detail is None else {"detail": detail}  # indexes before it had none: readers read journals
     return {
+        **extra,
         "format": INDEX_FORMAT,
         "study": view.name,
         "identity": identity,
@@ -169,8 +262,10 @@ def write_study_index(persistence: Persistence) -> None:
         return
     records, plan, covers = read
     stored = stored_study(persistence.name, records, plan, [])
+    # a reader's incidents are known exactly only when this session saw none and read no plan afresh
+    exact = not persistence.incidents and plan is persistence.plan
     persistence.lease.ensure()
-    write_index(persistence.store, digest(stored, covers))
+    write_index(persistence.store, digest(stored, covers, detail=exact))
 
 
 def _current(store: CheckpointStore, covers: Any) -> bool:
@@ -237,5 +332,5 @@ def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
     stored = load_study(store, name)
     view = _view_of(stored)
     if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
-        write_index(store, _index_of(view, stored.identity, stored.covers))
+        write_index(store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status)))
     return view

@@ -12,8 +12,8 @@ incidents, ``open_results`` is ``dt.open_results(STORAGE, NAME).trials`` and ``p
 snapshot`` is what `dagtune dashboard` serves for the study (its JSON size in MB).
 ``status``, ``tree`` and the page read the study's index (`dagtune.study_index`: what the views
 show, written by the study's writer when it closes, with the journal sizes it covers) when it is
-current, else every journal line; ``status --study`` (the best trials and the incidents) reads the
-journals. ``index (writer)`` is what writing that index costs (`rebuild_index`: the journals read
+current, else every journal line; so does ``status --study`` (the best trials and the incidents)
+when the index holds them (its ``detail``), else it reads the journals. ``index (writer)`` is what writing that index costs (`rebuild_index`: the journals read
 and digested; a closing writer reads back only its own session's lines, so this bounds its cost).
 """
 

@@ -22,7 +22,7 @@ from dagtune.durable import index_path, put_whole, records_header
 from dagtune.plan import Journal, plan_header
 from dagtune.plan import _journal as journal_module
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-from dagtune.study_index import read_index, rebuild_index, status_figures, study_view
+from dagtune.study_index import TOP_KEPT, digest, read_index, rebuild_index, status_figures, study_view
 from perf.stored_study import IDENTITY, generate
 
 NAME = "big"
@@ -46,11 +46,12 @@ def invoke(*args: str) -> str:
     return out.output
 
 
-def outputs(runs: str) -> dict[str, str]:
+def outputs(runs: str, studies: tuple[str, ...] = (NAME,)) -> dict[str, str]:
     return {
         "status": invoke("status", runs),
         "tree": invoke("tree", runs),
         "whole tree": invoke("tree", runs, "--depth", "0", "--width", "0"),
+        **{f"status --study {name}": invoke("status", runs, "--study", name) for name in studies},
     }
 
 
@@ -131,6 +132,11 @@ def test_a_line_added_to_a_journal_file_or_the_shared_plan_makes_it_stale(runs):
     assert read_index(store, NAME) is None
     rebuild_index(store, NAME)  # covers the cut-short line: the same bytes while the size is
     assert read_index(store, NAME) is not None
+    indexed = invoke("status", runs, "--study", NAME)  # its incident from the index
+    assert "incident:" in indexed
+    without_index(runs)
+    assert invoke("status", runs, "--study", NAME) == indexed
+    rebuild_index(store, NAME)
     plan = Journal(store.fs, f"{store.root}/{IDENTITY}/plan", header=plan_header(IDENTITY))
     plan.append({"e": "node", "id": "0" * 16, "parent": None, "start": 0, "config": {}})
     plan.flush()  # another study of the model writes the shared plan
@@ -210,13 +216,15 @@ def test_a_study_leaves_a_current_index_that_reads_as_its_journals(tmp_path, mon
     assert read_index(store, "s") is not None  # "s" again: resumed, nothing new, read back
     decoded = count_lines(monkeypatch)
     indexed = {name: study_view(store, name) for name in ("s", "h")}
-    text = outputs(path)
+    details = {name: read_index(store, name)["detail"] for name in ("s", "h")}  # the closing writers'
+    text = outputs(path, ("s", "h"))
     assert decoded[0] == 0
     for name in ("s", "h"):
         without_index_of(store, name)
-    assert outputs(path) == text
+    assert outputs(path, ("s", "h")) == text
     for name, view in indexed.items():
         assert view.stored is None
+        assert details[name] == json.loads(json.dumps(digest(load_study(store, name), {})["detail"]))
         read = study_view(store, name)
         assert plain(read.snapshot) == plain(view.snapshot)
         assert json.loads(json.dumps(read.status)) == view.status and read.ends == view.ends
@@ -239,3 +247,39 @@ def test_a_writer_that_lost_its_lease_writes_no_index(tmp_path):
     study.close()
     assert not store.fs.exists(index_path(store.root, "s"))
     assert invoke("status", path).count("│ s ") == 1
+
+
+def test_status_of_a_study_reads_the_journals_when_its_index_lacks_what_it_lists(runs, monkeypatch):
+    """An index written before it kept the best trials, or asked for more than it keeps
+    (of more trials), or another metric: `status --study` reads the journals, as before."""
+    store = open_storage(runs)
+    indexed = invoke("status", runs, "--study", NAME)
+    more = ("status", runs, "--study", NAME, "--top", str(TOP_KEPT + 1))
+    decoded = count_lines(monkeypatch)
+    beyond = invoke(*more)
+    assert decoded[0] > 0  # beyond what the index keeps: the journals
+    index = read_index(store, NAME)
+    del index["detail"]  # as an index of the format's first writers
+    put_whole(store.fs, index_path(store.root, NAME), zlib.compress(json.dumps(index).encode()))
+    decoded[0] = 0
+    assert invoke("status", runs, "--study", NAME) == indexed and decoded[0] > 0
+    without_index(runs)
+    assert invoke(*more) == beyond
+
+
+def test_a_writer_that_saw_an_incident_leaves_the_best_trials_to_the_journals(tmp_path, monkeypatch):
+    """The closing writer's index keeps `status --study`'s detail only when the incidents a
+    reader would list are known exactly (none seen): else that command reads the journals."""
+    path = str(tmp_path / "runs")
+    grid = GridSearch(list(SPACE)[:2], metric="val_loss", mode="min", steps=4)
+    run_study(path, grid)
+    store = open_storage(path)
+    (name,) = Journal(store.fs, f"{store.root}/studies/s/journal").sizes()
+    with open(f"{store.root}/studies/s/journal/{name}", "ab") as file:
+        file.write(b"dj1 00000000 {\n")  # a damaged line the resumed writer skips
+    run_study(path, grid)
+    index = read_index(store, "s")
+    assert index is not None and "detail" not in index
+    decoded = count_lines(monkeypatch)
+    text = invoke("status", path, "--study", "s")
+    assert "incident:" in text and decoded[0] > 0
