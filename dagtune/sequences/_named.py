@@ -62,6 +62,9 @@ class Constant(Sequence):
             return super().pieces(horizon)  # which refuses it
         return ((0, Const(self.value)),)
 
+    def _computed_value(self, t: int) -> Any:
+        return self.value  # what its one piece says at every step, without making it
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
         yield 0, Const(self.value)
 
