@@ -124,6 +124,30 @@ def test_the_dispatcher_answers_events_with_values():
     assert dispatcher.executed_steps == 1
 
 
+def test_the_events_of_an_ended_task_count_once_and_only_running_tasks_keep_a_record():
+    """A task's events delivered again after its end (its result repeating what was
+    streamed) count once; what the dispatcher keeps of them is a set per task still
+    running (an ended task is one bit)."""
+    study = Study(SyntheticTrainer, executor=SimulatedExecutor(2))
+    coordinator = study.coordinator
+    dispatcher = coordinator.dispatcher
+    trials = [coordinator.submit(normalize_config({**BASE, "lr": lr}), 2) for lr in (0.1, 0.2)]
+    coordinator.schedule()
+    first, second = sorted(coordinator.running)
+    node = trials[0].node
+    steps = [StepDone(first, "a", node, step, 0.5, {}) for step in (1, 2)]
+    for event in steps:
+        dispatcher.handle(event)
+    assert dispatcher.executed_steps == 2 and dispatcher.repeats.tasks_followed() == 1
+    dispatcher.handle(TaskEnded(first, "a", node, 2, None, "done", 1.0))
+    assert first not in coordinator.running and dispatcher.repeats.tasks_followed() == 0
+    for event in [*steps, TaskStarted(first, "a", node, 0, None, 0.0)]:  # the result, after the end
+        assert dispatcher.handle(event) == []
+    assert dispatcher.executed_steps == 2
+    dispatcher.handle(StepDone(second, "b", node, 1, 0.5, {}))  # another task's step is new
+    assert dispatcher.executed_steps == 3 and dispatcher.repeats.tasks_followed() == 1
+
+
 def test_a_point_failing_past_the_retries_fails_the_trials_through_the_ledger():
     study = Study(SyntheticTrainer, executor=SimulatedExecutor(1), max_retries=0)
     coordinator = study.coordinator

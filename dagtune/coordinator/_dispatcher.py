@@ -20,6 +20,7 @@ from typing import Any
 from dagtune.coordinator._fusion import Fusion, upcoming_stages
 from dagtune.coordinator._memory import WorkerMemory
 from dagtune.coordinator._outcomes import MetricsKnown, Outcome, PointFailed
+from dagtune.coordinator._repeats import Repeats
 from dagtune.coordinator._running import Running, RunningTasks, Slot
 from dagtune.events import (
     CheckpointCorrupt,
@@ -116,7 +117,7 @@ class Dispatcher:
         self._failures: dict[tuple[str, int], int] = {}
         # nodes whose task's worker died: whatever trains them again does without the resume check
         self._unchecked: set[str] = set()
-        self._seen: set[tuple[str, str, str, int]] = set()
+        self.repeats = Repeats(f"dagtune-{name}-")  # the events handled (its keys: `_task`)
         self.launched = 0
         self._started_count = 0  # tasks started (a fused group's members each count)
         self.dirty = True
@@ -160,11 +161,8 @@ class Dispatcher:
         for trials."""
         running = self.running.get(event.task)
         self.events_seen += 1
-        if isinstance(event, _ONCE):
-            seen = (event.task, event.attempt, event.kind, event.step)  # handled once though delivered twice
-            if seen in self._seen:
-                return []
-            self._seen.add(seen)
+        if isinstance(event, _ONCE) and not self.repeats.first(event):
+            return []  # handled once though delivered twice
         match event:
             case StepDone():
                 self.executed_steps += 1
@@ -199,8 +197,10 @@ class Dispatcher:
                 self._on_corrupt(event)
                 if running is not None:
                     self._retire(event.task, running, event.time)
+                    self.repeats.ended(event.task)
             case TaskEnded() if running is not None:
                 self._retire(event.task, running, event.time)
+                self.repeats.ended(event.task)
                 self._ended(running, event)
             case TaskFailed() if running is not None:
                 self._retire(event.task, running, event.time)
@@ -431,6 +431,7 @@ class Dispatcher:
             checkpoints.update(range((first.start // every + 1) * every, path[-1].end, every))
         source = first.source_point if first.source == "checkpoint" else None
         self.launched += 1
+        # ends with the launch number, by which `Repeats` remembers the tasks that ended
         key = f"dagtune-{self.name}-{first.node[:8]}-{first.start}-{path[-1].end}-{self.launched}"
         return PathTask(
             key=key,

@@ -51,6 +51,20 @@ class Constant(Sequence):
     def __init__(self, value: Scalar):
         self._store(value=check_scalar("Constant", "value", value))
 
+    def _store(self, **values: Any) -> None:
+        super()._store(**values)
+        object.__setattr__(self, "_horizon", math.inf)  # its form is whole (made when asked)
+
+    def pieces(self, horizon: int) -> tuple[Piece, ...]:
+        """Its one piece, made when asked rather than kept: a study holds a `Constant` per
+        trial and hyper-parameter, and keeping the piece would hold three objects more each."""
+        if self.is_template:
+            return super().pieces(horizon)  # which refuses it
+        return ((0, Const(self.value)),)
+
+    def _computed_value(self, t: int) -> Any:
+        return self.value  # what its one piece says at every step, without making it
+
     def _generate(self, horizon: int) -> Iterator[Piece]:
         yield 0, Const(self.value)
 
