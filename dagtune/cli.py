@@ -972,7 +972,9 @@ def dashboard(
             port=port,
             refresh=refresh,
             allow_origins=origins,
-            read=lambda store, name, plans: study_view(store, name, plans).snapshot,  # its index, if current
+            read=lambda store, name, plans: study_view(
+                store, name, plans
+            ).page_snapshot(),  # its index, if current
         )
     except OSError as error:
         raise UserError(

@@ -30,12 +30,19 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from dagtune.config import config_dumps
 from dagtune.frames import is_constant, readable
 from dagtune.records import COMPLETED, Trial
 from dagtune.validation import is_number
 
-__all__ = ["FALLBACK", "FANOVA_MAX_CHOICES", "hyperparameter_importance", "importance_key", "method_of"]
+__all__ = [
+    "FALLBACK",
+    "FANOVA_MAX_CHOICES",
+    "hyperparameter_importance",
+    "importance_columns",
+    "method_of",
+    "method_of_columns",
+    "score_columns",
+]
 
 log = logging.getLogger("dagtune")
 
@@ -76,14 +83,32 @@ def hyperparameter_importance(
 ) -> dict[str, float]:
     """The importance of each hyper-parameter for `metric` over `trials` (the module
     docstring says how); a ValueError when fewer than 2 completed trials reported it."""
+    columns, values = importance_columns(trials, metric)
+    return score_columns(columns, values, mode, evaluator=evaluator, seed=seed)
+
+
+def importance_columns(trials: Iterable[Trial], metric: str) -> tuple[dict[str, list[Any]], list[float]]:
+    """What `hyperparameter_importance` scores: each hyper-parameter's value per used trial
+    (the module docstring says which trials and values) and the metric's value per used
+    trial, all plain JSON values; a ValueError when fewer than 2 trials can be used."""
     used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
     if len(used) < 2:
         raise ValueError(
             f"the importance of the hyper-parameters needs at least 2 completed trials with {metric!r}, "
             f"there are {len(used)}"
         )
-    columns = _variables(used)
-    values = [float(t.metrics[metric]) for t in used]
+    return _variables(used), [float(t.metrics[metric]) for t in used]
+
+
+def score_columns(
+    columns: dict[str, list[Any]],
+    values: list[float],
+    mode: str = "max",
+    *,
+    evaluator: Any = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """`hyperparameter_importance` of the variables and values `importance_columns` gives."""
     varying = _varying(columns)
     scores = dict.fromkeys(columns, 0.0)
     if len(varying) == 1:
@@ -158,19 +183,23 @@ def method_of(evaluator: Any = None, trials: Iterable[Trial] | None = None, metr
     in impurity for `trials` whose categories are too wide for fANOVA), or the fallback."""
     if evaluator is not None:
         return type(evaluator).__name__
+    columns: dict[str, list[Any]] = {}
+    if trials is not None and metric is not None:
+        used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
+        columns = _variables(used)
+    return method_of_columns(columns)
+
+
+def method_of_columns(columns: dict[str, list[Any]]) -> str:
+    """`method_of` (no evaluator) for the variables `importance_columns` gives."""
     try:
         import optuna  # noqa: F401
     except ImportError:
         return FALLBACK
-    if trials is not None and metric is not None:
-        used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
-        columns = _variables(used)
-        varying = _varying(columns)
-        widest = _widest_category(columns, varying)
-        if len(varying) > 1 and widest > FANOVA_MAX_CHOICES:
-            return (
-                f"mean decrease in impurity (optuna; fANOVA is exponential in a category's {widest} values)"
-            )
+    varying = _varying(columns)
+    widest = _widest_category(columns, varying)
+    if len(varying) > 1 and widest > FANOVA_MAX_CHOICES:
+        return f"mean decrease in impurity (optuna; fANOVA is exponential in a category's {widest} values)"
     return "fANOVA (optuna)"
 
 
@@ -197,11 +226,3 @@ def _forest(
         scores[owner] += float(share)
     total = sum(scores.values())
     return {name: score / total if total else 0.0 for name, score in scores.items()}
-
-
-def importance_key(trials: Iterable[Trial], metric: str, mode: str) -> str:
-    """What the importance depends on, as text (to cache it)."""
-    parts = [
-        (t.id, t.status, t.metrics.get(metric) if t.metrics else None, config_dumps(t.config)) for t in trials
-    ]
-    return json.dumps([metric, mode, parts], default=str)

@@ -43,7 +43,7 @@ from dagtune.config import config_dumps, config_from_json
 from dagtune.durable import Persistence, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
-from dagtune.records import Trial
+from dagtune.records import PENDING, Trial
 from dagtune.summary import best_of, failures, metric_of, status_counts
 
 __all__ = [
@@ -204,12 +204,29 @@ class StoredView:
     snapshot: dict[str, Any]
     ends: dict[str, list[str]]
     stored: StoredStudy | None = None
+    importance_inputs: dict[str, Any] | None = None
+
+    def page_snapshot(self) -> dict[str, Any]:
+        """The page's snapshot; where the index kept only what the importance is scored from
+        (`importance_inputs`), scored now (once per process and inputs: fANOVA takes seconds,
+        which the study's closing writer does not spend)."""
+        if self.importance_inputs is None:
+            return self.snapshot
+        from dagtune.dashboard.snapshot import scored_importance  # the dashboard package: loaded when drawn
+
+        return {**self.snapshot, "importance": scored_importance(self.importance_inputs)}
 
 
-def _view_of(stored: StoredStudy) -> StoredView:
-    from dagtune.dashboard.snapshot import stored_snapshot  # the dashboard package: loaded when drawn
+def _view_of(stored: StoredStudy, *, score_importance: bool = True) -> StoredView:
+    """What the views show of `stored`; unless `score_importance`, the page's snapshot holds
+    no importance and the view what it would be scored from (what an index keeps)."""
+    from dagtune.dashboard.snapshot import importance_inputs, stored_snapshot  # loaded when drawn
 
-    snapshot = stored_snapshot(stored)
+    snapshot = stored_snapshot(stored, importance=score_importance)
+    finished = not any(t.status == PENDING for t in stored.trials)
+    inputs = None
+    if finished and not score_importance:
+        inputs = importance_inputs(stored.trials, snapshot["metric"], snapshot["mode"])
     return StoredView(
         stored.name,
         len(stored.trials),
@@ -217,6 +234,7 @@ def _view_of(stored: StoredStudy) -> StoredView:
         snapshot,
         _tree_ends(stored, snapshot["metric"]),
         stored,
+        inputs,
     )
 
 
@@ -226,7 +244,7 @@ def digest(
     """The index of `stored`, read from journals holding exactly `covers` (journal directory
     under the storage root -> file name -> size); with `dagtune status --study`'s detail
     unless `detail` is False (its incidents are not known exactly)."""
-    view = _view_of(stored)
+    view = _view_of(stored, score_importance=False)
     return _index_of(view, stored.identity, covers, _detail_of(stored, view.status) if detail else None)
 
 
@@ -234,6 +252,8 @@ def _index_of(
     view: StoredView, identity: str, covers: Mapping[str, Mapping[str, int]], detail: dict[str, Any] | None
 ) -> dict[str, Any]:
     extra = {} if detail is None else {"detail": detail}  # indexes before it had none: readers read journals
+    if view.importance_inputs is not None:  # earlier indexes hold the importance in their snapshot
+        extra["importance_inputs"] = view.importance_inputs
     return {
         **extra,
         "format": INDEX_FORMAT,
@@ -322,7 +342,16 @@ def study_view(store: CheckpointStore, name: str, plans: dict | None = None) -> 
     if index is None:
         return _view_of(load_study(store, name, plans))
     snapshot = {**index["snapshot"], "time": time.time()}  # read now, as one read from the journals
-    return StoredView(name, index["trials"], index["status"], snapshot, index["ends"])
+    inputs = index.get("importance_inputs")
+    return StoredView(
+        name,
+        index["trials"],
+        index["status"],
+        snapshot,
+        index["ends"],
+        None,
+        inputs if isinstance(inputs, dict) else None,
+    )
 
 
 def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
@@ -330,7 +359,7 @@ def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
     closes). Only the holder of the study's writer lease, or a process that knows no study
     writes it (a store being prepared), may call this."""
     stored = load_study(store, name)
-    view = _view_of(stored)
+    view = _view_of(stored, score_importance=False)
     if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
         write_index(store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status)))
     return view

@@ -89,7 +89,7 @@ def test_reads_through_the_index_are_the_reads_through_the_journals(runs, monkey
     assert outputs(runs) == indexed
     assert decoded[0] > 0
     stored = load_study(store, NAME)
-    assert plain(study_view(store, NAME).snapshot) == plain(view.snapshot)
+    assert plain(study_view(store, NAME).page_snapshot()) == plain(view.page_snapshot())
     assert json.loads(json.dumps(status_figures(stored))) == view.status
     assert view.trials == len(stored.trials) == 300
 
@@ -226,7 +226,7 @@ def test_a_study_leaves_a_current_index_that_reads_as_its_journals(tmp_path, mon
         assert view.stored is None
         assert details[name] == json.loads(json.dumps(digest(load_study(store, name), {})["detail"]))
         read = study_view(store, name)
-        assert plain(read.snapshot) == plain(view.snapshot)
+        assert plain(read.page_snapshot()) == plain(view.page_snapshot())
         assert json.loads(json.dumps(read.status)) == view.status and read.ends == view.ends
 
 
@@ -283,3 +283,29 @@ def test_a_writer_that_saw_an_incident_leaves_the_best_trials_to_the_journals(tm
     decoded = count_lines(monkeypatch)
     text = invoke("status", path, "--study", "s")
     assert "incident:" in text and decoded[0] > 0
+
+
+def test_closing_keeps_what_the_importance_is_scored_from_and_the_page_scores_it(tmp_path, monkeypatch):
+    from dagtune.dashboard import snapshot as snapshot_module
+
+    score = snapshot_module.score_columns
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a closing writer scored the importance (fANOVA: seconds to a minute)")
+
+    monkeypatch.setattr(snapshot_module, "score_columns", refused)
+    path = str(tmp_path / "runs")
+    run_study(path, GridSearch(list(SPACE), metric="val_loss", mode="min", steps=4))
+    store = open_storage(path)
+    index = read_index(store, "s")
+    assert index["snapshot"]["importance"] is None
+    assert (
+        index["importance_inputs"]["total"] == len(SPACE)
+        and index["importance_inputs"]["mode"] == index["snapshot"]["mode"]
+    )
+    monkeypatch.setattr(snapshot_module, "score_columns", score)
+    page = study_view(store, "s").page_snapshot()
+    assert page["importance"]["method"] == "fANOVA (optuna)"
+    assert sorted(page["importance"]["names"]) == ["lr", "momentum"]
+    without_index_of(store, "s")
+    assert plain(study_view(store, "s").page_snapshot()) == plain(page)  # as read from the journals

@@ -15,6 +15,7 @@ scheduler through ``log_event`` (msgpack: plain ints, floats, strings, lists, di
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from typing import Any
 from dagtune.catalog import StoredStudy
 from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
-from dagtune.importance import hyperparameter_importance, importance_key, method_of
+from dagtune.importance import importance_columns, method_of_columns, score_columns
 from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial
 from dagtune.summary import (
     best_note,
@@ -203,7 +204,7 @@ def _curves_sent(trials: list[Trial], metric: str | None, mode: str) -> list[Tri
     return best + [rest[i * len(rest) // count] for i in range(count)]
 
 
-_IMPORTANCE: dict[str, dict | None] = {}  # importance_key -> what the snapshot shows
+_IMPORTANCE: dict[str, dict | None] = {}  # importance_inputs (as JSON) -> what the snapshot shows
 _IMPORTANCE_KEPT = 16
 #: the page scores importance on at most this many completed trials (evenly spaced by id):
 #: fANOVA's forest on a 100,000-trial study would take minutes
@@ -213,22 +214,53 @@ IMPORTANCE_TRIALS = 2000
 def _importance(trials: list[Trial], metric: str | None, mode: str) -> dict | None:
     """The hyper-parameters' importance for a finished study (`dagtune.importance`), as
     ``{"method", "names", "values"}``; None when it can't be computed (fewer than 2
-    completed trials, no metric). Computed once per set of results: fANOVA takes a second."""
+    completed trials, no metric)."""
+    return scored_importance(importance_inputs(trials, metric, mode))
+
+
+def importance_inputs(trials: list[Trial], metric: str | None, mode: str) -> dict | None:
+    """What the page's importance of a finished study is scored from, as plain JSON values:
+    the variables and metric values (`dagtune.importance.importance_columns`) of at most
+    `IMPORTANCE_TRIALS` completed trials, evenly spaced by id, and how many completed; None
+    when nothing can be scored (no metric, fewer than 2 trials reported it). A study's read
+    index keeps these rather than the scores, so closing a study never waits for fANOVA
+    (seconds to a minute at 2,000 trials): the page scores them when it is drawn."""
     if metric is None:
         return None
     used = sorted((t for t in trials if t.status == COMPLETED), key=lambda t: t.id)
     total = len(used)
     if total > IMPORTANCE_TRIALS:
         used = [used[i * total // IMPORTANCE_TRIALS] for i in range(IMPORTANCE_TRIALS)]
-    key = importance_key(used, metric, mode)
+    try:
+        columns, values = importance_columns(used, metric)
+    except ValueError:
+        return None
+    return {"mode": mode, "sampled": len(used), "total": total, "columns": columns, "values": values}
+
+
+def scored_importance(inputs: Mapping[str, Any] | None) -> dict | None:
+    """The page's importance (``{"method", "names", "values"}``) from `importance_inputs`;
+    None when there are none or they can't be scored. Computed once per set of inputs:
+    fANOVA takes seconds."""
+    if inputs is None:
+        return None
+    key = json.dumps(inputs, sort_keys=True, default=str)
     if key not in _IMPORTANCE:
         try:
-            scores = hyperparameter_importance(used, metric, mode)
-        except (ValueError, ImportError, RuntimeError):
+            columns, values = inputs["columns"], inputs["values"]
+            sampled, total = inputs["sampled"], inputs["total"]
+            scores = score_columns(columns, values, inputs["mode"])
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            ImportError,
+            RuntimeError,
+        ):  # nothing to score, or a damaged index
             found = None
         else:
-            method = method_of(trials=used, metric=metric)
-            method += f", {len(used)} of {total} trials" if len(used) < total else ""
+            method = method_of_columns(columns)
+            method += f", {sampled} of {total} trials" if sampled < total else ""
             found = {"method": method, "names": list(scores), "values": list(scores.values())}
         while len(_IMPORTANCE) >= _IMPORTANCE_KEPT:
             _IMPORTANCE.pop(next(iter(_IMPORTANCE)))
@@ -267,9 +299,11 @@ def result_snapshot(result: Any, name: str = "result", *, importance: bool = Fal
     )
 
 
-def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | None = None) -> dict:
+def stored_snapshot(
+    study: StoredStudy, metric: str | None = None, mode: str | None = None, *, importance: bool = True
+) -> dict:
     """A snapshot of a study as storage holds it (`dagtune.catalog.load_study`; nothing runs:
-    pieces are done or untrained)."""
+    pieces are done or untrained); without the importance unless `importance`."""
     if metric is None:
         metric, guessed = metric_of(study.trials)
         mode = mode or guessed
@@ -288,6 +322,7 @@ def stored_snapshot(study: StoredStudy, metric: str | None = None, mode: str | N
         configs={n: study.plan.nodes[n].config for n in nodes},
         trained=trained_from_plan(study.plan, nodes),
         link=study.describe.get("link"),
+        importance=importance,
         gpus=study.describe.get("gpus"),
     )
 
