@@ -19,8 +19,8 @@ subprocess. On the durable path the simulated workers' side includes writing eac
 to disk; the coordinator's side includes its journals (their fsyncs), lease and results.
 Closing the study (`Study.close` after `Study.run` returned) is not in the coordinator's
 figures; its CPU time is given apart (``close_s``): on the durable path it commits the
-journals and results a last time and writes the study's read index, whose page snapshot
-scores the hyper-parameters' importance (fANOVA on up to 2,000 completed trials).
+journals and results a last time and writes the study's read index (which keeps what the
+page's importance is scored from, not the scores, since commit 283aa94).
 ``planner="rebuild"`` (the stage tree and its priorities rebuilt at every
 scheduling round, what the coordinator did before the incremental planner) runs at the
 smallest size as the reference.

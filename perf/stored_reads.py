@@ -68,7 +68,7 @@ def child(command: str, storage: str) -> dict[str, Any]:
     elif command == "open_results":
         extra["rows"] = len(dt.open_results(storage, "big").trials)
     elif command == "page snapshot":
-        snapshot = study_view(open_storage(storage), "big").snapshot  # what `dagtune dashboard` serves
+        snapshot = study_view(open_storage(storage), "big").page_snapshot()  # what `dagtune dashboard` serves
         extra["json_mb"] = len(json.dumps(snapshot)) / 1e6
     elif command == "index (writer)":
         rebuild_index(open_storage(storage), "big")  # the same bytes again: readers see no change
