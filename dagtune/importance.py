@@ -70,6 +70,11 @@ def _variables(trials: list[Trial]) -> dict[str, list[Any]]:
     return columns
 
 
+def _used(trials: Iterable[Trial], metric: str) -> list[Trial]:
+    """The trials importance is scored on: completed with a finite value of `metric`."""
+    return [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
+
+
 def _numeric(values: list[Any]) -> bool:
     return all(_finite(v) for v in values)
 
@@ -91,7 +96,7 @@ def importance_columns(trials: Iterable[Trial], metric: str) -> tuple[dict[str, 
     """What `hyperparameter_importance` scores: each hyper-parameter's value per used trial
     (the module docstring says which trials and values) and the metric's value per used
     trial, all plain JSON values; a ValueError when fewer than 2 trials can be used."""
-    used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
+    used = _used(trials, metric)
     if len(used) < 2:
         raise ValueError(
             f"the importance of the hyper-parameters needs at least 2 completed trials with {metric!r}, "
@@ -185,8 +190,7 @@ def method_of(evaluator: Any = None, trials: Iterable[Trial] | None = None, metr
         return type(evaluator).__name__
     columns: dict[str, list[Any]] = {}
     if trials is not None and metric is not None:
-        used = [t for t in trials if t.status == COMPLETED and t.metrics and _finite(t.metrics.get(metric))]
-        columns = _variables(used)
+        columns = _variables(_used(trials, metric))
     return method_of_columns(columns)
 
 
