@@ -4,6 +4,7 @@ on loopback, as a small GPU node would have (one worker per GPU), and `dask sche
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import subprocess
@@ -46,7 +47,8 @@ def scheduler_address(scheduler_file: Path, process: subprocess.Popen, log: Path
     """The address a `dask scheduler --scheduler-file` process writes once it listens (fails
     with its log if it exits or takes longer than `timeout` seconds)."""
     deadline = time.monotonic() + timeout
-    while not scheduler_file.exists():
+    while True:  # the scheduler writes the file in place: it can be read half written
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
+            return json.loads(scheduler_file.read_text())["address"]
         assert time.monotonic() < deadline and process.poll() is None, log.read_text()
         time.sleep(0.2)
-    return json.loads(scheduler_file.read_text())["address"]
