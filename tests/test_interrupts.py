@@ -94,6 +94,19 @@ def after_commits(count: int):
     return when
 
 
+def after_more_commits(count: int):
+    """Once the run has committed `count` checkpoints more than storage held when it started."""
+    start: list[int] = []
+
+    def when(storage: str, lines: list[str]) -> bool:
+        if not start:
+            start.append(commits(storage))
+        return commits(storage) >= start[0] + count
+
+    when.__name__ = f"after_{count}_more_commits"
+    return when
+
+
 def best_lines(stdout: str) -> list[str]:
     """The best trial as `dagtune run` prints it: its metric, steps and schedule."""
     lines = stdout.splitlines()
@@ -157,30 +170,36 @@ def uninterrupted(tmp_path_factory) -> dict[str, tuple[str, str]]:
     return get
 
 
-# Ctrl-C is cut once, fused: the same handler as unfused (the one line, storage agreeing),
-# and an early cut unfused is the SIGKILL case's, so an unfused Ctrl-C run would add minutes
-# and prove nothing more.
+# Each case is one storage cut once or more, each time by `dagtune run`'s own command run
+# again, then run to the end. SIGKILL early and SIGTERM midway share one storage: the run
+# after the kill is the one SIGTERM cuts, so the kill's rerun and the SIGTERM case cost one
+# run less than two cases would, and the final run continues after both. Ctrl-C is cut once,
+# fused: the same handler as unfused (the one line, storage agreeing), and an early cut
+# unfused is the SIGKILL cut's, so an unfused Ctrl-C run would add minutes and prove nothing
+# more. The SIGTERM cut comes 4 commits after its run starts, of the study's 20.
 CUTS = [
-    pytest.param(signal.SIGTERM, after_commits(10), (), id="sigterm-midway"),
-    pytest.param(signal.SIGKILL, after_commits(6), (), id="sigkill-of-everything"),
-    pytest.param(signal.SIGINT, after_commits(5), ("--fuse", "6"), id="ctrl-c-fused"),
+    pytest.param(
+        ((signal.SIGKILL, after_commits(6)), (signal.SIGTERM, after_more_commits(4))),
+        (),
+        id="sigkill-of-everything-then-sigterm-midway",
+    ),
+    pytest.param(((signal.SIGINT, after_commits(5)),), ("--fuse", "6"), id="ctrl-c-fused"),
 ]
 
 
-@pytest.mark.parametrize(("number", "when", "fuse"), CUTS)
-def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(
-    tmp_path, uninterrupted, number, when, fuse
-):
+@pytest.mark.parametrize(("cuts", "fuse"), CUTS)
+def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(tmp_path, uninterrupted, cuts, fuse):
     reference, reference_output = uninterrupted(fuse)
     storage = str(tmp_path / "runs")
-    code, lines = run_and_cut(storage, number, when, *fuse)
-    if number == signal.SIGKILL:
-        assert code == -signal.SIGKILL
-    else:
-        assert code == 128 + number, "\n".join(lines)
-        assert_one_line(lines, "Ctrl-C" if number == signal.SIGINT else "SIGTERM", storage, fuse)
-        assert not any("Traceback" in line for line in lines)
-        assert_storage_agrees(storage)  # a killed process leaves results as they were last written
+    for number, when in cuts:
+        code, lines = run_and_cut(storage, number, when, *fuse)
+        if number == signal.SIGKILL:
+            assert code == -signal.SIGKILL
+        else:
+            assert code == 128 + number, "\n".join(lines)
+            assert_one_line(lines, "Ctrl-C" if number == signal.SIGINT else "SIGTERM", storage, fuse)
+            assert not any("Traceback" in line for line in lines)
+            assert_storage_agrees(storage)  # a killed process leaves results as they were last written
     output = run_to_the_end(storage, *fuse)
     assert_same_results(storage, reference)
     assert best_lines(output) == best_lines(reference_output)

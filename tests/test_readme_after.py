@@ -1,5 +1,7 @@
 """The README's "After a study" section runs as pasted: its scripts in fresh processes (the
-study on the embedded cluster, as a user runs it), then its ``dagtune export`` lines."""
+study on the embedded cluster, as a user runs it), then its ``dagtune export`` lines, with
+their words as pasted, through the ``dagtune`` command's entry point (`dagtune.cli.main`) in
+this process: a fresh process each would only add a Python start and torch's import."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
+
+from dagtune.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +37,7 @@ def run(args: list[str], cwd: Path, timeout: float = 540) -> str:
 
 
 @pytest.mark.slow
-def test_the_after_a_study_section_runs_as_pasted(tmp_path):
+def test_the_after_a_study_section_runs_as_pasted(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     pytest.importorskip("pytorch_lightning")
     blocks = section_blocks("After a study")
@@ -47,10 +52,12 @@ def test_the_after_a_study_section_runs_as_pasted(tmp_path):
     assert (tmp_path / "csv" / "after" / "progress.csv").is_file()
     best = torch.load(tmp_path / "best.pt", weights_only=True)
     run([sys.executable, "analyse.py"], tmp_path)
+    monkeypatch.chdir(tmp_path)  # the lines' relative paths, as in the user's terminal
     for line in shell[0].splitlines():
         command = line.split("#")[0].split()
         assert command[0] == "dagtune"
-        run([sys.executable, "-m", "dagtune.cli", *command[1:]], tmp_path)
+        done = CliRunner().invoke(main, command[1:])
+        assert done.exit_code == 0, f"{line} failed:\n{done.output}\n{done.exception!r}"
     exported = torch.load(tmp_path / "best.pt", weights_only=True)  # the export wrote it again
     assert exported.keys() == best.keys() and all(
         torch.equal(a, b) for a, b in zip(exported["model"].values(), best["model"].values())
