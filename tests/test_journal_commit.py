@@ -58,6 +58,33 @@ def test_a_studys_journal_fsyncs_do_not_grow_with_its_trials(tmp_path, monkeypat
     assert len(records) == 200 and set(records["status"]) == {"completed"}
 
 
+def test_a_studys_groups_share_one_committer_thread(tmp_path, monkeypatch):
+    """A durable study whose groups fall due all through its run (a 1 ms bound) commits
+    them from one committer thread, not from a thread per group: the committers started do
+    not grow with the groups (a loaded machine may idle one out now and then)."""
+    monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", "0.001")
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counting(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting)
+    groups: list[int] = []
+    commit = GroupCommit.commit
+
+    def counted(group: GroupCommit) -> None:
+        groups.append(1)
+        commit(group)
+
+    monkeypatch.setattr(GroupCommit, "commit", counted)
+    _grid_study(tmp_path, 200)
+    committers = [thread for thread in started if thread.name == "dagtune-journal-commit"]
+    assert len(groups) > 20 and 1 <= len(committers) <= 5, (len(groups), len(committers))
+    assert not any(thread.is_alive() for thread in committers)  # ended when the study closed
+
+
 def test_a_record_left_alone_is_committed_by_itself(tmp_path, journal_fsyncs):
     journal = Journal(
         dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "journal"), commit=GroupCommit(0.05)
