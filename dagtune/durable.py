@@ -97,7 +97,7 @@ class Leases:
             "writer": self.writer,
             "written": time.time(),
             "ttl": self.ttl_seconds,
-            "points": sorted([node, step] for node, step in points),
+            "points": sorted(points),  # (node, step) pairs: JSON arrays, sorted as tuples twice as fast
         }
         self.store.fs.makedirs(self.directory, exist_ok=True)
         self.store.fs.pipe_file(self.path, json.dumps(payload).encode())
@@ -422,6 +422,7 @@ class Persistence:
             try:
                 self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()
+                self.commit.close()  # its committer ends (after a failed flush: once idle)
                 if summarize is not None:
                     try:
                         summarize(self)

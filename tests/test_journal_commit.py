@@ -58,6 +58,33 @@ def test_a_studys_journal_fsyncs_do_not_grow_with_its_trials(tmp_path, monkeypat
     assert len(records) == 200 and set(records["status"]) == {"completed"}
 
 
+def test_a_studys_groups_share_one_committer_thread(tmp_path, monkeypatch):
+    """A durable study whose groups fall due all through its run (a 1 ms bound) commits
+    them from one committer thread, not from a thread per group: the committers started do
+    not grow with the groups (a loaded machine may idle one out now and then)."""
+    monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", "0.001")
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counting(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting)
+    groups: list[int] = []
+    commit = GroupCommit.commit
+
+    def counted(group: GroupCommit) -> None:
+        groups.append(1)
+        commit(group)
+
+    monkeypatch.setattr(GroupCommit, "commit", counted)
+    _grid_study(tmp_path, 200)
+    committers = [thread for thread in started if thread.name == "dagtune-journal-commit"]
+    assert len(groups) > 20 and 1 <= len(committers) <= 5, (len(groups), len(committers))
+    assert not any(thread.is_alive() for thread in committers)  # ended when the study closed
+
+
 def test_a_record_left_alone_is_committed_by_itself(tmp_path, journal_fsyncs):
     journal = Journal(
         dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "journal"), commit=GroupCommit(0.05)
@@ -99,6 +126,41 @@ def test_a_group_writes_its_journals_in_their_order(tmp_path, journal_fsyncs):
     assert [p.rsplit("/", 2)[-2] for p in journal_fsyncs] == ["plan", "rec", "rec"]
 
 
+def _committers() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.name == "dagtune-journal-commit"}
+
+
+def test_one_committer_thread_commits_every_group_until_closed(tmp_path, journal_fsyncs):
+    """Not a thread per group: the committer that wrote the first group writes the next ones
+    (while groups keep coming), and `close` ends it at once."""
+    journal = Journal(dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "j"), commit=GroupCommit(0.01))
+    group = journal.commit
+    group.IDLE_SECONDS = 60  # a loaded machine never idles it out between these groups
+    others, seen = _committers(), set()  # others: earlier tests' committers, ending when idle
+    for i in range(5):
+        journal.append({"r": "x", "i": i})
+        seen |= _committers() - others
+        deadline = time.monotonic() + 60
+        while group.commits <= i and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert group.commits == i + 1
+    assert len(seen) == 1 and seen <= _committers() and len(journal_fsyncs) == 5
+    group.close()
+    assert not seen & _committers()
+    journal.append({"r": "x", "i": 5}, sync=True)  # usable after: a synced append needs no committer
+    assert not _committers() - others
+
+
+def test_closing_commits_a_group_still_due(tmp_path, journal_fsyncs):
+    journal = Journal(dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "j"), commit=GroupCommit(3600))
+    others = _committers()
+    journal.append({"r": "x"})
+    mine = _committers() - others
+    assert journal_fsyncs == [] and len(mine) == 1
+    journal.commit.close()  # at once, not after the hour
+    assert len(journal_fsyncs) == 1 and not mine & _committers()
+
+
 def _failing_journal(tmp_path) -> tuple:
     """A journal whose directory can't be made (a file stands at its parent's place) and
     whose first record, "a", waits in a group commit of 10 ms; and that file."""
@@ -110,6 +172,14 @@ def _failing_journal(tmp_path) -> tuple:
     return blocked, journal
 
 
+def _wait_for_failure(journal: Journal) -> None:
+    """Until the background committer's try failed (it keeps its error)."""
+    deadline = time.monotonic() + 60
+    while journal.commit.failures == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert journal.commit.failures == 1
+
+
 def _written(blocked, journal: Journal) -> list[bytes]:
     """The first letter of each record's "r" that `journal` wrote."""
     lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
@@ -118,7 +188,7 @@ def _written(blocked, journal: Journal) -> list[bytes]:
 
 def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_path):
     blocked, journal = _failing_journal(tmp_path)
-    _wait_for_committers()  # the background commit failed, and kept its error
+    _wait_for_failure(journal)  # the background commit failed, and kept its error
     with pytest.raises(OSError):
         journal.append({"r": "b"})
     blocked.unlink()
@@ -130,7 +200,7 @@ def test_a_commit_after_storage_came_back_writes_the_kept_records_instead_of_rai
     """Closing a study after an outage: the background commit failed during it, storage is
     back, and the flush at close writes everything rather than raising the old failure."""
     blocked, journal = _failing_journal(tmp_path)
-    _wait_for_committers()  # the background commit failed, and kept its error
+    _wait_for_failure(journal)  # the background commit failed, and kept its error
     blocked.unlink()
     journal.flush()  # storage is back: written, nothing raised
     journal.append({"r": "b"}, sync=True)  # the failure is over: appending raises nothing either
@@ -139,7 +209,7 @@ def test_a_commit_after_storage_came_back_writes_the_kept_records_instead_of_rai
 
 def test_a_commit_while_storage_is_still_failing_raises_its_own_error_and_keeps_the_records(tmp_path):
     blocked, journal = _failing_journal(tmp_path)
-    _wait_for_committers()
+    _wait_for_failure(journal)
     for _ in range(2):  # every try raises while it fails
         with pytest.raises(OSError):
             journal.flush()

@@ -9,8 +9,9 @@ its own files, so concurrent writers never touch the same bytes and need no lock
 
 Records are committed in groups (`GroupCommit`): a record is written, and fsynced on a local
 disk, at most `COMMIT_SECONDS` (50 ms) after it was appended, together with every record
-appended meanwhile, by a background thread; a caller that needs it on disk before it goes
-on asks with ``sync=True`` or `flush`. So a burst of events costs one write and one fsync
+appended meanwhile, by a background thread (one per `GroupCommit`, kept while groups keep
+coming); a caller that needs it on disk before it goes on asks with ``sync=True`` or
+`flush`. So a burst of events costs one write and one fsync
 per journal per 50 ms rather than one per event, a killed writer loses at most the records
 of its last 50 ms, and the journal is never rewritten. Journals that share a `GroupCommit`
 are written in the order they joined it, in every commit, so a record of a later journal is
@@ -97,10 +98,13 @@ class Entry:
     writer: str
 
 
+#: encodes a record's JSON (made once: `json.dumps` with options makes an encoder per call)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def encode_line(record: dict) -> bytes:
     """One self-checking journal line for `record`."""
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    body = text.encode()
+    body = _ENCODER.encode(record).encode()
     return f"{TAG} {zlib.crc32(body):08x} ".encode() + body + b"\n"
 
 
@@ -144,21 +148,28 @@ def commit_seconds(value: float | str | None = None) -> float:
 
 class GroupCommit:
     """Commits what one or more journals buffered, together: at most `delay` seconds after
-    the first record of a group was appended (a background thread, started for each group
-    and gone when nothing waits), or at once on `commit`. The journals are written in the
+    the first record of a group was appended (by one background committer thread, started
+    with the first group and kept while groups keep coming: it ends after `IDLE_SECONDS`
+    without one, or on `close`), or at once on `commit`. The journals are written in the
     order they joined, so ordering between them holds on disk. `commits` counts the groups
-    written; a failed write keeps its records for the next commit and its error is raised
-    to the next caller that appends (a commit tries the write again instead: see `commit`)."""
+    written and `failures` the background commits that failed; a failed write keeps its
+    records for the next commit and its error is raised to the next caller that appends (a
+    commit tries the write again instead: see `commit`)."""
+
+    #: a committer with nothing to commit for this long ends (the next group starts another)
+    IDLE_SECONDS = 1.0
 
     def __init__(self, delay: float | None = None):
         self.delay = commit_seconds(delay)
         self.journals: list[Journal] = []
         self.commits = 0
+        self.failures = 0
         self._lock = threading.Lock()  # the journals' buffers and the schedule
         self._writing = threading.Lock()  # held while a group is written: groups keep their order
         self._wake = threading.Condition(self._lock)
         self._due: float | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = False  # `close` asked the committer to end
         self._error: BaseException | None = None
 
     def join(self, journal: Journal) -> None:
@@ -173,11 +184,13 @@ class GroupCommit:
             if not (now or self.delay == 0):
                 if self._due is None:
                     self._due = time.monotonic() + self.delay
-                    if self._thread is None:
-                        self._thread = threading.Thread(
-                            target=self._run, name="dagtune-journal-commit", daemon=True
-                        )
-                        self._thread.start()
+                    self._wake.notify()  # a waiting committer: this group is due then
+                if self._thread is None:
+                    self._stopping = False
+                    self._thread = threading.Thread(
+                        target=self._run, name="dagtune-journal-commit", daemon=True
+                    )
+                    self._thread.start()
                 return
         self.commit()
 
@@ -192,9 +205,18 @@ class GroupCommit:
             with self._lock:
                 self._error = None
                 self._due = None
-                self._wake.notify_all()  # a waiting committer has nothing left to wait for
+                self._wake.notify()  # a committer waiting for this group's deadline: not due now
                 batches = [(journal, journal._take()) for journal in self.journals]
             self._write(batches)
+
+    def close(self) -> None:
+        """End the committer thread (a group still due is committed first, by it, at once);
+        the group stays usable: a later group starts a committer again."""
+        with self._lock:
+            thread, self._stopping = self._thread, True
+            self._wake.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _write(self, batches: list[tuple[Journal, list[bytes]]]) -> None:
         if not any(lines for _, lines in batches):
@@ -217,22 +239,29 @@ class GroupCommit:
             raise error
 
     def _run(self) -> None:
-        """The background committer: waits for the group's deadline, commits, and ends once
-        nothing more waits."""
+        """The background committer: waits for each group's deadline and commits it; ends
+        once nothing is due and `close` asked it to, or no group came for `IDLE_SECONDS`."""
         while True:
             with self._lock:
-                while self._due is not None and self._due > time.monotonic():
-                    self._wake.wait(self._due - time.monotonic())
-                if self._due is None:
-                    self._thread = None
-                    return
+                idle_until = time.monotonic() + self.IDLE_SECONDS
+                while True:
+                    now = time.monotonic()
+                    if self._due is not None:
+                        if self._due <= now or self._stopping:
+                            break  # commit it (a closing group does not wait for the deadline)
+                        self._wake.wait(self._due - now)
+                    elif self._stopping or now >= idle_until:
+                        self._thread = None
+                        return
+                    else:
+                        self._wake.wait(idle_until - now)
             try:
                 self.commit()
             except Exception as error:  # kept for the next caller: records are never dropped
                 log.warning("dagtune journal: a commit failed (%r); retried at the next one", error)
                 with self._lock:
-                    self._error, self._due, self._thread = error, None, None
-                return
+                    self._error, self._due = error, None
+                    self.failures += 1
 
 
 class Journal:
