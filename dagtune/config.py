@@ -107,6 +107,8 @@ def config_from_json(data: Mapping[str, Any]) -> Config:
     return {name: Sequence.from_json(data[name]) for name in sorted(data)}
 
 
-def config_dumps(config: Config) -> str:
-    """Canonical JSON text of a config (sorted keys, no spaces): equal texts, equal configs."""
-    return json.dumps(config_to_json(config), sort_keys=True, separators=(",", ":"))
+def config_dumps(config: Config, as_json: dict | None = None) -> str:
+    """Canonical JSON text of a config (sorted keys, no spaces): equal texts, equal configs.
+    `as_json` is its `config_to_json`, when the caller made it already (not made twice)."""
+    data = config_to_json(config) if as_json is None else as_json
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
