@@ -94,9 +94,11 @@ def config_first_difference(a: Config, b: Config, lo: int, hi: int) -> int:
 def value_key(config: Config, step: int) -> tuple:
     """A hashable key of the values at `step` (type-aware), for finding a matching branch:
     name, type and value of each in one flat tuple (the search plan keeps one per root)."""
-    return tuple(
-        item for name, v in config_values(config, step).items() for item in (name, type(v).__name__, v)
-    )
+    items: list = []
+    for name, sequence in config.items():  # one pass, no dict of the values in between
+        value = sequence(step)
+        items += (name, type(value).__name__, value)
+    return tuple(items)
 
 
 def config_to_json(config: Config) -> dict:
