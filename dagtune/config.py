@@ -94,9 +94,11 @@ def config_first_difference(a: Config, b: Config, lo: int, hi: int) -> int:
 def value_key(config: Config, step: int) -> tuple:
     """A hashable key of the values at `step` (type-aware), for finding a matching branch:
     name, type and value of each in one flat tuple (the search plan keeps one per root)."""
-    return tuple(
-        item for name, v in config_values(config, step).items() for item in (name, type(v).__name__, v)
-    )
+    items: list = []
+    for name, sequence in config.items():  # one pass, no dict of the values in between
+        value = sequence(step)
+        items += (name, type(value).__name__, value)
+    return tuple(items)
 
 
 def config_to_json(config: Config) -> dict:
@@ -107,6 +109,8 @@ def config_from_json(data: Mapping[str, Any]) -> Config:
     return {name: Sequence.from_json(data[name]) for name in sorted(data)}
 
 
-def config_dumps(config: Config) -> str:
-    """Canonical JSON text of a config (sorted keys, no spaces): equal texts, equal configs."""
-    return json.dumps(config_to_json(config), sort_keys=True, separators=(",", ":"))
+def config_dumps(config: Config, as_json: dict | None = None) -> str:
+    """Canonical JSON text of a config (sorted keys, no spaces): equal texts, equal configs.
+    `as_json` is its `config_to_json`, when the caller made it already (not made twice)."""
+    data = config_to_json(config) if as_json is None else as_json
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -37,11 +37,19 @@ numpy, torch), and the largest lines are listed (``--heap-lines``). The simulato
 checkpoint store (this file) is never counted.
 
     python perf/scale.py --algorithm grid --trials 10000 --workers 1000 --heap [--heap-lines 30]
+
+Where the coordinator's time goes: with ``--profile PATH`` the run is profiled (`cProfile`,
+paused inside the simulated executor's methods, so the profile is the coordinator's side
+only; its CPU figures are not comparable) and the statistics are written to PATH
+(``python -m pstats PATH``).
+
+    python perf/scale.py --algorithm asha --trials 10000 --workers 1000 --profile asha10k.prof
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
 import gc
 import json
@@ -137,6 +145,10 @@ class FullCollections:
         gc.callbacks.remove(self._heard)
 
 
+#: the profiler of a ``--profile`` run, paused inside the simulated executor (`ExecutorClock`)
+PROFILER: cProfile.Profile | None = None
+
+
 class ExecutorClock:
     """CPU seconds spent inside an executor's methods (the simulated workers' side)."""
 
@@ -147,11 +159,15 @@ class ExecutorClock:
 
     def _timed(self, method):
         def timed(*args, **kwargs):
+            if PROFILER is not None:
+                PROFILER.disable()
             began = time.process_time()
             try:
                 return method(*args, **kwargs)
             finally:
                 self.seconds += time.process_time() - began
+                if PROFILER is not None:
+                    PROFILER.enable()
 
         return timed
 
@@ -414,9 +430,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--heap", action="store_true", help="trace the heap the study holds (slow)")
     parser.add_argument("--heap-lines", type=int, default=20, help="with --heap: the largest lines listed")
+    parser.add_argument("--profile", metavar="PATH", help="profile the coordinator's side, stats to PATH")
     args = parser.parse_args()
     lines = args.heap_lines if args.heap else None
+    global PROFILER
+    PROFILER = cProfile.Profile() if args.profile else None
+    if PROFILER is not None:
+        PROFILER.enable()
     row = run(args.algorithm, args.trials, args.workers, args.planner, args.durable, lines)
+    if PROFILER is not None:
+        PROFILER.disable()
+        PROFILER.dump_stats(args.profile)
     print(json.dumps(row) if args.json else row, flush=True)
 
 

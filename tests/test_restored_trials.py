@@ -36,3 +36,9 @@ def test_the_first_restored_with_the_config_and_steps_comes_back_once():
     assert restored.take(config, 8).id == 1
     assert restored.take(normalize_config({"lr": dt.Constant(0.3)}), 4) is None
     assert len(restored) == 1
+
+
+def test_a_take_with_nothing_restored_serializes_nothing():
+    restored = RestoredTrials()
+    assert restored.take(normalize_config({"lr": dt.Constant(0.1)}), 4) is None
+    assert restored.dumps == 0

@@ -78,5 +78,6 @@ class LaterBranches:
                 branch = config_first_difference(node.config, config, 0, segment.end)
                 if node.start < branch < segment.end:
                     found.add(branch)
-            self._prospect_branches[key] = found
+            if found:  # most paths have none: kept for those only (no set per segment launched)
+                self._prospect_branches[key] = found
         return {step for step in found if step > segment.start}

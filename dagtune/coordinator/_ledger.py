@@ -92,16 +92,17 @@ class TrialLedger:
         if not self.share:
             trial.salt = f"{self.name}/{trial.id}"
         self.trials[trial.id] = trial
-        record = {
-            "r": "submit",
-            "trial": trial.id,
-            "config": config_to_json(config),
-            "steps": steps,
-            "tag": _jsonable(tag),
-        }
-        if trial.salt:  # a trial-based trial's private path: found again when it resumes
-            record["salt"] = trial.salt
-        self._record(record)
+        if self.recorders:  # no storage, no record: its config's JSON form is not made
+            record = {
+                "r": "submit",
+                "trial": trial.id,
+                "config": config_to_json(config),
+                "steps": steps,
+                "tag": _jsonable(tag),
+            }
+            if trial.salt:  # a trial-based trial's private path: found again when it resumes
+                record["salt"] = trial.salt
+            self._record(record)
         self._request(trial)
         return trial
 

@@ -186,13 +186,14 @@ class SearchPlan:
         return max(nodes, key=lambda n: _agreement(n, config, steps))
 
     def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
-        identifier = node_id(parent, start, config, salt)
+        as_json = config_to_json(config)  # hashed into the id and written in the event
+        identifier = node_id(parent, start, config, salt, as_json)
         event = {
             "e": "node",
             "id": identifier,
             "parent": parent,
             "start": start,
-            "config": config_to_json(config),
+            "config": as_json,
         }
         if salt:
             event["private"], event["salt"] = True, salt
@@ -351,8 +352,19 @@ def _check_steps(steps: Any) -> int:
     return check_int("steps", steps, minimum=1)
 
 
+class _CountingPlan(SearchPlan):
+    """A search plan built only to count steps (`unique_steps`): the same nodes, named by
+    their order instead of a content hash (an id no one else reads need not be agreed on:
+    hashing each config's JSON text was most of a study report's cost), with no JSON event."""
+
+    def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
+        identifier = str(len(self.order))
+        self.apply({"e": "node", "id": identifier, "parent": parent, "start": start}, live_config=config)
+        return identifier
+
+
 def _plan_of(trials) -> tuple[SearchPlan, dict[str, set[int]]]:
-    plan = SearchPlan()
+    plan = _CountingPlan()
     requested: dict[str, set[int]] = {}
     names = None
     for config, steps in trials:

@@ -18,10 +18,13 @@ __all__ = ["CheckpointInfo", "PlanEvent", "node_id", "parse_plan_event"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def node_id(parent: str | None, start: int, config: Config, salt: str = "") -> str:
+def node_id(
+    parent: str | None, start: int, config: Config, salt: str = "", as_json: dict | None = None
+) -> str:
     """The id of a search plan node: a hash of its content (parent, branch step, config and,
-    for a trial-based run's private path, its salt), so that every writer agrees on it."""
-    text = f"{parent or ''}|{start}|{config_dumps(config)}|{salt}"
+    for a trial-based run's private path, its salt), so that every writer agrees on it.
+    `as_json` is the config's `config_to_json`, when the caller made it already."""
+    text = f"{parent or ''}|{start}|{config_dumps(config, as_json)}|{salt}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -121,9 +121,10 @@ class Sequence(ABC):
 
     def __call__(self, t: int) -> Scalar:
         """The value at step `t` (t >= 0); a ValueError if it is not finite."""
-        if isinstance(t, np.integer):
-            t = int(t)
-        check_int("step", t, minimum=0)
+        if type(t) is not int or t < 0:  # a plain step count needs no conversion or check
+            if isinstance(t, np.integer):
+                t = int(t)
+            check_int("step", t, minimum=0)
         value = self._computed_value(t)
         if not is_finite(value):
             raise self._nonfinite_error(t, value)

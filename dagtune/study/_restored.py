@@ -21,8 +21,8 @@ __all__ = ["RestoredTrials"]
 class RestoredTrials:
     """Restored trials by (canonical config text, steps), each key's in the order added.
 
-    `dumps` counts the configs serialized (one per trial added and one per `take`), so a
-    test can check that a look-up does not grow with the trials restored."""
+    `dumps` counts the configs serialized (one per trial added and one per `take` while
+    any is kept), so a test can check that a look-up does not grow with the trials restored."""
 
     def __init__(self, trials: list[Trial] | None = None):
         self._by_key: dict[tuple[str, int], deque[Trial]] = {}
@@ -44,7 +44,10 @@ class RestoredTrials:
         self._by_key.setdefault(key, deque()).append(trial)
 
     def take(self, config, steps: int) -> Trial | None:
-        """The first trial kept with `config` and `steps`, removed; None if there is none."""
+        """The first trial kept with `config` and `steps`, removed; None if there is none
+        (without serializing `config` when none is kept: a fresh study's every submit)."""
+        if not self._ids:
+            return None
         key = self._key(config, steps)
         waiting = self._by_key.get(key)
         if not waiting:
