@@ -25,13 +25,28 @@ a study that resumes one writes them.
 
 with attributes ``format``, ``study``, ``identity``, ``metrics`` (metric name -> array
 name, since a metric name may hold characters an array name can't) and ``hyperparameters``
-(hyper-parameter name -> array name). There is one row per
-trial, in trial id order (``trial_id`` says which). A write costs what changed: the
-per-trial arrays are stored in chunks of 1,024 rows and only the chunks holding a trial that
-changed are written again (new trials add rows), and the learning curves get only the points
-reported since the last write, so neither time nor memory grows with the trials, the largest
-trial id or the steps between points. Works with zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides their
-two ways of making an array and of storing variable-length text.
+(hyper-parameter name -> array name). There is one row per trial, in trial id order
+(``trial_id`` says which) unless a trial came late (restored after a later one was
+written: appended), and readers sort by ``trial_id``.
+
+A write costs the rows that changed, wherever they are in the table (format
+``dagtune-results/4``): new trials are appended to the arrays above (the base), and the
+rows of trials written before that changed go to a change log, appended::
+
+    log/trial_id, log/status, log/steps, log/error, log/final/<metric>, log/hyper/<name>/last
+                                  [entry]  the changing cells of a row, as of that write
+    log/curve/<metric>/trial_id, log/curve/<metric>/step, log/curve/<metric>/value
+                                  [point]  the curves' new points (step counted from 0)
+
+The attributes ``rows`` (base rows), ``steps`` (curve columns) and ``log`` (``rows``: log
+entries, ``points``: metric array name -> points logged) say how much of each array counts,
+and are written last, in one store write: that commits the write. Readers take the base's
+rows and apply the log in order (the last entry of a trial, or of a curve cell, wins).
+Once the log reaches a quarter of the table, and when the study closes, the writer applies
+it to the base and empties it, so after a study the base arrays are the whole table again.
+Groups written before the log (``dagtune-results/3``) are their arrays, whole, and read
+the same. Works with zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.10): `_create` hides
+their two ways of making an array and of storing variable-length text.
 """
 
 from __future__ import annotations
