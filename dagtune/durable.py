@@ -410,14 +410,16 @@ class Persistence:
         return self.earlier, plan, covers
 
     def close(self, coordinator: Coordinator, summarize: Callable[[Persistence], None] | None = None) -> None:
-        """The study ends: its last work and results are written, both journals flushed and
-        its leases released (what it keeps is in its trial records). `summarize`, if given, is
+        """The study ends: its last work and results are written (the results' change log
+        applied to them), both journals flushed and its leases released (what it keeps is in
+        its trial records). `summarize`, if given, is
         called after the flush and before the leases go (the study's read index:
         `dagtune.study_index`); it failing is logged, not raised: the journals hold
         everything. The journals and the leases are seen to whatever fails before them; the
         first failure is raised after."""
         try:
             self.tick(coordinator, force=True)
+            self.results.compact()  # the change log applied: a plain table to read
         finally:
             try:
                 self._record_work(coordinator)  # done already unless the tick failed before it

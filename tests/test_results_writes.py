@@ -1,48 +1,57 @@
-"""The results writer costs what changed (issue 24): a write after a few trials changed
-stores the same number of zarr chunks in a study of 3,000 trials as in one of 30,000 (the
-hyper-parameters' cells included), counted at the zarr store, and what it stores reads back
-exactly."""
+"""The results writer costs what changed, row by row (issue 24): a write after k trials
+changed, wherever they are, stores the same keys in a study of 1,000 trials as in one of
+100,000 (counted at the zarr store), the change log it appends to is applied to the base
+at a constant amortized cost, a write stopped anywhere leaves the rows before it or after
+it, and everything reads back exactly."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import zarr
 import zarr.storage
 
 import dagtune as dt
+import dagtune.results as results
+from dagtune.frames import row_of, trials_table
 from dagtune.records import Trial
-from dagtune.results import ResultsWriter, open_results
+from dagtune.results import FORMAT, ResultsWriter, open_results
 
 pytestmark = pytest.mark.skipif(int(zarr.__version__.split(".")[0]) < 3, reason="counts zarr 3's store")
 
 
-def _trials(n: int) -> dict[int, Trial]:
+def _trials(n: int, hyper: bool = True) -> dict[int, Trial]:
+    """`n` trials that reported step 1 (a constant learning rate each, with `hyper`)."""
     trials = {}
     for i in range(n):
-        trial = Trial(i, {"lr": dt.Constant(0.001 * (i + 1))}, 4)
+        trial = Trial(i, {"lr": dt.Constant(0.001 * (i + 1))} if hyper else {}, 4)
         trial.curve, trial.reported = [(1, {"loss": 1.0 / (i + 1)})], 1
         trials[i] = trial
     return trials
 
 
-def _advance(trials: dict[int, Trial]) -> None:
-    """Three trials move on (one point each, the last one completes) and two are added: the
-    first and last trials and one in the middle, so (from 2,048 trials) three chunks of rows
-    are touched."""
-    n = len(trials)
-    for i in (0, n // 2, n - 1):
+def _scattered(n: int, k: int) -> list[int]:
+    """`k` trial ids spread evenly over `n` (each in another chunk of rows once n is large)."""
+    return [round(j * (n - 1) / (k - 1)) for j in range(k)]
+
+
+def _advance(trials: dict[int, Trial], ids: list[int], step: int) -> None:
+    """Trials `ids` report step `step` (the last of them completes) and two are added."""
+    for i in ids:
         trial = trials[i]
-        trial.curve.append((2, {"loss": 0.5 / (i + 1)}))
-        trial.reported = 2
-    trials[n - 1].status, trials[n - 1].metrics = "completed", {"loss": 0.5 / n}
+        trial.curve.append((step, {"loss": 0.5 / (i + step)}))
+        trial.reported = step
+    last = trials[ids[-1]]
+    last.status, last.metrics = "completed", dict(last.curve[-1][1])
+    n, hyper = max(trials) + 1, bool(trials[0].config)
     for i in (n, n + 1):
-        trials[i] = Trial(i, {"lr": dt.Constant(0.5)}, 4)
+        trials[i] = Trial(i, {"lr": dt.Constant(0.5)} if hyper else {}, 4)
 
 
 @pytest.fixture
 def stored_keys(monkeypatch):
-    """The keys the zarr store is asked to set, by metadata and chunk."""
+    """The keys the zarr store is asked to set, metadata and chunks."""
     keys: list[str] = []
     original = zarr.storage.LocalStore.set
 
@@ -54,69 +63,115 @@ def stored_keys(monkeypatch):
     return keys
 
 
-def _chunks_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
-    writer = ResultsWriter(
-        str(tmp_path / f"{n}" / "studies" / "s" / "results.zarr"), None, study="s", identity="x"
-    )
-    trials = _trials(n)
+def _expected(trials: dict[int, Trial]):
+    return trials_table(row_of(t) for t in trials.values())
+
+
+def _curve(trials: dict[int, Trial]) -> dict[tuple[int, int], float]:
+    return {(i, s - 1): v["loss"] for i, t in trials.items() for s, v in t.curve}
+
+
+def _read_curve(path) -> dict[tuple[int, int], float]:
+    curve = open_results(str(path), "s").curve("loss")
+    return {(i, s): v for (i, s), v in curve.stack().items() if v == v}
+
+
+def _keys_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
+    """The keys stored by a write after 10 trials spread over `n` moved on (2 added), each
+    with the number of its chunk counted from the end of the table (the new rows' chunk)."""
+    writer = ResultsWriter(str(tmp_path / f"{n}" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(n, hyper=False)  # (the hyper-parameters' cells: as the other columns, below)
     assert writer.write(trials)
-    _advance(trials)
+    _advance(trials, _scattered(n, 10), 2)
     keys.clear()
     assert writer.write(trials)
-    return sorted(k for k in keys if not k.endswith("zarr.json"))  # metadata: one per array
+    last = (n + 1) // 1024  # the chunk of the new rows in the base arrays
+    return sorted(
+        k.replace(f"/c/{last}", "/c/last") if not k.startswith(("log/", "step/")) else k for k in keys
+    )
 
 
-def test_a_write_stores_the_chunks_that_changed_whatever_the_trial_count(tmp_path, stored_keys):
-    small = _chunks_of_a_write(tmp_path, 3000, stored_keys)
-    large = _chunks_of_a_write(tmp_path, 30000, stored_keys)
-    # 10 per-trial arrays x 3 chunks of rows, the curve's chunks of the 4 points, 1 of steps
-    assert len(large) == len(small) <= 10 * 3 + 4 + 1
-    assert [k for k in large if k.startswith("hyper/")] == [  # lr's cells: its last value moves on
-        "hyper/lr/constant/c/29",
-        "hyper/lr/first/c/29",
-        "hyper/lr/last/c/0",
-        "hyper/lr/last/c/14",
-        "hyper/lr/last/c/29",
-        "hyper/lr/schedule/c/29",
-    ]
-
-    results = open_results(str(tmp_path / "30000"), "s")
-    frame = results.trials
-    assert len(frame) == 30002 and list(frame.index[-3:]) == [29999, 30000, 30001]
-    assert frame.loc[29999, "status"] == "completed" and frame.loc[29999, "loss"] == 0.5 / 30000
-    assert frame.loc[15000, "status"] == "pending" and frame.loc[15000, "steps"] == 2
-    curve = results.curve("loss")
-    assert curve.loc[15000, 1] == 0.5 / 15001 and curve.loc[15001, 0] == 1 / 15002
-    assert np.isnan(curve.loc[15001, 1]) and np.isnan(curve.loc[30000, 0])
+def test_a_write_after_scattered_changes_stores_the_same_keys_whatever_the_trial_count(tmp_path, stored_keys):
+    """10 trials spread over the whole table move on (and 2 are added): at 1,000 trials and
+    at 100,000 the write stores the same keys, chunks and metadata alike: the two new rows'
+    cells (the chunk where the table ends), the 10 rows in the change log, their 10 points
+    in the points log, the grown arrays' metadata and the group's attributes. The base's
+    chunks of the rows that changed are not stored again."""
+    small = _keys_of_a_write(tmp_path, 1000, stored_keys)
+    large = _keys_of_a_write(tmp_path, 100_000, stored_keys)
+    assert large == small
+    chunks = [k for k in large if not k.endswith("zarr.json")]
+    # (an all-empty error or NaN metric chunk is not stored: zarr leaves it to the fill value)
+    assert [k for k in chunks if k.startswith("log/")] == sorted(
+        [f"log/{name}/c/0" for name in ("trial_id", "status", "steps", "final/loss")]
+        + [f"log/curve/loss/{name}/c/0" for name in ("trial_id", "step", "value")]
+    )
+    assert [k for k in chunks if not k.startswith("log/")] == sorted(
+        [f"{name}/c/last" for name in ("trial_id", "config", "status", "steps")]
+        + ["step/c/0"]  # the steps grew: the step coordinate
+    )
+    assert large.count("zarr.json") == 1  # the attributes: written once, last
 
 
-def test_ids_configs_and_errors_are_written_only_where_they_changed(tmp_path, stored_keys):
-    """A trial's id and config never change: their chunks (and those of its hyper-parameter
-    cells but the value at its last step) are stored for the rows added (the last chunk
-    here), not for the trials that moved on; its error where it changed."""
+def test_a_write_after_scattered_changes_reads_back_exactly(tmp_path):
     writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
     trials = _trials(3000)
-    assert writer.write(trials)
-    _advance(trials)
-    trials[1500].status, trials[1500].error = "failed", "boom"
-    stored_keys.clear()
-    assert writer.write(trials)
-    chunks = sorted(k for k in stored_keys if not k.endswith("zarr.json"))
-    assert [k for k in chunks if k.startswith(("trial_id/", "config/", "error/", "hyper/lr/"))] == [
-        "config/c/2",
-        "error/c/1",
-        "hyper/lr/constant/c/2",
-        "hyper/lr/first/c/2",
-        "hyper/lr/last/c/0",
-        "hyper/lr/last/c/1",
-        "hyper/lr/last/c/2",
-        "hyper/lr/schedule/c/2",
-        "trial_id/c/2",
-    ]
-    assert len([k for k in chunks if k.startswith(("status/", "steps/"))]) == 6  # 3 chunks each
-    frame = open_results(str(tmp_path), "s").trials
-    assert frame.loc[1500, "error"] == "boom" and frame.loc[1499, "error"] == ""
-    assert frame.loc[3001, "lr"] == 0.5 and frame.loc[2999, "lr"] == pytest.approx(3.0)
+    writer.write(trials)
+    _advance(trials, _scattered(3000, 10), 2)
+    writer.write(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)
+
+
+def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys, monkeypatch):
+    """Over many writes of scattered changes, the chunks stored (the log's applications to
+    the base included) per change do not grow with the table: the log is applied once it
+    reaches a fixed fraction of the table, so the table is rewritten once per that many
+    changes (a sixteenth here, to apply it often)."""
+    monkeypatch.setattr(results, "_COMPACT_MIN", 0)
+    monkeypatch.setattr(results, "_COMPACT_FRACTION", 1 / 16)
+    per_change = {}
+    for n in (1_000, 10_000):
+        url = str(tmp_path / f"{n}" / "studies" / "s" / "results.zarr")
+        writer = ResultsWriter(url, None, study="s", identity="x")
+        trials = _trials(n, hyper=False)
+        writer.write(trials)
+        stored_keys.clear()
+        applied, changes, step = 0, 0, 2
+        rng = np.random.default_rng(0)
+        while applied < 3:
+            ids = sorted({int(i) for i in rng.integers(0, n, n // 100)})
+            _advance(trials, ids, step)
+            step += 1
+            writer.write(trials)
+            changes += 2 * len(ids) + 2  # rows and points
+            applied += writer._logged == 0
+        per_change[n] = len([k for k in stored_keys if not k.endswith("zarr.json")]) / changes
+        pd.testing.assert_frame_equal(open_results(str(tmp_path / f"{n}"), "s").trials, _expected(trials))
+    assert per_change[10_000] <= 1.5 * per_change[1_000]
+
+
+def test_the_log_reads_the_same_before_and_after_it_is_applied(tmp_path):
+    writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+    trials = _trials(3000)
+    writer.write(trials)
+    for step in (2, 3):
+        _advance(trials, _scattered(3000, 7), step)
+        trials[1500].status, trials[1500].error = "failed", f"boom {step}"
+        writer.write(trials)
+    assert writer._logged > 0  # the rows that changed are in the log
+    logged = open_results(str(tmp_path), "s")
+    frame, curve = logged.trials, logged.curve("loss")
+    pd.testing.assert_frame_equal(frame, _expected(trials))
+    assert frame.loc[1500, "error"] == "boom 3" and frame.loc[1499, "error"] == ""
+    assert writer.compact() and not writer.compact()
+    group = zarr.open_group(str(tmp_path / "studies" / "s" / "results.zarr"), mode="r")
+    assert group.attrs["log"] == {"rows": 0, "points": {"loss": 0}} and group.attrs["format"] == FORMAT
+    assert list(group["error"][1499:1501]) == ["", "boom 3"]  # the base arrays: a plain table
+    compacted = open_results(str(tmp_path), "s")
+    pd.testing.assert_frame_equal(compacted.trials, frame)
+    pd.testing.assert_frame_equal(compacted.curve("loss"), curve)
+    assert _read_curve(tmp_path) == _curve(trials)
 
 
 def test_nothing_changed_writes_nothing(tmp_path, stored_keys):
@@ -128,41 +183,83 @@ def test_nothing_changed_writes_nothing(tmp_path, stored_keys):
     assert stored_keys == []
 
 
-def test_rows_that_moved_are_written_again_in_trial_order(tmp_path):
-    """A trial id below the last one written (restored trials come in late) reorders the
-    rows: the group is rewritten whole, still one row per trial in id order."""
+def test_trials_that_come_late_read_in_trial_order(tmp_path):
+    """A trial id below the last one written (restored trials come in late) is appended to
+    the table: readers give the rows in trial id order all the same."""
     writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
     trials = _trials(5)
     late = {i: trials.pop(i) for i in (1, 3)}
     writer.write(trials)
     writer.write({**trials, **late})
-    results = open_results(str(tmp_path), "s")
-    assert list(results.trials.index) == [0, 1, 2, 3, 4]
-    assert list(results.curve("loss")[0]) == pytest.approx([1.0 / (i + 1) for i in range(5)])
+    stored = open_results(str(tmp_path), "s")
+    assert list(stored.trials.index) == [0, 1, 2, 3, 4]
+    assert list(stored.curve("loss")[0]) == pytest.approx([1.0 / (i + 1) for i in range(5)])
+    writer.compact()
+    assert list(open_results(str(tmp_path), "s").curve("loss")[0]) == pytest.approx(
+        [1.0 / (i + 1) for i in range(5)]
+    )
 
 
-def test_a_write_that_failed_halfway_is_done_whole_the_next_time(tmp_path, monkeypatch):
-    """Rows added by a write that failed after storing some chunks (a storage error) get
-    their ids, configs and cells when the write is tried again; the cells of the rows kept
-    are read back, not worked out again."""
-    import dagtune.results as results
-
+def test_a_trial_gone_rewrites_the_group(tmp_path):
     writer = ResultsWriter(str(tmp_path / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
-    trials = _trials(1500)
-    assert writer.write(trials)
-    _advance(trials)
-    put = results._put_rows
+    trials = _trials(5)
+    writer.write(trials)
+    del trials[2]
+    trials[5] = Trial(5, {}, 4)
+    writer.write(trials)
+    assert list(open_results(str(tmp_path), "s").trials.index) == [0, 1, 3, 4, 5]
 
-    def failing(group, name, *args):
-        if name == "config":
-            raise OSError("storage went away")
-        return put(group, name, *args)
 
-    monkeypatch.setattr(results, "_put_rows", failing)
-    with pytest.raises(OSError):
+def _frame_and_curve(path):
+    stored = open_results(str(path), "s")
+    return stored.trials, stored.curve("loss")
+
+
+def test_a_write_stopped_anywhere_leaves_the_rows_before_or_after_it(tmp_path, monkeypatch):
+    """The store fails after its n-th key of a write (every fifth n): the group reads as
+    before the write (nothing committed) or, stopped while the log was being applied, as
+    after it; the next write completes it."""
+    original = zarr.storage.LocalStore.set
+    budget = [None]
+
+    async def failing(self, key, value):
+        if budget[0] is not None:
+            if budget[0] == 0:
+                raise OSError("storage went away")
+            budget[0] -= 1
+        return await original(self, key, value)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", failing)
+    monkeypatch.setattr(results, "_COMPACT_MIN", 0)  # the write below applies the log too
+    seen = set()
+    for stop in range(0, 400, 5):  # every fifth key: both stages, in a few seconds
+        target = tmp_path / f"{stop}"
+        writer = ResultsWriter(str(target / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+        trials = _trials(100)
         writer.write(trials)
-    monkeypatch.setattr(results, "_put_rows", put)
-    assert writer.write(trials)
-    frame = open_results(str(tmp_path), "s").trials
-    assert list(frame.index) == list(range(1502)) and frame.loc[1501, "lr"] == 0.5
-    assert frame.loc[1024, "lr"] == pytest.approx(1.025) and frame.loc[750, "steps"] == 2
+        _advance(trials, _scattered(100, 5), 2)
+        writer.write(trials)
+        before = _frame_and_curve(target)
+        _advance(trials, _scattered(100, 50), 3)  # the log reaches a quarter of the table
+        budget[0] = stop
+        try:
+            writer.write(trials)
+        except OSError:
+            stopped = True
+        else:
+            stopped = False
+        budget[0] = None
+        frame, curve = _frame_and_curve(target)
+        if frame.equals(before[0]):
+            pd.testing.assert_frame_equal(curve, before[1])
+            seen.add("before")
+        else:
+            pd.testing.assert_frame_equal(frame, _expected(trials))
+            assert _read_curve(target) == _curve(trials)
+            seen.add("after")
+        writer.write(trials)
+        pd.testing.assert_frame_equal(open_results(str(target), "s").trials, _expected(trials))
+        assert _read_curve(target) == _curve(trials)
+        if not stopped:
+            break
+    assert seen == {"before", "after"} and not stopped
