@@ -56,9 +56,13 @@ def _loss(warm: float, lr: float, step: int) -> float:
     return round(2.0 / step + 10 * (warm - 0.05) ** 2 + 5 * (lr - 0.01) ** 2 + 0.001 * math.sin(lr * 1e4), 6)
 
 
-def generate(n: int, cache: Path = CACHE) -> str:
-    """The storage directory of a stored study of `n` trials (a multiple of 100), made once."""
+def generate(n: int, cache: Path = CACHE, identity: str = IDENTITY) -> str:
+    """The storage directory of a stored study of `n` trials (a multiple of 100), made once;
+    its model `identity` (another than the default: a store a study of that model resumes,
+    `perf/resume.py`)."""
     directory = cache / f"{n}-{RESULTS_FORMAT.replace('/', '')}"  # a store of each results format
+    if identity != IDENTITY:
+        directory = directory.with_name(f"{directory.name}-{identity}")
     if (directory / "READY").exists():
         if not Path(index_path(f"{directory}/runs", NAME)).exists():
             rebuild_index(CheckpointStore(str(directory / "runs")), NAME)
@@ -69,7 +73,7 @@ def generate(n: int, cache: Path = CACHE) -> str:
     commit = GroupCommit(3600.0)  # committed at the end, as a long run's groups would be
     plan = SearchPlan()
     plan_journal = PlanJournal(
-        plan, Journal(store.fs, f"{store.root}/{IDENTITY}/plan", header=plan_header(IDENTITY), commit=commit)
+        plan, Journal(store.fs, f"{store.root}/{identity}/plan", header=plan_header(identity), commit=commit)
     )
     records = Journal(
         store.fs, f"{store.root}/studies/{NAME}/journal", header=records_header(NAME), commit=commit
@@ -77,7 +81,7 @@ def generate(n: int, cache: Path = CACHE) -> str:
     records.append(
         {
             "r": "open",
-            "identity": IDENTITY,
+            "identity": identity,
             "trainer": "dagtune.sim.SyntheticTrainer",
             "seed": 0,
             "version": "",
@@ -132,7 +136,7 @@ def generate(n: int, cache: Path = CACHE) -> str:
         {"r": "work", "session": records.writer, "executed_steps": 2 * n + 2 * ROOTS, "gpu_seconds": 0.1 * n}
     )
     plan_journal.journal.flush()
-    ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=IDENTITY).write(trials)
+    ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=identity).write(trials)
     rebuild_index(store, NAME)
     (directory / "READY").write_text(f"{n} trials\n")
     return str(directory)

@@ -303,6 +303,7 @@ class Journal:
         self._checked: set[str] = set()  # files whose header was read
         self._foreign: set[str] = set()  # files of another journal: never read
         self._written: dict[str, int] = {}  # this writer's files -> bytes written to them
+        self._latest = -math.inf  # the latest time stamp of a record read
         self._commit = commit
         if commit is not None:
             commit.join(self)
@@ -408,7 +409,37 @@ class Journal:
                 continue
             per_writer.setdefault(writer, []).extend(self._read_file(path, writer))
         # each writer's files and segments are read in order; merging keeps that order
-        return list(heapq.merge(*per_writer.values(), key=lambda e: e.record.get("t", 0.0)))
+        merged = list(heapq.merge(*per_writer.values(), key=lambda e: e.record.get("t", 0.0)))
+        self._latest = max(self._latest, max((e.record.get("t", 0.0) for e in merged), default=-math.inf))
+        return merged
+
+    def read_state(self) -> dict:
+        """What this journal's reading has consumed, as plain values (a copy): where each file
+        was read to, what was reported, the latest time stamp read. `set_read_state` puts it
+        back into a journal of the same directory (`dagtune.resume_state`), whose next
+        `read_new` then reads only what was appended since."""
+        return {
+            "offsets": dict(self._offsets),
+            "seen": dict(self._seen),
+            "lines": dict(self._lines),
+            "reported": set(self._reported),
+            "checked": set(self._checked),
+            "foreign": set(self._foreign),
+            "incidents": list(self.incidents),
+            "latest": self._latest,
+        }
+
+    def set_read_state(self, state: dict) -> None:
+        """Continue reading where `state` (`read_state`) left off."""
+        self._offsets, self._seen = dict(state["offsets"]), dict(state["seen"])
+        self._lines, self._reported = dict(state["lines"]), set(state["reported"])
+        self._checked, self._foreign = set(state["checked"]), set(state["foreign"])
+        self.incidents, self._latest = list(state["incidents"]), float(state["latest"])
+
+    @property
+    def latest(self) -> float:
+        """The latest time stamp of a record read so far (-inf before any)."""
+        return self._latest
 
     def _read_file(self, path: str, writer: str) -> list[Entry]:
         if path in self._foreign:
@@ -490,11 +521,16 @@ class PlanJournal:
     def load(self) -> list[dict]:
         """Read every writer's events not read yet and apply them (not journaled again);
         returns the events that changed the plan."""
+        return self.apply_entries(self.journal.read_new(others_only=True))
+
+    def apply_entries(self, entries: list[Entry]) -> list[dict]:
+        """Apply `entries` read from the journal (`load` reads them); the events that changed
+        the plan."""
         applied: list[dict] = []
-        for entry in self.journal.read_new(others_only=True):
+        for entry in entries:
             self._apply(entry, applied)
-        for node, entries in self._waiting.items():
-            for entry in entries:
+        for node, held in self._waiting.items():
+            for entry in held:
                 self.journal.report(
                     entry.where,
                     f"event refers to unknown node {node} (its node event is missing or corrupt); "
@@ -503,6 +539,11 @@ class PlanJournal:
         return applied
 
     refresh = load
+
+    @property
+    def waiting(self) -> dict[str, list[Entry]]:
+        """The events held back until their node appears: unknown node -> entries."""
+        return self._waiting
 
     def _apply(self, entry: Entry, applied: list[dict]) -> None:
         try:

@@ -1,0 +1,186 @@
+"""A study's resume state (`dagtune.resume_state`, issue 24): the state and the journals'
+tail fold exactly as the journals read whole; a resumed study restores the same trials and
+plan with it as without it, and parses only the tail; a damaged, stale, foreign or unsafe
+state, or a tail older than the state, is never used (the journals are read instead)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+
+import pytest
+
+import dagtune as dt
+from dagtune.algos import GridSearch, SuccessiveHalving
+from dagtune.checkpoints import CheckpointStore
+from dagtune.durable import read_records, records_header
+from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header
+from dagtune.plan import _journal as journal_module
+from dagtune.plan._plan import Node
+from dagtune.resume_state import read_state, state_path
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+SPACE = dt.Grid(
+    {"lr": [0.01, dt.Steps([0.01, 0.02], [3]), dt.Steps([0.01, 0.05], [3])], "momentum": [0.0, 0.9]}
+)
+
+
+def open_study(path: str, name: str = "s") -> dt.Study:
+    return dt.Study(SyntheticTrainer, name=name, executor=SimulatedExecutor(4, store=CheckpointStore(path)))
+
+
+def run_study(path: str, algorithm, name: str = "s") -> None:
+    with open_study(path, name) as study:
+        study.run(algorithm, progress=False)
+
+
+def grid(steps: int, configs: list | None = None) -> GridSearch:
+    return GridSearch(configs or list(SPACE), metric="val_loss", mode="min", steps=steps)
+
+
+@pytest.fixture
+def stored(tmp_path) -> tuple[str, str]:
+    """A study of three sessions (the second and third with a state to resume from), and
+    another study of its model writing the shared plan in between: (storage, identity)."""
+    path = str(tmp_path / "runs")
+    run_study(path, grid(4, list(SPACE)[:3]))
+    run_study(
+        path, SuccessiveHalving(list(SPACE), metric="val_loss", mode="min", min_steps=2, max_steps=6), "h"
+    )
+    run_study(path, grid(4))  # resumed: writes its state (the first session's journals) at open
+    run_study(path, grid(6))  # resumed from that state: every trial extended
+    with open_study(path) as study:
+        identity = study.identity
+    return path, identity
+
+
+def journals(path: str, identity: str) -> tuple[CheckpointStore, Journal, Journal]:
+    store = CheckpointStore(path)
+    records = Journal(store.fs, f"{store.root}/studies/s/journal", header=records_header("s"))
+    plan = Journal(store.fs, f"{store.root}/{identity}/plan", header=plan_header(identity))
+    return store, records, plan
+
+
+def whole(path: str, identity: str):
+    """The journals read whole: the records, the plan journal."""
+    _, records, plan = journals(path, identity)
+    folded = read_records(records)
+    plan_journal = PlanJournal(SearchPlan(), plan)
+    plan_journal.load()
+    return folded, plan_journal
+
+
+def nodes(plan: SearchPlan) -> list[dict]:
+    return [{slot: getattr(node, slot) for slot in Node.__slots__} for node in plan.nodes.values()]
+
+
+def assert_same(resumed, folded, plan_journal) -> None:
+    assert resumed.earlier == folded
+    assert nodes(resumed.plan_journal.plan) == nodes(plan_journal.plan)
+    assert resumed.plan_journal.plan.order == plan_journal.plan.order
+    assert resumed.plan_journal.waiting == plan_journal.waiting
+    for mine, theirs in ((resumed.plan_journal.journal, plan_journal.journal),):
+        assert mine.covered() == theirs.covered() and sorted(mine.incidents) == sorted(theirs.incidents)
+
+
+def test_the_state_and_the_tail_fold_as_the_journals_read_whole(stored):
+    path, identity = stored
+    store, records, plan = journals(path, identity)
+    assert store.fs.exists(state_path(store.root, "s"))
+    resumed = read_state(store, "s", identity, records, plan)
+    assert resumed is not None and resumed.tail > 0  # the fourth session's lines, at least
+    folded, plan_journal = whole(path, identity)
+    assert_same(resumed, folded, plan_journal)
+    fresh = journals(path, identity)[1]
+    read_records(fresh)
+    assert records.covered() == fresh.covered() and sorted(records.incidents) == sorted(fresh.incidents)
+
+
+def test_a_resumed_study_restores_the_same_trials_with_its_state_as_without(stored, monkeypatch):
+    path, _ = stored
+    store = CheckpointStore(path)
+    decoded = [0]
+    decode = journal_module.decode_line
+
+    def counted(line: bytes) -> dict:
+        decoded[0] += 1
+        return decode(line)
+
+    monkeypatch.setattr(journal_module, "decode_line", counted)
+    with_state = open_study(path)
+    try:
+        restored = {
+            i: (t.config, t.steps, t.status, t.metrics, t.curve)
+            for i, t in with_state.coordinator.trials.items()
+        }
+        plan_nodes = nodes(with_state.plan)
+    finally:
+        with_state.close()
+    lines = decoded[0]
+    os.remove(state_path(store.root, "s"))
+    decoded[0] = 0
+    without = open_study(path)
+    try:
+        assert {
+            i: (t.config, t.steps, t.status, t.metrics, t.curve)
+            for i, t in without.coordinator.trials.items()
+        } == restored
+        assert nodes(without.plan) == plan_nodes
+    finally:
+        without.close()
+    assert lines < decoded[0] / 2  # the state's tail only; the journals whole (and their state) after
+
+
+def write(path: str, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage", "line changed", "another study", "unsafe"])
+def test_a_damaged_stale_foreign_or_unsafe_state_is_not_used(stored, damage, caplog):
+    path, identity = stored
+    store, records, plan = journals(path, identity)
+    where = state_path(store.root, "s")
+    with open(where, "rb") as file:
+        data = file.read()
+    if damage == "cut":
+        write(where, data[: len(data) // 2])
+    elif damage == "garbage":
+        write(where, b"\x80\x05not a pickle at all")
+    elif damage == "line changed":  # a covered byte of the records journal, length kept
+        for name in sorted(os.listdir(records.directory)):
+            target = f"{records.directory}/{name}"
+            with open(target, "rb") as file:
+                text = file.read()
+            if b'"submit"' in text:
+                write(target, text.replace(b'"submit"', b'"submiT"', 1))
+                break
+    elif damage == "another study":
+        payload = pickle.loads(data)
+        write(where, pickle.dumps({**payload, "study": "h"}))
+    else:
+        write(where, pickle.dumps({"format": "dagtune-resume/1", "earlier": os.system}))
+    with caplog.at_level(logging.INFO, logger="dagtune"):
+        assert read_state(store, "s", identity, records, plan) is None
+    assert "resume state" in caplog.text
+    assert records.read_state() == journals(path, identity)[1].read_state()  # nothing read
+    folded, _ = whole(path, identity)
+    with open_study(path) as study:  # what the journals say, whatever their state said
+        assert {i: t.status for i, t in study.coordinator.trials.items()} == {
+            i: t.status for i, t in folded.trials.items()
+        }
+
+
+def test_a_tail_older_than_the_state_makes_the_journals_read(stored, caplog):
+    path, identity = stored
+    store, records, plan = journals(path, identity)
+    late = f"{records.directory}/{'0' * 32}.jsonl"  # a writer whose clock was behind
+    header = journal_module.encode_line({"h": records_header("s")})
+    work = {"r": "work", "session": "0" * 32, "executed_steps": 1, "gpu_seconds": 0.0, "t": 1.0}
+    write(late, header + journal_module.encode_line(work))
+    with caplog.at_level(logging.INFO, logger="dagtune"):
+        assert read_state(store, "s", identity, records, plan) is None
+    assert "before the resume state's latest" in caplog.text
+    folded, _ = whole(path, identity)
+    assert read_records(records) == folded  # read whole from the start: nothing was skipped
