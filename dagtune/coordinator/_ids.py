@@ -39,6 +39,10 @@ class IdsByNode:
                 del self._held[node]
         elif held == trial_id:
             del self._held[node]
+        else:
+            return
+        if not self._held:  # drained: its table, sized for the busiest moment, goes
+            self._held = {}
 
     def get(self, node: str) -> Collection[int]:
         """The ids on `node` (empty if none)."""

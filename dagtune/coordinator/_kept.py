@@ -46,6 +46,8 @@ class HeldPoints:
         if count == 1:
             del self._counts[point]
             self.version += 1
+            if not self._counts:  # drained: its table, sized for the busiest moment, goes
+                self._counts = {}
         else:
             self._counts[point] = count - 1
 
@@ -63,60 +65,71 @@ class LatestCheckpoints:
     """The latest committed checkpoint at or before each target point on its path (what
     `SearchPlan.latest_checkpoint` answers), held in `held` as targets come and go and as
     checkpoints are recorded or dropped. A target may be added several times (several
-    reasons); it is followed until it is removed as often."""
+    reasons); it is followed until it is removed as often.
+
+    A study follows one target per completed trial, so each is kept lean: a target's latest
+    checkpoint that is the target itself is held as the target's own tuple, the reasons
+    beyond the first are counted only where there are some (`_more`), and a node holds the
+    bare target where its range there ends at the target (see `_on_node`)."""
 
     def __init__(self, plan: SearchPlan, held: HeldPoints):
         self.plan = plan
         self.held = held
-        self._reasons: dict[Point, int] = {}
-        self._latest: dict[Point, Point | None] = {}
+        self._more: dict[Point, int] = {}  # a target's reasons beyond its first, where it has any
+        self._latest: dict[Point, Point | None] = {}  # every target followed
         # node -> the targets whose path passes it, with the last step of their range there:
-        # one ``(target, step)`` pair where there is one (most nodes: a dict costs 232 bytes),
-        # a dict from the second
-        self._on_node: dict[str, tuple[Point, int] | dict[Point, int]] = {}
+        # where there is one (most nodes: a dict costs 232 bytes), the bare target if its range
+        # ends at it there (the target's own node), else a ``(target, step)`` pair; a dict
+        # from the second
+        self._on_node: dict[str, Point | tuple[Point, int] | dict[Point, int]] = {}
         self.lookups = 0  # calls of `SearchPlan.latest_checkpoint` (tests count them)
 
     def add(self, target: Point) -> None:
-        reasons = self._reasons.get(target, 0)
-        self._reasons[target] = reasons + 1
-        if reasons:
+        if target in self._latest:
+            self._more[target] = self._more.get(target, 0) + 1
             return
         on_node = self._on_node
         for node, limit in self._ranges(target):
             held = on_node.get(node)
-            if held is None or (not isinstance(held, dict) and held[0] == target):
-                on_node[node] = (target, limit)
+            if held is None or (not isinstance(held, dict) and _one(held)[0] == target):
+                on_node[node] = target if (node, limit) == target else (target, limit)
             elif isinstance(held, dict):
                 held[target] = limit
             else:
-                on_node[node] = {held[0]: held[1], target: limit}
+                on_node[node] = dict((_one(held), (target, limit)))
         latest = self._lookup(target)
         self._latest[target] = latest
         if latest is not None:
             self.held.add(latest)
 
     def remove(self, target: Point) -> None:
-        reasons = self._reasons[target]
-        if reasons > 1:
-            self._reasons[target] = reasons - 1
+        more = self._more.get(target)
+        if more is not None:
+            if more > 1:
+                self._more[target] = more - 1
+            else:
+                del self._more[target]
             return
-        del self._reasons[target]
         for node, _ in self._ranges(target):
             targets = self._on_node[node]
             if isinstance(targets, dict):
                 del targets[target]
                 if targets:
                     continue
-            del self._on_node[node]  # a lone pair is this target's
+            del self._on_node[node]  # a lone entry is this target's
         latest = self._latest.pop(target)
         if latest is not None:
             self.held.remove(latest)
+        if not self._latest:  # drained: the tables, sized for the busiest moment, go
+            self._latest, self._more, self._on_node = {}, {}, {}
 
     def checkpoint_changed(self, node: str, step: int) -> None:
         """A checkpoint at ``(node, step)`` was recorded or dropped: the targets below it
         whose range on `node` reaches `step` look again."""
-        held = self._on_node.get(node, ())
-        for target, limit in held.items() if isinstance(held, dict) else (held,) if held else ():
+        held = self._on_node.get(node)
+        if held is None:
+            return
+        for target, limit in held.items() if isinstance(held, dict) else (_one(held),):
             if step > limit:
                 continue  # past where its path leaves `node`
             latest = self._latest[target]
@@ -144,8 +157,15 @@ class LatestCheckpoints:
         return self.plan.nodes[latest[0]].depth > self.plan.nodes[node].depth
 
     def _lookup(self, target: Point) -> Point | None:
+        """The target's latest checkpoint: the target's own tuple where it is the target."""
         self.lookups += 1
-        return self.plan.latest_checkpoint(*target)
+        found = self.plan.latest_checkpoint(*target)
+        return target if found == target else found
+
+
+def _one(held: Point | tuple[Point, int]) -> tuple[Point, int]:
+    """A node's lone entry as ``(target, last step of its range there)``."""
+    return (held, held[1]) if isinstance(held[0], str) else held  # type: ignore[return-value]
 
 
 class TrialPoints:
@@ -202,6 +222,8 @@ class TrialPoints:
         elif point not in self.plan.active and point in self._requested:
             self._requested.discard(point)
             self._waiting.remove(point)
+            if not self._requested:  # drained: its table, sized for the busiest moment, goes
+                self._requested = set()
 
 
 class KeptPoints:

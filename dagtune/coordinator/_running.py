@@ -111,6 +111,8 @@ class RunningTasks(Mapping[str, Running]):
             keys = self._on_node.get(segment.node)
             if keys is not None and key in keys:
                 keys.remove(key)
+                if not keys:  # an emptied list per node trained once was kept for the study's life
+                    del self._on_node[segment.node]
         task = running.task
         end = (task.node_at(task.end), task.end)
         del self._ending[end][key]

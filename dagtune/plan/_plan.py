@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,18 +37,68 @@ from dagtune.validation import check_int
 __all__ = ["Node", "SearchPlan"]
 
 
+class _Nothing(Mapping):
+    """The read-only empty mapping a node holds where it holds nothing (`_NONE`): one shared
+    object rather than an empty dict per node and table (64 bytes each; most nodes are
+    leaves that never have children, and keep no requests once trained). The plan gives a
+    node its own dict when it first writes there (`_own`); readers see a mapping either way.
+    It pickles as the one shared object."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __contains__(self, key: object) -> bool:  # the mixin's raises and catches a KeyError
+        return False
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return default
+
+    def __repr__(self) -> str:
+        return "{}"
+
+    def __reduce__(self) -> str:
+        return "_NONE"
+
+
+_NONE: Mapping[Any, Any] = _Nothing()
+
+
+def _nothing() -> Mapping[Any, Any]:
+    return _NONE
+
+
 @dataclass(eq=False, slots=True)
 class Node:
+    """A plan node (see the module docstring). Its four tables start as the shared empty
+    mapping; only `SearchPlan` writes them, through `_own`."""
+
     id: str
     parent: str | None
     start: int
     config: Config
     order: int
     depth: int
-    children: dict[int, dict[tuple, str | list[str]]] = field(default_factory=dict)  # see `_add_id`
-    requests: dict[int, set[Hashable]] = field(default_factory=dict)
-    checkpoints: dict[int, CheckpointInfo] = field(default_factory=dict)
-    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    children: Mapping[int, dict[tuple, str | list[str]]] = field(default_factory=_nothing)  # see `_add_id`
+    requests: Mapping[int, set[Hashable]] = field(default_factory=_nothing)
+    checkpoints: Mapping[int, CheckpointInfo] = field(default_factory=_nothing)
+    metrics: Mapping[int, dict[str, float]] = field(default_factory=_nothing)
+
+
+def _own(node: Node, name: str) -> dict:
+    """`node`'s table `name`, made its own dict first if it is the shared empty one."""
+    table = getattr(node, name)
+    if table is _NONE:
+        table = {}
+        setattr(node, name, table)
+    return table
 
 
 class SearchPlan:
@@ -94,13 +144,18 @@ class SearchPlan:
             node = self.nodes[event["node"]]
             info = CheckpointInfo(event.get("nbytes", 0), event.get("sha256", ""))
             changed = node.checkpoints.get(event["step"]) != info
-            node.checkpoints[event["step"]] = info
+            _own(node, "checkpoints")[event["step"]] = info
         elif kind == "drop_checkpoint":
-            changed = self.nodes[event["node"]].checkpoints.pop(event["step"], None) is not None
+            node = self.nodes[event["node"]]
+            changed = event["step"] in node.checkpoints
+            if changed:
+                del _own(node, "checkpoints")[event["step"]]
+                if not node.checkpoints:
+                    node.checkpoints = _NONE
         elif kind == "metrics":
             node = self.nodes[event["node"]]
             changed = node.metrics.get(event["step"]) != event["metrics"]
-            node.metrics[event["step"]] = dict(event["metrics"])
+            _own(node, "metrics")[event["step"]] = dict(event["metrics"])
         else:
             raise ValueError(f"unknown search plan event {kind!r}")
         if changed:
@@ -143,7 +198,7 @@ class SearchPlan:
             if not event.get("private"):  # a salted root is matched by no other trial
                 _add_id(self._roots, key, node.id)
         else:
-            _add_id(self.nodes[parent].children.setdefault(start, {}), key, node.id)
+            _add_id(_own(self.nodes[parent], "children").setdefault(start, {}), key, node.id)
         return True
 
     # ------------------------------------------------------------------ trials
@@ -210,7 +265,7 @@ class SearchPlan:
 
     def request_at(self, node: str, steps: int, waiter: Hashable) -> None:
         """Record that `waiter` needs the metrics at point ``(node, steps)`` of a located trial."""
-        self.nodes[node].requests.setdefault(steps, set()).add(waiter)
+        _own(self.nodes[node], "requests").setdefault(steps, set()).add(waiter)
         if (node, steps) not in self.active:
             self.active[(node, steps)] = set()
             self.request_rank[(node, steps)] = self._requests_made
@@ -226,15 +281,17 @@ class SearchPlan:
         if waiters is not None:
             waiters.discard(waiter)
             if not waiters:
-                del requests[steps]
+                del _own(self.nodes[node], "requests")[steps]
                 if not requests:  # an emptied dict keeps its table: most nodes end with none
-                    self.nodes[node].requests = {}
+                    self.nodes[node].requests = _NONE
         active = self.active.get((node, steps))
         if active is not None:
             active.discard(waiter)
             if not active:
                 del self.active[(node, steps)]
                 del self.request_rank[(node, steps)]
+                if not self.active:  # drained: their tables, sized for the busiest moment, go
+                    self.active, self.request_rank = {}, {}
                 for observer in self.observers:
                     observer("request", node, steps)
 
@@ -260,10 +317,11 @@ class SearchPlan:
         return ids[::-1]
 
     def segments(self, node: str, steps: int) -> list[tuple[str, int, int]]:
-        """The trial path to ``(node, steps)`` as ``(node, start, end)`` pieces."""
+        """The trial path to ``(node, steps)`` as ``(node, start, end)`` pieces (a list of
+        exactly their number: a trial keeps it, and a comprehension's list of one holds four)."""
         ids = self.path(node)
         bounds = [self.nodes[i].start for i in ids[1:]] + [steps]
-        return [(i, self.nodes[i].start, end) for i, end in zip(ids, bounds)]
+        return list(tuple((i, self.nodes[i].start, end) for i, end in zip(ids, bounds)))
 
     def metrics_at(self, node: str, step: int) -> dict[str, float] | None:
         owner = self.owner(node, step)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dagtune.distributions import sample
+from dagtune.distributions import Distribution, sample
 from dagtune.sequences._base import Sequence
 from dagtune.sequences._checks import (
     Scalar,
@@ -35,11 +35,30 @@ __all__ = [
 ]
 
 
+#: the `Constant`s `as_sequence` made, by the type of their scalar, then its value: the trials
+#: of a grid repeat each value many times, and one immutable `Constant` serves them all (96
+#: bytes each, per trial and hyper-parameter, otherwise). Bounded: a type's table is emptied
+#: when it holds `_CONSTANTS_HELD` (a random search's values are all distinct; kept small so
+#: that what it holds for them costs little).
+_CONSTANTS: dict[type, dict[Scalar, Constant]] = {}
+_CONSTANTS_HELD = 1024
+
+
 def as_sequence(value: Any, owner: str = "config", name: str = "value") -> Sequence:
-    """`value` itself if it is a sequence, else the `Constant` of the scalar `value`."""
+    """`value` itself if it is a sequence, else the `Constant` of the scalar `value` (an
+    equal one of the same type made before, if `_CONSTANTS` still holds it)."""
     if isinstance(value, Sequence):
         return value
-    return Constant(check_scalar(owner, name, value))
+    scalar = check_scalar(owner, name, value)
+    if isinstance(scalar, Distribution):  # a template, sampled later: never shared
+        return Constant(scalar)
+    table = _CONSTANTS.setdefault(type(scalar), {})  # by type: True, 1 and 1.0 are equal keys
+    constant = table.get(scalar)  # after `check_scalar`: finite, -0.0 made 0.0, so equal is same
+    if constant is None:
+        if len(table) >= _CONSTANTS_HELD:
+            table.clear()
+        constant = table[scalar] = Constant(scalar)
+    return constant
 
 
 class Constant(Sequence):
