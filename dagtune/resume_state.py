@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
-from dagtune.plan import Journal, PlanJournal, SearchPlan
+from dagtune.plan import NO_ENTRIES, Journal, PlanJournal, SearchPlan
 from dagtune.records import StudyRecords
 
 __all__ = [
@@ -75,12 +75,13 @@ def state_path(root: str, name: str) -> str:
 
 class _Unpickler(pickle.Unpickler):
     """Builds only the classes a resume state holds (`ALLOWED`, dagtune's records, sequences,
-    distributions, the plan's nodes and journal entries): nothing in it can run other code."""
+    distributions, the plan's nodes, its shared empty table and journal entries): nothing in
+    it can run other code."""
 
     def find_class(self, module: str, name: str) -> Any:
         allowed = (module, name) in ALLOWED or (module, name) == _ENTRY or module.startswith(_MODULES)
         found = super().find_class(module, name) if allowed else None
-        if not isinstance(found, type):
+        if not (isinstance(found, type) or found is NO_ENTRIES):  # the plan's one empty table
             raise pickle.UnpicklingError(f"a resume state does not hold {module}.{name}")
         return found
 

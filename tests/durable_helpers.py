@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dagtune.plan import _journal as journal_module
 from dagtune.sim import SyntheticTrainer
 
 SECRET = "not-a-real-secret-6f1c2b"  # must never show up in anything dagtune writes
@@ -88,3 +89,16 @@ def set_attempt_seconds(seconds: float) -> float:
 
     previous, storage_retry.ATTEMPT_SECONDS = storage_retry.ATTEMPT_SECONDS, seconds
     return previous
+
+
+def count_lines(monkeypatch) -> list[int]:
+    """How many journal lines are decoded from now on (one element, growing)."""
+    decoded = [0]
+    decode = journal_module.decode_line
+
+    def counted(line: bytes) -> dict:
+        decoded[0] += 1
+        return decode(line)
+
+    monkeypatch.setattr(journal_module, "decode_line", counted)
+    return decoded

@@ -10,6 +10,7 @@ import os
 import pickle
 
 import pytest
+from durable_helpers import count_lines
 
 import dagtune as dt
 from dagtune.algos import GridSearch, SuccessiveHalving
@@ -100,14 +101,7 @@ def test_the_state_and_the_tail_fold_as_the_journals_read_whole(stored):
 def test_a_resumed_study_restores_the_same_trials_with_its_state_as_without(stored, monkeypatch):
     path, _ = stored
     store = CheckpointStore(path)
-    decoded = [0]
-    decode = journal_module.decode_line
-
-    def counted(line: bytes) -> dict:
-        decoded[0] += 1
-        return decode(line)
-
-    monkeypatch.setattr(journal_module, "decode_line", counted)
+    decoded = count_lines(monkeypatch)
     with_state = open_study(path)
     try:
         restored = {

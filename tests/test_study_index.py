@@ -12,6 +12,7 @@ import zlib
 
 import pytest
 from click.testing import CliRunner
+from durable_helpers import count_lines
 
 import dagtune as dt
 from dagtune.algos import GridSearch, SuccessiveHalving
@@ -20,7 +21,6 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.cli import main
 from dagtune.durable import index_path, put_whole, records_header
 from dagtune.plan import Journal, plan_header
-from dagtune.plan import _journal as journal_module
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study_index import TOP_KEPT, digest, read_index, rebuild_index, status_figures, study_view
 from perf.stored_study import IDENTITY, generate
@@ -63,19 +63,6 @@ def plain(snapshot: dict) -> dict:
 def without_index(runs: str) -> None:
     store = open_storage(runs)
     store.fs.rm_file(index_path(store.root, NAME))
-
-
-def count_lines(monkeypatch) -> list[int]:
-    """How many journal lines are decoded from now on (one element, growing)."""
-    decoded = [0]
-    decode = journal_module.decode_line
-
-    def counted(line: bytes) -> dict:
-        decoded[0] += 1
-        return decode(line)
-
-    monkeypatch.setattr(journal_module, "decode_line", counted)
-    return decoded
 
 
 def test_reads_through_the_index_are_the_reads_through_the_journals(runs, monkeypatch):

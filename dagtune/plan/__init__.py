@@ -10,11 +10,12 @@ from dagtune.plan._journal import (
     records_header,
 )
 from dagtune.plan._live import InFlightPoints, LiveStage, LiveStageTree, TreeObserver
-from dagtune.plan._plan import Node, SearchPlan, merge_rate, trial_steps, unique_steps
+from dagtune.plan._plan import NO_ENTRIES, Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
 
 __all__ = [
     "COMMIT_SECONDS",
+    "NO_ENTRIES",
     "GroupCommit",
     "InFlight",
     "InFlightPoints",

@@ -34,11 +34,11 @@ from dagtune.config import (
 from dagtune.records import CheckpointInfo, node_id
 from dagtune.validation import check_int
 
-__all__ = ["Node", "SearchPlan"]
+__all__ = ["NO_ENTRIES", "Node", "SearchPlan"]
 
 
 class _Nothing(Mapping):
-    """The read-only empty mapping a node holds where it holds nothing (`_NONE`): one shared
+    """The read-only empty mapping a node holds where it holds nothing (`NO_ENTRIES`): one shared
     object rather than an empty dict per node and table (64 bytes each; most nodes are
     leaves that never have children, and keep no requests once trained). The plan gives a
     node its own dict when it first writes there (`_own`); readers see a mapping either way.
@@ -65,14 +65,14 @@ class _Nothing(Mapping):
         return "{}"
 
     def __reduce__(self) -> str:
-        return "_NONE"
+        return "NO_ENTRIES"
 
 
-_NONE: Mapping[Any, Any] = _Nothing()
+NO_ENTRIES: Mapping[Any, Any] = _Nothing()
 
 
 def _nothing() -> Mapping[Any, Any]:
-    return _NONE
+    return NO_ENTRIES
 
 
 @dataclass(eq=False, slots=True)
@@ -95,7 +95,7 @@ class Node:
 def _own(node: Node, name: str) -> dict:
     """`node`'s table `name`, made its own dict first if it is the shared empty one."""
     table = getattr(node, name)
-    if table is _NONE:
+    if table is NO_ENTRIES:
         table = {}
         setattr(node, name, table)
     return table
@@ -151,7 +151,7 @@ class SearchPlan:
             if changed:
                 del _own(node, "checkpoints")[event["step"]]
                 if not node.checkpoints:
-                    node.checkpoints = _NONE
+                    node.checkpoints = NO_ENTRIES
         elif kind == "metrics":
             node = self.nodes[event["node"]]
             changed = node.metrics.get(event["step"]) != event["metrics"]
@@ -283,7 +283,7 @@ class SearchPlan:
             if not waiters:
                 del _own(self.nodes[node], "requests")[steps]
                 if not requests:  # an emptied dict keeps its table: most nodes end with none
-                    self.nodes[node].requests = _NONE
+                    self.nodes[node].requests = NO_ENTRIES
         active = self.active.get((node, steps))
         if active is not None:
             active.discard(waiter)
