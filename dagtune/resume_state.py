@@ -124,27 +124,20 @@ def state_bytes(
     `records`) and `plan` (before anything else changed them)."""
     states = {"records": records.read_state(), "plan": plan.journal.read_state()}
     journals = {"records": records, "plan": plan.journal}
-    checks = {}
-    for key, journal in journals.items():
-        checks[key] = _checks(journal, states[key]["seen"])
-    listeners, observers = plan.plan.listeners, plan.plan.observers
-    plan.plan.listeners, plan.plan.observers = [], []  # the live study's, not the state's
-    try:
-        payload = {
-            "format": FORMAT,
-            "study": name,
-            "identity": identity,
-            "root": store.root,
-            "directories": {key: journal.directory for key, journal in journals.items()},
-            "states": states,
-            "checks": checks,
-            "earlier": earlier,
-            "plan": plan.plan,
-            "waiting": plan.waiting,
-        }
-        return pickle.dumps(payload, protocol=5)
-    finally:
-        plan.plan.listeners, plan.plan.observers = listeners, observers
+    checks = {key: _checks(journal, states[key]["seen"]) for key, journal in journals.items()}
+    payload = {
+        "format": FORMAT,
+        "study": name,
+        "identity": identity,
+        "root": store.root,
+        "directories": {key: journal.directory for key, journal in journals.items()},
+        "states": states,
+        "checks": checks,
+        "earlier": earlier,
+        "plan": plan.plan,  # pickled without the live study's listeners and observers
+        "waiting": plan.waiting,
+    }
+    return pickle.dumps(payload, protocol=5)
 
 
 def _covered(state: dict) -> int:

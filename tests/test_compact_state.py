@@ -45,6 +45,17 @@ def test_empty_node_tables_are_one_shared_mapping_that_pickles_as_itself():
     assert plan.nodes[child].parent == a and dict(first.children) and second.children == {}
 
 
+def test_a_pickled_plan_leaves_its_live_listeners_and_observers_behind():
+    plan = SearchPlan()
+    events: list[dict] = []
+    plan.listeners.append(lambda event: events.append(event))  # a lambda does not pickle
+    plan.observers.append(lambda kind, node, step: None)
+    node = plan.locate(normalize_config({"lr": 0.1}), 4, create=True)
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy.listeners == [] and copy.observers == [] and list(copy.nodes) == [node]
+    assert len(plan.listeners) == 1 and len(plan.observers) == 1 and events  # the live plan keeps them
+
+
 def _switch(before: float, after: float, at: int):
     from dagtune.sequences import Steps
 

@@ -125,6 +125,11 @@ class SearchPlan:
         self.listeners: list[Callable[[dict], None]] = []
         self.observers: list[Callable[[str, str, int | None], None]] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The plan without its listeners and observers: they belong to the live study that
+        holds it (its journal, its stage tree), not to the plan's state."""
+        return {**self.__dict__, "listeners": [], "observers": []}
+
     # ------------------------------------------------------------------ events
 
     def apply(self, event: dict, *, emit: bool = True, live_config: Config | None = None) -> bool:
