@@ -12,6 +12,7 @@ from fusion_helpers import TinyMLP
 from test_fusion_layers import fused, largest_difference, schedules, unfused
 from torch import nn
 
+import dagtune as dt
 import dagtune.fusion._group as group_module
 from dagtune.fusion import check_fusion
 from dagtune.fusion._horizontal import is_horizontal
@@ -56,8 +57,28 @@ def dense_model(hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 2))
 
 
-MODELS = {"image": image_model, "grouped-first": grouped_first_model, "dense": dense_model}
-SHAPES = {"image": (1, 8, 8), "grouped-first": (2, 4, 8)}
+def digits_cnn(width: int) -> nn.Module:
+    """`examples/scaled_digits.py`'s CNN: convolutions, max pooling and muP's readout."""
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        dt.mup.Readout(2 * width * 2 * 2, 2),
+    )
+
+
+def mup_model(hidden: int) -> nn.Module:
+    """The digits CNN under muP at a quarter of its base width (its readout's input is
+    multiplied by 4)."""
+    return dt.mup.build(digits_cnn, base=4 * hidden, scale=4)
+
+
+MODELS = {"image": image_model, "grouped-first": grouped_first_model, "dense": dense_model, "mup": mup_model}
+SHAPES = {"image": (1, 8, 8), "grouped-first": (2, 4, 8), "mup": (1, 8, 8)}
 
 
 class Standard(TinyMLP):
@@ -130,12 +151,19 @@ def test_the_fusion_check_passes_standard_layers_through_vmaps_path():
         nn.Sequential(nn.Flatten(0)),
         nn.Sequential(nn.Flatten(), nn.Conv2d(1, 4, 3)),
         nn.Sequential(type("MyLinear", (nn.Linear,), {})(4, 2)),
+        nn.Sequential(type("MyReadout", (dt.mup.Readout,), {})(4, 2)),
         nn.Sequential(nn.Sequential(nn.Linear(4, 2))),
         nn.Linear(4, 2),
     ],
 )
 def test_any_other_model_takes_vmaps_path(model):
     assert not is_horizontal(model)
+
+
+def test_mups_readout_runs_without_vmap_with_its_input_multiplier():
+    model = mup_model(8)
+    assert model[-1].output_mult / model[-1].width_mult == 4.0
+    assert is_horizontal(model)
 
 
 def test_a_hook_sends_the_model_to_vmaps_path():

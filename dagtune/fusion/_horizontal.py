@@ -10,6 +10,9 @@ fuses models:
   concatenated along the output channels and ``groups`` times K (a shared input, the first
   layer's images, is convolved once with all members' filters);
 - ``Linear``: one batched product (``baddbmm``) of each member's rows with its weight;
+- ``dagtune.mup.Readout`` (muP's output layer): its input multiplied by the layer's constant
+  ``output_mult / width_mult`` (elementwise, so each member's rows round as its own call's),
+  then the product of ``Linear``;
 - ``ReLU``, ``MaxPool2d`` (channels-last, `channels_last`, bitwise the NCHW kernel),
   ``Flatten`` (members' channels to rows), ``Dropout`` (one draw laid out like a member's
   input, every member multiplied by it, as `shared_noise` does under vmap): as they are.
@@ -32,16 +35,17 @@ from torch import nn
 from torch.nn import functional
 
 from dagtune.fusion._memberwise import below_vmap, channels_last
+from dagtune.mup import Readout
 
 __all__ = ["LAYERS", "horizontal_call", "is_horizontal"]
 
 #: the layers a model may consist of to run without vmap
-LAYERS = (nn.Conv2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Dropout)
+LAYERS = (nn.Conv2d, nn.Linear, Readout, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Dropout)
 
 
 #: layers of the image part (before a Flatten or Linear) and of the dense part (after)
 _IMAGE_LAYERS = (nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Dropout)
-_DENSE_LAYERS = (nn.Linear, nn.ReLU, nn.Dropout)
+_DENSE_LAYERS = (nn.Linear, Readout, nn.ReLU, nn.Dropout)
 
 
 def is_horizontal(module: nn.Module) -> bool:
@@ -54,7 +58,7 @@ def is_horizontal(module: nn.Module) -> bool:
     for layer in module:
         if _hooked(layer) or type(layer) not in (_DENSE_LAYERS if dense else (*_IMAGE_LAYERS, *LAYERS)):
             return False
-        dense = dense or type(layer) in (nn.Flatten, nn.Linear)
+        dense = dense or type(layer) in (nn.Flatten, nn.Linear, Readout)
         if isinstance(layer, nn.Conv2d) and layer.padding_mode != "zeros":
             return False
         if isinstance(layer, nn.Flatten) and (layer.start_dim, layer.end_dim) != (1, -1):
@@ -132,6 +136,8 @@ def _forward(
                 x = x.expand(members, *x.shape)
             elif layout == "channels":
                 x = _channels_to_rows(x, members)
+            if type(layer) is Readout:  # as `Readout.forward` scales its input
+                x = x * (layer.output_mult / layer.width_mult)
             x, layout = _linear(weights, prefix, x, layer.bias is not None), "rows"
         elif isinstance(layer, nn.Flatten):
             if layout == "channels":
