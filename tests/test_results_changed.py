@@ -203,3 +203,25 @@ def test_a_group_of_format_4_reads_the_same_and_a_resumed_study_writes_it_in_thi
     assert zarr.open_group(url, mode="r").attrs["format"] == FORMAT
     pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
     assert _read_curve(tmp_path) == _curve(trials)
+
+
+def test_a_resumed_write_that_failed_is_completed_by_the_next_one_whatever_it_is_told(tmp_path, monkeypatch):
+    """The first write of a resumed study fails in storage after taking the group: the next
+    write, told of no change, still stores the rows that differ from the group."""
+    url = str(tmp_path / "studies" / "s" / "results.zarr")
+    trials = _trials(50)
+    ResultsWriter(url, None, study="s", identity="x").write(trials)
+    _move(trials, [3, 30], 2)
+    original = zarr.storage.LocalStore.set
+
+    async def failing(self, key, value):
+        raise OSError("storage went away")
+
+    resumed = ResultsWriter(url, None, study="s", identity="x")
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", failing)
+    with pytest.raises(OSError):
+        resumed.write(trials)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", original)
+    assert resumed.write(trials, set())
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)

@@ -103,6 +103,7 @@ class ResultsWriter:
         self._logged = 0  # rows and points the committed log holds
         self._based_points = 0  # points applied to the base curves
         self._cleared: _Points = {}  # stored points the trials lack: written NaN next
+        self._unwritten: set[int] = set()  # trials whose stored rows differ: written next
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return f"ResultsWriter({self.url!r})"
@@ -145,7 +146,10 @@ class ResultsWriter:
             self._open(trials)
             changed = None
         written = self._written
-        candidates = trials if changed is None else [i for i in changed if i in trials]
+        if changed is None:
+            candidates: Collection[int] = trials
+        else:
+            candidates = [i for i in {*changed, *self._unwritten} if i in trials]
         self.visited = len(candidates)
         moved = sorted(i for i in candidates if written.get(i) != _snapshot(trials[i]))
         due = self._compaction_due()  # a compaction that failed
@@ -183,24 +187,26 @@ class ResultsWriter:
         if not all(i in trials for i in ids):  # a trial stored is gone: written anew
             self._group = open_group(self.url, "w", self._options())
             return
-        self._group = group
+        differ = _rows_that_differ(stored, trials, ids, dict(attrs["metrics"]))
+        for key in attrs["metrics"].values():
+            points, cleared, count = _curve_differences(stored, key, trials, ids)
+            differ |= points
+            self._based_points += count
+            if cleared[0]:
+                self._cleared[key] = cleared
         self._rows = {i: row for row, i in enumerate(ids)}
         self._keys, self._hyper_keys = dict(attrs["metrics"]), dict(attrs["hyperparameters"])
         based = attrs["based"]
         self._based = {"metrics": set(based["metrics"]), "hyperparameters": set(based["hyperparameters"])}
         self._base_rows, self._steps = stored.length, stored.steps
         self._entries, self._logged = int(attrs["log"]), stored.changes.size
-        differ = _rows_that_differ(stored, trials, ids, self._keys)
-        for key in self._keys.values():
-            points, cleared, count = _curve_differences(stored, key, trials, ids)
-            differ |= points
-            self._based_points += count
-            if cleared[0]:
-                self._cleared[key] = cleared
         for row, i in enumerate(ids):
-            if row not in differ:
+            if row in differ:
+                self._unwritten.add(i)
+            else:
                 self._written[i] = _snapshot(trials[i])
                 self._points[i] = len(trials[i].curve)
+        self._group = group  # last: a failure above leaves the group to take again
 
     def _log(self, trials: Mapping[int, Trial], moved: list[int], fresh: list[int]) -> None:
         """Store the rows of the trials `moved` (sorted ids; `fresh`: those new to the
@@ -239,7 +245,7 @@ class ResultsWriter:
         for i in moved:
             self._written[i] = _snapshot(trials[i])
             self._points[i] = len(trials[i].curve)
-        self._cleared = {}
+        self._cleared, self._unwritten = {}, set()
         self._entries, self._steps, self._keys, self._hyper_keys = entries + 1, steps, keys, hyper_keys
         self._logged += len(moved) + sum(len(p[0]) for p in points.values())
 
