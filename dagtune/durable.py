@@ -223,6 +223,34 @@ def needed_by_stored_studies(
     return needed
 
 
+class ChangedTrials:
+    """The ids of the trials that changed since they were last taken (`take`): a recorder of
+    the coordinator's records (`record`: submit, extend, end, retry) and a listener of its
+    results (`on_result`: a metric delivered). Together they see every change of what a
+    trial's results row shows: its status, steps, reported steps, curve and error (a trial
+    restored is marked by who restores it). The results writer compares just these."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+
+    def take(self) -> set[int]:
+        ids, self.ids = self.ids, set()
+        return ids
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        if "trial" in record:
+            self.ids.add(record["trial"])
+
+    def on_result(self, trial: Trial, step: int, metrics: Mapping[str, float]) -> None:
+        self.ids.add(trial.id)
+
+    def on_complete(self, trial: Trial) -> None:
+        self.ids.add(trial.id)
+
+    def on_end(self, trial: Trial) -> None:
+        self.ids.add(trial.id)
+
+
 class Persistence:
     """The durable side of one study session (see the module docstring).
 
@@ -285,6 +313,7 @@ class Persistence:
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._lease_version: int | None = None  # the coordinator's kept points last written
         self._refreshed = self._results_at = clock()
+        self._changed = ChangedTrials()  # the trials to write at the next results write
 
     def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
         """Fold the study's journals (its records, its model's search plan): from its resume
@@ -329,14 +358,18 @@ class Persistence:
         whatever failed it with `retry_failed`."""
         coordinator.store = self.store
         coordinator.recorders.append(self._record)
+        coordinator.listeners.append(self._changed)
 
         def retry(state: TrialState) -> bool:
             return retry_failed or state.cause in OUTSIDE_THE_TRAINER
 
         with _collector_paused():
-            return coordinator.restore(self.earlier.trials.values(), retry)
+            restored = coordinator.restore(self.earlier.trials.values(), retry)
+        self._changed.ids.update(trial.id for trial in restored)
+        return restored
 
     def _record(self, record: dict) -> None:
+        self._changed.record(record)
         kind = record["r"]
         if kind == "submit":
             self._submitters[record["trial"]] = self.records.writer
@@ -367,7 +400,17 @@ class Persistence:
         if force:
             self.flush()
         if results_due:  # last: the journals never wait for the results
-            self.results.write(coordinator.trials)
+            self._write_results(coordinator, force)
+
+    def _write_results(self, coordinator: Coordinator, everything: bool) -> None:
+        """Write the results of the trials that changed since the last write (`everything`:
+        compare every trial, as the study's last writes do, whatever was marked)."""
+        changed = self._changed.take()
+        try:
+            self.results.write(coordinator.trials, None if everything else changed)
+        except BaseException:
+            self._changed.ids |= changed  # written next time
+            raise
 
     def flush(self) -> None:
         """Commit both journals' buffered lines now: the plan's first (a trial's end record

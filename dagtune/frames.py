@@ -89,6 +89,8 @@ def readable(sequence: Any) -> str:
 def is_constant(sequence: Sequence) -> bool:
     """Whether `sequence` takes the same value at every step (compared by canonical form, so
     ``Exponential(0.1, 1.0)`` is constant and a schedule that only changes late is not)."""
+    if type(sequence) is Constant:  # most hyper-parameters: no second sequence built to compare
+        return True
     try:
         return sequence == Constant(sequence(0))
     except ValueError:  # no finite value at step 0

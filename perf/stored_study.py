@@ -136,7 +136,9 @@ def generate(n: int, cache: Path = CACHE, identity: str = IDENTITY) -> str:
         {"r": "work", "session": records.writer, "executed_steps": 2 * n + 2 * ROOTS, "gpu_seconds": 0.1 * n}
     )
     plan_journal.journal.flush()
-    ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=identity).write(trials)
+    results = ResultsWriter(results_url(store.url, NAME), None, study=NAME, identity=identity)
+    results.write(trials)
+    results.compact()  # as the study's close leaves it
     rebuild_index(store, NAME)
     (directory / "READY").write_text(f"{n} trials\n")
     return str(directory)

@@ -13,7 +13,6 @@ import zarr
 import zarr.storage
 
 import dagtune as dt
-import dagtune.results as results
 from dagtune.frames import row_of, trials_table
 from dagtune.records import Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
@@ -80,37 +79,23 @@ def _keys_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
     """The keys stored by a write after 10 trials spread over `n` moved on (2 added), each
     with the number of its chunk counted from the end of the table (the new rows' chunk)."""
     writer = ResultsWriter(str(tmp_path / f"{n}" / "results.zarr"), None, study="s", identity="x")
-    trials = _trials(n, hyper=False)  # (the hyper-parameters' cells: as the other columns, below)
+    trials = _trials(n, hyper=False)  # (the hyper-parameters' cells: in the same entry)
     assert writer.write(trials)
+    writer.compact()  # (at 100,000 trials the first write applied its log already)
     _advance(trials, _scattered(n, 10), 2)
     keys.clear()
     assert writer.write(trials)
-    last = (n + 1) // 1024  # the chunk of the new rows in the base arrays
-    return sorted(
-        k.replace(f"/c/{last}", "/c/last") if not k.startswith(("log/", "step/")) else k for k in keys
-    )
+    return sorted(keys)
 
 
 def test_a_write_after_scattered_changes_stores_the_same_keys_whatever_the_trial_count(tmp_path, stored_keys):
     """10 trials spread over the whole table move on (and 2 are added): at 1,000 trials and
-    at 100,000 the write stores the same keys, chunks and metadata alike: the two new rows'
-    cells (the chunk where the table ends), the 10 rows in the change log, their 10 points
-    in the points log, the grown arrays' metadata and the group's attributes. The base's
-    chunks of the rows that changed are not stored again."""
+    at 100,000 the write stores the same four keys: its entry of the change log (the 12 rows
+    and 10 points, packed), the step coordinate's chunk and metadata (the steps grew) and the
+    group's attributes (the commit, last). No base chunk and no other array is stored."""
     small = _keys_of_a_write(tmp_path, 1000, stored_keys)
     large = _keys_of_a_write(tmp_path, 100_000, stored_keys)
-    assert large == small
-    chunks = [k for k in large if not k.endswith("zarr.json")]
-    # (an all-empty error or NaN metric chunk is not stored: zarr leaves it to the fill value)
-    assert [k for k in chunks if k.startswith("log/")] == sorted(
-        [f"log/{name}/c/0" for name in ("trial_id", "status", "steps", "final/loss")]
-        + [f"log/curve/loss/{name}/c/0" for name in ("trial_id", "step", "value")]
-    )
-    assert [k for k in chunks if not k.startswith("log/")] == sorted(
-        [f"{name}/c/last" for name in ("trial_id", "config", "status", "steps")]
-        + ["step/c/0"]  # the steps grew: the step coordinate
-    )
-    assert large.count("zarr.json") == 1  # the attributes: written once, last
+    assert large == small == ["log/c/0", "step/c/0", "step/zarr.json", "zarr.json"]
 
 
 def test_a_write_after_scattered_changes_reads_back_exactly(tmp_path):
@@ -123,17 +108,15 @@ def test_a_write_after_scattered_changes_reads_back_exactly(tmp_path):
     assert _read_curve(tmp_path) == _curve(trials)
 
 
-def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys, monkeypatch):
+def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys):
     """Over many writes of scattered changes, the chunks stored (the log's applications to
     the base included) per change do not grow with the table: the log is applied once it
     reaches a fixed fraction of the table, so the table is rewritten once per that many
     changes (a sixteenth here, to apply it often)."""
-    monkeypatch.setattr(results, "_COMPACT_MIN", 0)
-    monkeypatch.setattr(results, "_COMPACT_FRACTION", 1 / 16)
     per_change = {}
     for n in (1_000, 10_000):
         url = str(tmp_path / f"{n}" / "studies" / "s" / "results.zarr")
-        writer = ResultsWriter(url, None, study="s", identity="x")
+        writer = ResultsWriter(url, None, study="s", identity="x", compact_min=0, compact_fraction=1 / 16)
         trials = _trials(n, hyper=False)
         writer.write(trials)
         stored_keys.clear()
@@ -145,7 +128,7 @@ def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys,
             step += 1
             writer.write(trials)
             changes += 2 * len(ids) + 2  # rows and points
-            applied += writer._logged == 0
+            applied += writer.logged == 0
         per_change[n] = len([k for k in stored_keys if not k.endswith("zarr.json")]) / changes
         pd.testing.assert_frame_equal(open_results(str(tmp_path / f"{n}"), "s").trials, _expected(trials))
     assert per_change[10_000] <= 1.5 * per_change[1_000]
@@ -159,14 +142,14 @@ def test_the_log_reads_the_same_before_and_after_it_is_applied(tmp_path):
         _advance(trials, _scattered(3000, 7), step)
         trials[1500].status, trials[1500].error = "failed", f"boom {step}"
         writer.write(trials)
-    assert writer._logged > 0  # the rows that changed are in the log
+    assert writer.logged > 0  # the rows that changed are in the log
     logged = open_results(str(tmp_path), "s")
     frame, curve = logged.trials, logged.curve("loss")
     pd.testing.assert_frame_equal(frame, _expected(trials))
     assert frame.loc[1500, "error"] == "boom 3" and frame.loc[1499, "error"] == ""
     assert writer.compact() and not writer.compact()
     group = zarr.open_group(str(tmp_path / "studies" / "s" / "results.zarr"), mode="r")
-    assert group.attrs["log"] == {"rows": 0, "points": {"loss": 0}} and group.attrs["format"] == FORMAT
+    assert group.attrs["log"] == 0 and group.attrs["format"] == FORMAT
     assert list(group["error"][1499:1501]) == ["", "boom 3"]  # the base arrays: a plain table
     compacted = open_results(str(tmp_path), "s")
     pd.testing.assert_frame_equal(compacted.trials, frame)
@@ -216,7 +199,7 @@ def _frame_and_curve(path):
 
 
 def test_a_write_stopped_anywhere_leaves_the_rows_before_or_after_it(tmp_path, monkeypatch):
-    """The store fails after its n-th key of a write (every fifth n): the group reads as
+    """The store fails after its n-th key of a write (every n): the group reads as
     before the write (nothing committed) or, stopped while the log was being applied, as
     after it; the next write completes it."""
     original = zarr.storage.LocalStore.set
@@ -230,11 +213,11 @@ def test_a_write_stopped_anywhere_leaves_the_rows_before_or_after_it(tmp_path, m
         return await original(self, key, value)
 
     monkeypatch.setattr(zarr.storage.LocalStore, "set", failing)
-    monkeypatch.setattr(results, "_COMPACT_MIN", 0)  # the write below applies the log too
     seen = set()
-    for stop in range(0, 400, 5):  # every fifth key: both stages, in a few seconds
+    for stop in range(400):  # every key: both stages
         target = tmp_path / f"{stop}"
-        writer = ResultsWriter(str(target / "studies" / "s" / "results.zarr"), None, study="s", identity="x")
+        url = str(target / "studies" / "s" / "results.zarr")
+        writer = ResultsWriter(url, None, study="s", identity="x", compact_min=0)  # the log applied too
         trials = _trials(100)
         writer.write(trials)
         _advance(trials, _scattered(100, 5), 2)

@@ -1,0 +1,227 @@
+"""A results write visits the trials that changed, not the table (issue 24): the study marks
+the trials that change as events arrive and the writer compares only those; a resumed
+study's first write stores only what differs from what storage holds; groups of format 4
+still read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+import zarr.storage
+
+import dagtune as dt
+from dagtune.algos import ASHA
+from dagtune.checkpoints import CheckpointStore
+from dagtune.frames import row_of, trials_table
+from dagtune.records import Trial
+from dagtune.results import FORMAT, ResultsWriter, open_results
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+pytestmark = pytest.mark.skipif(int(zarr.__version__.split(".")[0]) < 3, reason="counts zarr 3's store")
+
+
+def _trials(n: int) -> dict[int, Trial]:
+    trials = {}
+    for i in range(n):
+        trial = Trial(i, {"lr": dt.Constant(0.001 * (i + 1))}, 4)
+        trial.curve, trial.reported = [(1, {"loss": 1.0 / (i + 1)})], 1
+        trials[i] = trial
+    return trials
+
+
+def _move(trials: dict[int, Trial], ids: list[int], step: int) -> None:
+    for i in ids:
+        trials[i].curve.append((step, {"loss": 0.5 / (i + step)}))
+        trials[i].reported = step
+
+
+def _scattered(n: int, k: int) -> list[int]:
+    return [round(j * (n - 1) / (k - 1)) for j in range(k)]
+
+
+def _expected(trials: dict[int, Trial]):
+    return trials_table(row_of(t) for t in trials.values())
+
+
+def _curve(trials: dict[int, Trial]) -> dict[tuple[int, int], float]:
+    return {(i, s - 1): v["loss"] for i, t in trials.items() for s, v in t.curve}
+
+
+def _read_curve(storage) -> dict[tuple[int, int], float]:
+    curve = open_results(str(storage), "s").curve("loss")
+    return {(i, s): v for (i, s), v in curve.stack().items() if v == v}
+
+
+@pytest.fixture
+def stored_keys(monkeypatch):
+    keys: list[str] = []
+    original = zarr.storage.LocalStore.set
+
+    async def counting(self, key, value):
+        keys.append(key)
+        return await original(self, key, value)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", counting)
+    return keys
+
+
+def test_a_write_visits_the_trials_that_changed_whatever_the_trial_count(tmp_path):
+    """Told which trials changed, a write compares those (10 moved on, 2 added) and no
+    other: as many at 1,000 trials as at 10,000, and the group reads back exactly."""
+    visited = {}
+    for n in (1_000, 10_000):
+        writer = ResultsWriter(
+            str(tmp_path / f"{n}" / "studies" / "s" / "results.zarr"), None, study="s", identity="x"
+        )
+        trials = _trials(n)
+        writer.write(trials)
+        ids = _scattered(n, 10)
+        _move(trials, ids, 2)
+        trials[n], trials[n + 1] = Trial(n, {"lr": dt.Constant(0.5)}, 4), Trial(n + 1, {}, 4)
+        assert writer.write(trials, {*ids, n, n + 1})
+        visited[n] = writer.visited
+        pd.testing.assert_frame_equal(open_results(str(tmp_path / f"{n}"), "s").trials, _expected(trials))
+        assert _read_curve(tmp_path / f"{n}") == _curve(trials)
+    assert visited == {1_000: 12, 10_000: 12}
+
+
+def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, monkeypatch):
+    """An ASHA search (promotions, stops, ends) on the durable path writes its results at
+    every tick from the trials it marked as changed: after each such write, comparing every
+    trial finds nothing left to write, and most writes visit a few of the trials."""
+    checked: list[tuple[int, int]] = []
+    original = ResultsWriter.write
+
+    def write(self, trials, changed=None):
+        wrote = original(self, trials, changed)
+        if changed is not None:
+            checked.append((self.visited, len(trials)))
+            assert not original(self, trials), "a trial changed that the study did not mark"
+        return wrote
+
+    monkeypatch.setattr(ResultsWriter, "write", write)
+    space = dt.Random({"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.0, 0.6)}, n=30, seed=1)
+    store = CheckpointStore(str(tmp_path))
+    with dt.Study(
+        SyntheticTrainer, name="s", storage=str(tmp_path), executor=SimulatedExecutor(8, store=store)
+    ) as study:
+        study._persistence.results_seconds = 0.0  # a results write at every tick
+        study.run(ASHA(space, "val_loss", "min", max_steps=9, eta=3))
+        trials = dict(study.coordinator.trials)
+    assert len(checked) > 10 and sum(v < n / 2 for v, n in checked) > len(checked) / 2
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+
+
+def test_a_resumed_group_is_written_by_what_differs_from_it(tmp_path, stored_keys):
+    """A new writer (a resumed study) takes the group as stored: its first write, with one
+    trial added, one moved on and one stored point the restored trial lacks, stores one log
+    entry and the attributes, no base array, and reads back exactly (the point gone)."""
+    url = str(tmp_path / "studies" / "s" / "results.zarr")
+    trials = _trials(5_000)
+    first = ResultsWriter(url, None, study="s", identity="x")
+    first.write(trials)
+    _move(trials, [7, 4_000], 2)
+    first.write(trials)
+    first.compact()
+    _move(trials, [9], 2)
+    first.write(trials)  # in the log
+    trials[7].curve.pop()  # the restored trial lacks a point stored (its journal ended before it)
+    trials[7].reported = 1
+    _move(trials, [1234], 2)
+    trials[5_000] = Trial(5_000, {"lr": dt.Constant(0.5)}, 4)
+    stored_keys.clear()
+    resumed = ResultsWriter(url, None, study="s", identity="x")
+    assert resumed.write(trials)
+    assert sorted(stored_keys) == ["log/c/1", "log/zarr.json", "zarr.json"]
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)
+    stored_keys.clear()
+    assert not ResultsWriter(url, None, study="s", identity="x").write(trials)  # nothing differs
+    assert stored_keys == []
+
+
+def _format_4_group(url: str, trials: dict[int, Trial]) -> None:
+    """The group dagtune wrote in format 4 for `trials` (base rows for all but the last,
+    whose row is in the change log with trial 0's new status, and a logged point)."""
+    group = zarr.open_group(url, mode="w")
+    ids = sorted(trials)
+    base = {i: trials[i] for i in ids}
+    text = np.dtypes.StringDType()
+
+    def put(name, values, dtype):
+        group.create_array(name, shape=(len(values),), dtype=dtype, chunks=(1024,))[:] = np.array(
+            values, dtype=dtype
+        )
+
+    put("trial_id", ids, "int64")
+    put("config", [dt.config.config_dumps(t.config) for t in base.values()], text)
+    put("status", ["pending"] * len(ids), text)
+    put("steps", [1] * len(ids), "int64")
+    put("error", [""] * len(ids), text)
+    put("final/loss", [np.nan] * len(ids), "float64")
+    curve = group.create_array(
+        "curve/loss", shape=(len(ids), 2), dtype="float64", chunks=(64, 256), fill_value=np.nan
+    )
+    curve[:, 0] = [t.curve[0][1]["loss"] for t in base.values()]
+    group.create_array("step", shape=(2,), dtype="int64", chunks=(1024,))[:] = [0, 1]
+    put("log/trial_id", [0], "int64")
+    put("log/status", [trials[0].status], text)
+    put("log/steps", [trials[0].reached], "int64")
+    put("log/error", [""], text)
+    put("log/final/loss", [trials[0].metrics["loss"]], "float64")
+    put("log/curve/loss/trial_id", [0], "int64")
+    put("log/curve/loss/step", [1], "int64")
+    put("log/curve/loss/value", [trials[0].curve[1][1]["loss"]], "float64")
+    group.attrs.put(
+        {
+            "format": "dagtune-results/4",
+            "study": "s",
+            "identity": "x",
+            "metrics": {"loss": "loss"},
+            "hyperparameters": {},
+            "rows": len(ids),
+            "steps": 2,
+            "log": {"rows": 1, "points": {"loss": 1}},
+        }
+    )
+
+
+def test_a_group_of_format_4_reads_the_same_and_a_resumed_study_writes_it_in_this_format(tmp_path):
+    trials = {i: Trial(i, {}, 2) for i in range(3)}
+    for i, trial in trials.items():
+        trial.curve, trial.reported = [(1, {"loss": 1.0 / (i + 1)})], 1
+    _move(trials, [0], 2)
+    trials[0].status, trials[0].metrics = "completed", dict(trials[0].curve[-1][1])
+    url = str(tmp_path / "studies" / "s" / "results.zarr")
+    _format_4_group(url, trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)
+    trials[3] = Trial(3, {}, 2)
+    ResultsWriter(url, None, study="s", identity="x").write(trials)
+    assert zarr.open_group(url, mode="r").attrs["format"] == FORMAT
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)
+
+
+def test_a_resumed_write_that_failed_is_completed_by_the_next_one_whatever_it_is_told(tmp_path, monkeypatch):
+    """The first write of a resumed study fails in storage after taking the group: the next
+    write, told of no change, still stores the rows that differ from the group."""
+    url = str(tmp_path / "studies" / "s" / "results.zarr")
+    trials = _trials(50)
+    ResultsWriter(url, None, study="s", identity="x").write(trials)
+    _move(trials, [3, 30], 2)
+    original = zarr.storage.LocalStore.set
+
+    async def failing(self, key, value):
+        raise OSError("storage went away")
+
+    resumed = ResultsWriter(url, None, study="s", identity="x")
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", failing)
+    with pytest.raises(OSError):
+        resumed.write(trials)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", original)
+    assert resumed.write(trials, set())
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    assert _read_curve(tmp_path) == _curve(trials)
