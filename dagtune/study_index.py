@@ -274,16 +274,25 @@ def write_index(store: CheckpointStore, index: Mapping[str, Any]) -> None:
 
 
 def write_study_index(persistence: Persistence) -> None:
-    """The closing writer's index: its study read back as a reader would read it
-    (`Persistence.read_back`), digested and written (while it holds the study's lease);
-    nothing is written when the read back can't be vouched for."""
-    read = persistence.read_back()
-    if read is None:
-        return
-    records, plan, covers = read
-    stored = stored_study(persistence.name, records, plan, [])
-    # a reader's incidents are known exactly only when this session saw none and read no plan afresh
-    exact = not persistence.incidents and plan is persistence.plan
+    """The closing writer's index: its study as a reader would fold it, built from what the
+    session holds (`Persistence.session_study`: no line of its records read again), or
+    where that can't be vouched for read back (`Persistence.read_back`: its own records),
+    digested and written (while it holds the study's lease); nothing is written when
+    neither can be vouched for."""
+    held = persistence.session_study()
+    if held is not None:
+        records, folded, planned, covers = held
+    else:
+        read = persistence.read_back()
+        if read is None:
+            return
+        (records, planned, covers), folded = read, None
+    # a reader's incidents are known exactly when this session saw none in the study's
+    # records, and none in the plan or read the plan afresh (as a reader does)
+    fresh = planned is not persistence.plan_journal
+    exact = not persistence.records.incidents and (fresh or not planned.journal.incidents)
+    incidents = list(planned.journal.incidents) if exact else []
+    stored = stored_study(persistence.name, records, planned.plan, incidents, folded)
     persistence.lease.ensure()
     write_index(persistence.store, digest(stored, covers, detail=exact))
 
