@@ -40,6 +40,7 @@ from typing import Any
 from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_study, stored_study
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
+from dagtune.dashboard.snapshot import importance_inputs, scored_importance, stored_snapshot
 from dagtune.durable import Persistence, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
@@ -212,16 +213,12 @@ class StoredView:
         which the study's closing writer does not spend)."""
         if self.importance_inputs is None:
             return self.snapshot
-        from dagtune.dashboard.snapshot import scored_importance  # the dashboard package: loaded when drawn
-
         return {**self.snapshot, "importance": scored_importance(self.importance_inputs)}
 
 
 def _view_of(stored: StoredStudy, *, score_importance: bool = True) -> StoredView:
     """What the views show of `stored`; unless `score_importance`, the page's snapshot holds
     no importance and the view what it would be scored from (what an index keeps)."""
-    from dagtune.dashboard.snapshot import importance_inputs, stored_snapshot  # loaded when drawn
-
     snapshot = stored_snapshot(stored, importance=score_importance)
     finished = not any(t.status == PENDING for t in stored.trials)
     inputs = None
