@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Leases",
     "Persistence",
+    "collector_paused",
     "index_path",
     "list_studies",
     "needed_by_stored_studies",
@@ -142,7 +143,7 @@ class Leases:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a study's journals are replayed into
     objects that all stay alive (trials, configs, plan nodes), or its read index is built
     (its trials and views live until it is written): each collection walks every object
@@ -274,7 +275,7 @@ class Persistence:
             guard=lease.ensure,
             commit=self.commit,
         )
-        with _collector_paused():
+        with collector_paused():
             self._open(describe, plan)
         self._plan_at_open = plan.covered()  # other writers' plan files as this session found them
         self.results = ResultsWriter(
@@ -351,7 +352,7 @@ class Persistence:
         def retry(state: TrialState) -> bool:
             return retry_failed or state.cause in OUTSIDE_THE_TRAINER
 
-        with _collector_paused():
+        with collector_paused():
             return coordinator.restore(self.earlier.trials.values(), retry)
 
     def _record(self, record: dict) -> None:
@@ -571,7 +572,7 @@ class Persistence:
                 self.commit.close()  # its committer ends (after a failed flush: once idle)
                 if summarize is not None:
                     try:
-                        with _collector_paused():  # the index's trials and views: all alive till written
+                        with collector_paused():  # the index's trials and views: all alive till written
                             summarize(self)
                     except Exception as error:
                         log.warning(

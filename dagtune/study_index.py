@@ -41,7 +41,7 @@ from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_stud
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
 from dagtune.dashboard.snapshot import importance_inputs, scored_importance, stored_snapshot
-from dagtune.durable import Persistence, index_path, put_whole
+from dagtune.durable import Persistence, collector_paused, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
 from dagtune.records import PENDING, Trial
@@ -364,8 +364,11 @@ def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
     """Read study `name` from its journals and write its index (what its writer does when it
     closes). Only the holder of the study's writer lease, or a process that knows no study
     writes it (a store being prepared), may call this."""
-    stored = load_study(store, name)
-    view = _view_of(stored, score_importance=False)
-    if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
-        write_index(store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status)))
+    with collector_paused():  # the study and its views all live until the index is written
+        stored = load_study(store, name)
+        view = _view_of(stored, score_importance=False)
+        if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
+            write_index(
+                store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status))
+            )
     return view
