@@ -7,11 +7,14 @@ plan journal into trials (`dagtune.catalog.load_study`): about 15 us a line and 
 lines a trial, so half a minute and more than a gigabyte for 100,000 trials, on every
 `dagtune status`. Yet a study that has ended does not change. So the study's writer (the
 holder of its writer lease, `dagtune.study_lease`), when it closes, computes what the views
-show from the trials it read and wrote (`digest`: the status row, the failed trials, the
-page's snapshot, the tree's trial ends and, in ``detail``, what `dagtune status --study`
-adds: the best `TOP_KEPT` trials by the default metric and the incidents; an index
-without ``detail``, as the first writers of this format left, sends that command to the
-journals) and writes it to ``studies/{name}/index.json.gz``
+show (`digest`: the status row, the failed trials, the page's snapshot, the tree's trial
+ends and, in ``detail``, what `dagtune status --study` adds: the best `TOP_KEPT` trials by
+the default metric and the incidents; an index without ``detail``, as the first writers of
+this format left, sends that command to the journals) from what it holds
+(`dagtune.durable.Persistence.session_study`: the records it folded when it opened, its
+coordinator's trials, whose every change it recorded, and its plan; no journal line is read
+again, whatever the study's size, unless another writer changed the shared plan meanwhile:
+then the plan is folded afresh) and writes it to ``studies/{name}/index.json.gz``
 with *what it covers*: every file of both journals and its size
 (`dagtune.plan.Journal.covered`). Journals only grow (object stores add segments, never
 rewrite one), so while each journal holds exactly those files at those sizes the bytes are
