@@ -25,9 +25,9 @@ from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan
 from dagtune.records import (
     PENDING,
+    FoldedTrial,
     StudyRecords,
     Trial,
-    TrialState,
     is_study_name,
     parsed_configs_shared,
 )
@@ -232,10 +232,17 @@ def _load_study(store: CheckpointStore, name: str, plans: dict[str, PlanJournal]
     return stored
 
 
-def stored_study(name: str, records: StudyRecords, plan: SearchPlan, incidents: list[str]) -> StoredStudy:
+def stored_study(
+    name: str,
+    records: StudyRecords,
+    plan: SearchPlan,
+    incidents: list[str],
+    folded: Iterable[FoldedTrial] | None = None,
+) -> StoredStudy:
     """Study `name` as its folded `records` (with at least one ``open`` record) and its
     model's search `plan` give it: what `load_study` returns, and what a study's writer
-    reads back when it closes (`dagtune.study_index`)."""
+    builds when it closes (`dagtune.study_index`); `folded`, if given, are the trials the
+    records fold into (else ``records.trials``)."""
     opened = records.opened[-1]
     describe = {
         "trainer": opened.trainer,
@@ -244,11 +251,11 @@ def stored_study(name: str, records: StudyRecords, plan: SearchPlan, incidents: 
         "link": opened.link,
         "gpus": opened.gpus,
     }
-    trials = _trials(records.trials.values(), plan)
+    trials = _trials(records.trials.values() if folded is None else folded, plan)
     return StoredStudy(name, opened.identity, describe, trials, plan, incidents, records.work_total())
 
 
-def _trials(states: Iterable[TrialState], plan: SearchPlan) -> list[Trial]:
+def _trials(states: Iterable[FoldedTrial], plan: SearchPlan) -> list[Trial]:
     """Trials as a resumed coordinator would rebuild them, with their curves from the plan."""
     trials = []
     for state in sorted(states, key=lambda s: s.id):

@@ -45,6 +45,7 @@ from dagtune.catalog import (
     stored_studies,
 )
 from dagtune.checkpoints import CheckpointStore
+from dagtune.dashboard.server import serve, websocket_origins
 from dagtune.errors import DagtuneError
 from dagtune.frames import TrialRow, trials_table
 from dagtune.gc import GcPolicy
@@ -956,8 +957,6 @@ def dashboard(
     storage: str, studies: tuple[str, ...], address: str, port: int, refresh: float, origins: tuple[str, ...]
 ) -> None:
     """Serve the dagtune page for the studies in STORAGE (no study needs to run)."""
-    from dagtune.dashboard.server import serve, websocket_origins  # loads distributed
-
     for name in studies:
         check_study_name(name)
     for origin in origins:

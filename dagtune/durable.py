@@ -43,10 +43,15 @@ from dagtune.records import (
     COMPLETED,
     OUTSIDE_THE_TRAINER,
     PENDING,
+    FoldedTrial,
+    Opened,
+    RecordError,
     StudyRecords,
     Trial,
     TrialState,
+    Worked,
     is_study_name,
+    parse_trial_record,
     read_study_records,
 )
 from dagtune.results import ResultsWriter, results_url
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Leases",
     "Persistence",
+    "collector_paused",
     "index_path",
     "list_studies",
     "needed_by_stored_studies",
@@ -137,11 +143,12 @@ class Leases:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a study's journals are replayed into
-    objects that all stay alive (trials, configs, plan nodes): each collection walks every
-    object made so far and finds nothing to free, about 40% of the CPU of reading a
-    100,000-trial study's journals (issue 24). Back on, as it was, afterwards."""
+    objects that all stay alive (trials, configs, plan nodes), or its read index is built
+    (its trials and views live until it is written): each collection walks every object
+    made so far and finds nothing to free, about 40% of the CPU of reading a 100,000-trial
+    study's journals (issue 24). Back on, as it was, afterwards."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -296,7 +303,7 @@ class Persistence:
             guard=lease.ensure,
             commit=self.commit,
         )
-        with _collector_paused():
+        with collector_paused():
             self._open(describe, plan)
         self._plan_at_open = plan.covered()  # other writers' plan files as this session found them
         self.results = ResultsWriter(
@@ -309,7 +316,13 @@ class Persistence:
         )
         self._work: tuple[int, float] | None = None
         self._write_work((0, 0.0))  # written with the open record: readers know it records its work
-        self.records.append({"r": "open", "identity": identity, **describe}, sync=True)
+        self._opened = {"r": "open", "identity": identity, **describe}
+        self.records.append(self._opened, sync=True)
+        # the coordinator's trials once attached, and the metrics the records leave each
+        # pending trial that has them (one that completed, then was extended; a reader shows
+        # them until it ends again): what `session_study` folds the study from at close
+        self._trials: Mapping[int, Trial] | None = None
+        self._held: dict[int, dict[str, float]] = {}
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._lease_version: int | None = None  # the coordinator's kept points last written
         self._refreshed = self._results_at = clock()
@@ -359,11 +372,17 @@ class Persistence:
         coordinator.store = self.store
         coordinator.recorders.append(self._record)
         coordinator.listeners.append(self._changed)
+        self._trials = coordinator.trials
+        self._held = {
+            state.id: state.metrics
+            for state in self.earlier.trials.values()
+            if state.status == PENDING and state.metrics is not None
+        }
 
         def retry(state: TrialState) -> bool:
             return retry_failed or state.cause in OUTSIDE_THE_TRAINER
 
-        with _collector_paused():
+        with collector_paused():
             restored = coordinator.restore(self.earlier.trials.values(), retry)
         self._changed.ids.update(trial.id for trial in restored)
         return restored
@@ -373,6 +392,12 @@ class Persistence:
         kind = record["r"]
         if kind == "submit":
             self._submitters[record["trial"]] = self.records.writer
+        elif kind == "extend":  # recorded before the trial changes (`TrialLedger.extend`)
+            trial = self._trials[record["trial"]] if self._trials is not None else None
+            if trial is not None and trial.status == COMPLETED:  # its end record's metrics stay
+                self._held[trial.id] = trial.metrics
+        elif kind in ("end", "retry"):  # ended: its own; retried: none
+            self._held.pop(record["trial"], None)
         if kind in ("submit", "extend", "end", "retry"):  # whose trial it is (`dagtune.records`)
             submitter = self._submitters.get(record["trial"])
             if submitter is not None:
@@ -456,16 +481,87 @@ class Persistence:
         held = Leases.held(self.store, self.identity, exclude=self.leases.writer)
         return held | needed_by_stored_studies(self.store, self.identity, self.plan, exclude=self.name)
 
-    def read_back(self) -> tuple[StudyRecords, SearchPlan, dict[str, dict[str, int]]] | None:
+    def session_study(
+        self,
+    ) -> tuple[StudyRecords, list[FoldedTrial], PlanJournal, dict[str, dict[str, int]]] | None:
+        """The study as a reader of its journals now would fold it, from what this session
+        holds, and what it covers (journal directory under the storage root -> file name ->
+        size; `dagtune.plan.Journal.covered`): the records of earlier sessions as it folded
+        them when it opened, its own ``open`` and latest ``work`` record, each trial as its
+        own records leave it (`dagtune.catalog.FoldedTrial`: the coordinator's trial, whose
+        every change it recorded, with the config and salt the earlier records give a trial
+        they hold, and, while pending, the metrics its last ``end`` record left) and the
+        plan (`_plan_read`); no line of the study's records is read. Call it after the last
+        `flush`. None, for `read_back` to read instead, when the records journal holds
+        other files or sizes than those this session read and wrote (another writer's lines,
+        a lease lost; a reader's fold may differ), when it was never attached to a
+        coordinator, or when a reader would skip its ``open`` or ``work`` record."""
+        if self._trials is None:
+            return None
+        recorded = self.records.covered()
+        if recorded is None or self.records.sizes() != recorded:
+            return None
+        records = StudyRecords(list(self.earlier.opened), {}, dict(self.earlier.work))
+        own = [self._opened]
+        if self._work is not None:
+            steps, seconds = self._work
+            own.append(
+                {"r": "work", "session": self.records.writer, "executed_steps": steps, "gpu_seconds": seconds}
+            )
+        for record in own:  # as a reader gets them: JSON text parsed
+            try:
+                parsed = parse_trial_record(json.loads(json.dumps(record)))
+            except (RecordError, ValueError):
+                return None
+            if isinstance(parsed, Worked):
+                records.work[parsed.session] = parsed
+            elif isinstance(parsed, Opened):
+                records.opened.append(parsed)
+        read = self._plan_read()
+        if read is None:
+            return None
+        plan, planned = read
+        covers = {f"studies/{self.name}/journal": recorded, f"{self.identity}/plan": planned}
+        return records, self._folded(self._trials), plan, covers
+
+    def _folded(self, trials: Mapping[int, Trial]) -> list[FoldedTrial]:
+        """Each of `trials` as the records fold it (`session_study`)."""
+        earlier = self.earlier.trials
+        folded: list[FoldedTrial] = []
+        for trial in trials.values():
+            base = earlier.get(trial.id)
+            config, salt = (trial.config, trial.salt) if base is None else (base.config, base.salt)
+            if trial.status == PENDING:
+                where = self.records.directory if base is None else base.where
+                state = TrialState(
+                    trial.id, config, trial.steps, where, salt=salt, metrics=self._held.get(trial.id)
+                )
+                folded.append(state)
+            elif config is not trial.config or salt != trial.salt:  # a restored trial given a salt
+                state = TrialState(
+                    trial.id,
+                    config,
+                    trial.steps,
+                    base.where,
+                    salt=salt,
+                    status=trial.status,
+                    reached=trial.reached,
+                    metrics=trial.metrics,
+                    error=trial.error,
+                    cause=trial.cause,
+                )
+                folded.append(state)
+            else:
+                folded.append(trial)
+        return folded
+
+    def read_back(self) -> tuple[StudyRecords, PlanJournal, dict[str, dict[str, int]]] | None:
         """The study as a reader of its journals now would fold it, without parsing again what
-        this session read or wrote, and what it covers (journal directory under the storage
-        root -> file name -> size; `dagtune.plan.Journal.covered`): this session's own records
-        read back (the same bytes a reader gets) and folded after the earlier ones; the plan in
-        memory when no other writer's plan files changed since the session opened (a reader
-        orders writers' events by time; the plan then has them in that order), else read
-        afresh. Call it after the last `flush`. None when the records journal has another
-        writer's lines (the lease was lost: a reader's order may differ) or a file of another
-        journal (its size is not kept)."""
+        this session read when it opened, and what it covers (`session_study`): this
+        session's own records read back (the same bytes a reader gets) and folded after the
+        earlier ones, and the plan (`_plan_read`). Call it after the last `flush`. None when
+        the records journal has another writer's lines (the lease was lost: a reader's order
+        may differ) or a file of another journal (its size is not kept)."""
         entries = self.records.read_new()
         if any(entry.writer != self.records.writer for entry in entries):
             return None
@@ -473,21 +569,33 @@ class Persistence:
             self.earlier.read(entry.record, entry.where)
         for where, reason in self.earlier.skipped:
             self.records.report(where, reason)
+        read = self._plan_read()
+        recorded = self.records.covered()
+        if read is None or recorded is None:
+            return None
+        plan, planned = read
+        covers = {f"studies/{self.name}/journal": recorded, f"{self.identity}/plan": planned}
+        return self.earlier, plan, covers
+
+    def _plan_read(self) -> tuple[PlanJournal, dict[str, int]] | None:
+        """The search plan as a reader of its journal now would fold it (with its journal's
+        incidents), and the files and sizes that covers: other writers' new events brought
+        in, then the plan in memory
+        when no other writer's plan files changed since the session opened (a reader orders
+        writers' events by time; the plan then has them in that order), else the journal
+        read afresh (events of writers that wrote meanwhile may be ordered otherwise). None
+        when the journal has a file of another journal (its size is not kept)."""
         journal = self.plan_journal.journal
         self.plan_journal.refresh()
         planned = journal.covered()
         if planned is None or self._plan_at_open is None:
             return None
-        plan = self.plan
-        if {k: v for k, v in planned.items() if not k.startswith(journal.writer)} != self._plan_at_open:
-            fresh = PlanJournal(SearchPlan(), Journal(journal.fs, journal.directory, header=journal.header))
-            fresh.load()
-            plan, planned = fresh.plan, fresh.journal.covered()
-        recorded = self.records.covered()
-        if recorded is None or planned is None:
-            return None
-        covers = {f"studies/{self.name}/journal": recorded, f"{self.identity}/plan": planned}
-        return self.earlier, plan, covers
+        if {k: v for k, v in planned.items() if not k.startswith(journal.writer)} == self._plan_at_open:
+            return self.plan_journal, planned
+        fresh = PlanJournal(SearchPlan(), Journal(journal.fs, journal.directory, header=journal.header))
+        fresh.load()
+        planned = fresh.journal.covered()
+        return None if planned is None else (fresh, planned)
 
     def close(self, coordinator: Coordinator, summarize: Callable[[Persistence], None] | None = None) -> None:
         """The study ends: its last work and results are written (the results' change log
@@ -507,7 +615,8 @@ class Persistence:
                 self.commit.close()  # its committer ends (after a failed flush: once idle)
                 if summarize is not None:
                     try:
-                        summarize(self)
+                        with collector_paused():  # the index's trials and views: all alive till written
+                            summarize(self)
                     except Exception as error:
                         log.warning(
                             "dagtune: study %r: its read index was not written (%r)", self.name, error

@@ -7,11 +7,14 @@ plan journal into trials (`dagtune.catalog.load_study`): about 15 us a line and 
 lines a trial, so half a minute and more than a gigabyte for 100,000 trials, on every
 `dagtune status`. Yet a study that has ended does not change. So the study's writer (the
 holder of its writer lease, `dagtune.study_lease`), when it closes, computes what the views
-show from the trials it read and wrote (`digest`: the status row, the failed trials, the
-page's snapshot, the tree's trial ends and, in ``detail``, what `dagtune status --study`
-adds: the best `TOP_KEPT` trials by the default metric and the incidents; an index
-without ``detail``, as the first writers of this format left, sends that command to the
-journals) and writes it to ``studies/{name}/index.json.gz``
+show (`digest`: the status row, the failed trials, the page's snapshot, the tree's trial
+ends and, in ``detail``, what `dagtune status --study` adds: the best `TOP_KEPT` trials by
+the default metric and the incidents; an index without ``detail``, as the first writers of
+this format left, sends that command to the journals) from what it holds
+(`dagtune.durable.Persistence.session_study`: the records it folded when it opened, its
+coordinator's trials, whose every change it recorded, and its plan; no journal line is read
+again, whatever the study's size, unless another writer changed the shared plan meanwhile:
+then the plan is folded afresh) and writes it to ``studies/{name}/index.json.gz``
 with *what it covers*: every file of both journals and its size
 (`dagtune.plan.Journal.covered`). Journals only grow (object stores add segments, never
 rewrite one), so while each journal holds exactly those files at those sizes the bytes are
@@ -40,7 +43,8 @@ from typing import Any
 from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_study, stored_study
 from dagtune.checkpoints import CheckpointStore
 from dagtune.config import config_dumps, config_from_json
-from dagtune.durable import Persistence, index_path, put_whole
+from dagtune.dashboard.snapshot import importance_inputs, scored_importance, stored_snapshot
+from dagtune.durable import Persistence, collector_paused, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
 from dagtune.records import PENDING, Trial
@@ -212,16 +216,12 @@ class StoredView:
         which the study's closing writer does not spend)."""
         if self.importance_inputs is None:
             return self.snapshot
-        from dagtune.dashboard.snapshot import scored_importance  # the dashboard package: loaded when drawn
-
         return {**self.snapshot, "importance": scored_importance(self.importance_inputs)}
 
 
 def _view_of(stored: StoredStudy, *, score_importance: bool = True) -> StoredView:
     """What the views show of `stored`; unless `score_importance`, the page's snapshot holds
     no importance and the view what it would be scored from (what an index keeps)."""
-    from dagtune.dashboard.snapshot import importance_inputs, stored_snapshot  # loaded when drawn
-
     snapshot = stored_snapshot(stored, importance=score_importance)
     finished = not any(t.status == PENDING for t in stored.trials)
     inputs = None
@@ -274,16 +274,25 @@ def write_index(store: CheckpointStore, index: Mapping[str, Any]) -> None:
 
 
 def write_study_index(persistence: Persistence) -> None:
-    """The closing writer's index: its study read back as a reader would read it
-    (`Persistence.read_back`), digested and written (while it holds the study's lease);
-    nothing is written when the read back can't be vouched for."""
-    read = persistence.read_back()
-    if read is None:
-        return
-    records, plan, covers = read
-    stored = stored_study(persistence.name, records, plan, [])
-    # a reader's incidents are known exactly only when this session saw none and read no plan afresh
-    exact = not persistence.incidents and plan is persistence.plan
+    """The closing writer's index: its study as a reader would fold it, built from what the
+    session holds (`Persistence.session_study`: no line of its records read again), or
+    where that can't be vouched for read back (`Persistence.read_back`: its own records),
+    digested and written (while it holds the study's lease); nothing is written when
+    neither can be vouched for."""
+    held = persistence.session_study()
+    if held is not None:
+        records, folded, planned, covers = held
+    else:
+        read = persistence.read_back()
+        if read is None:
+            return
+        (records, planned, covers), folded = read, None
+    # a reader's incidents are known exactly when this session saw none in the study's
+    # records, and none in the plan or read the plan afresh (as a reader does)
+    fresh = planned is not persistence.plan_journal
+    exact = not persistence.records.incidents and (fresh or not planned.journal.incidents)
+    incidents = list(planned.journal.incidents) if exact else []
+    stored = stored_study(persistence.name, records, planned.plan, incidents, folded)
     persistence.lease.ensure()
     write_index(persistence.store, digest(stored, covers, detail=exact))
 
@@ -358,8 +367,11 @@ def rebuild_index(store: CheckpointStore, name: str) -> StoredView:
     """Read study `name` from its journals and write its index (what its writer does when it
     closes). Only the holder of the study's writer lease, or a process that knows no study
     writes it (a store being prepared), may call this."""
-    stored = load_study(store, name)
-    view = _view_of(stored, score_importance=False)
-    if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
-        write_index(store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status)))
+    with collector_paused():  # the study and its views all live until the index is written
+        stored = load_study(store, name)
+        view = _view_of(stored, score_importance=False)
+        if stored.covers is not None:  # else a file was skipped as another journal's: nothing to vouch for
+            write_index(
+                store, _index_of(view, stored.identity, stored.covers, _detail_of(stored, view.status))
+            )
     return view

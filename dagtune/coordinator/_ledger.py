@@ -155,8 +155,10 @@ class TrialLedger:
         else:
             self.kept.reopened((trial.node, trial.steps))
         self.branches.resume(trial)
-        trial.steps, trial.status, trial.finished_at = steps, PENDING, None
+        # recorded first: a recorder sees the trial as it was (`dagtune.durable` keeps the
+        # metrics a completed trial's records leave it while it trains further)
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
+        trial.steps, trial.status, trial.finished_at = steps, PENDING, None
         self._request(trial)
         return trial
 

@@ -66,6 +66,7 @@ from dagtune.records._trial import (
 from dagtune.records._trial_records import (
     Ended,
     Extended,
+    FoldedTrial,
     Opened,
     Retried,
     StudyLink,
@@ -94,6 +95,7 @@ __all__ = [
     "CheckpointInfo",
     "Ended",
     "Extended",
+    "FoldedTrial",
     "Opened",
     "PlanEvent",
     "RecordError",

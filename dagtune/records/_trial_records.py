@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite
 from dagtune.records._checks import Fields, RecordError, is_int, is_number, is_study_name, shown
@@ -27,6 +27,7 @@ from dagtune.records._trial import CAUSES, COMPLETED, DIVERGED, FAILED, PENDING,
 __all__ = [
     "Ended",
     "Extended",
+    "FoldedTrial",
     "Opened",
     "Retried",
     "StudyLink",
@@ -284,6 +285,24 @@ class TrialState:
     metrics: dict[str, float] | None = None
     error: str | None = None
     cause: str | None = None
+
+
+class FoldedTrial(Protocol):
+    """What a study's records say of one trial once folded: a `TrialState` has it, and so
+    has a `dagtune.records.Trial` whose records its study's writer wrote itself (the
+    closing writer builds its study's read index from what it holds:
+    `dagtune.durable.Persistence.session_study`). `reached` is read only of a trial that
+    ended."""
+
+    id: int
+    config: Config
+    steps: int
+    status: str
+    reached: int
+    metrics: dict[str, float] | None
+    error: str | None
+    cause: str | None
+    salt: str
 
 
 @dataclass

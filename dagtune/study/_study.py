@@ -334,7 +334,7 @@ class Study:
         """On Dask, keep what the study shows on its scheduler up to date from one thread:
         its demand (stages ready without a worker, for an adaptive cluster's
         `DemandAdaptive`) and, where the dagtune page is served, its dashboard snapshot."""
-        from dagtune.dashboard import attach  # loads distributed and bokeh: on Dask only
+        from dagtune.dashboard.plugin import attach  # loads distributed and bokeh: on Dask only
         from dagtune.execution.dask import DemandFeed, Publisher  # loads distributed: on Dask only
 
         self._dashboard = attach(self)
