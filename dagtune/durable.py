@@ -170,7 +170,7 @@ class Leases:
             return
         os.makedirs(self.directory, exist_ok=True)
         temporary = f"{self.directory}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
-        try:  # not fsynced: a lease outlives no crash of its writer
+        try:  # not fsynced (as before): after a crash its trial records say what it needs
             with open(temporary, "wb") as file:
                 file.write(data)
             os.replace(temporary, path)
@@ -179,7 +179,7 @@ class Leases:
                 os.remove(temporary)
 
     def release(self) -> None:
-        for path in (*self._parts, self.path):  # the parts first: the whole set holds theirs
+        for path in (*self._parts, self.path):  # every file: the study needs none of its points now
             with contextlib.suppress(FileNotFoundError):
                 self.store.fs.rm_file(path)
         self.points, self._parts, self._part_points = None, [], 0
