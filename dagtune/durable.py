@@ -12,7 +12,8 @@ Layout under the storage URL (a directory, ``s3://bucket/prefix``, any fsspec UR
                                                    it records (dagtune.study_index)
     studies/{name}/resume.pickle                   the journals as last folded: resuming reads it
                                                    and their tail (dagtune.resume_state)
-    {identity}/leases/{writer}.json                checkpoints a live study needs (Leases)
+    {identity}/leases/{writer}.json                checkpoints a live study needs (Leases),
+    {identity}/leases/{writer}-{n:06d}.json        and those added since (parts of it)
 
 Every study of one model identity (trainer, its arguments, seed, version) shares the plan:
 what any of them trained, the next one reuses. A study's own records (one ``open`` record
@@ -85,9 +86,23 @@ LEASE_SHARE = 0.02
 
 class Leases:
     """The checkpoints live studies of one model identity need, so that garbage collection by
-    any study (or `dagtune gc`) never deletes them: one small JSON file per writer, renewed
-    while the study lives and removed when it closes. A lease older than its ``ttl`` belongs
-    to a study that died; it no longer protects anything."""
+    any study (or `dagtune gc`) never deletes them: small JSON files per writer (each a lease
+    of its own: writer, time written, ttl, points), renewed while the study lives and removed
+    when it closes. A lease older than its ``ttl`` belongs to a study that died; it no
+    longer protects anything. A reader takes every point of every live file.
+
+    A writer publishes what changed, not every point each time: `renew` writes the whole
+    set in ``{writer}.json`` (and removes the parts); `add` writes only the points that
+    entered since, each time in a part ``{writer}-{n:06d}.json``. Points that left stay
+    published until the next whole write: a lease may protect a point a while longer than
+    needed, never one less. `whole_due` says when the whole set is to be written again:
+    every quarter of the ttl (the heartbeat: each file is then at most half a ttl old), and
+    once the parts hold as many points as the whole, number `MAX_PARTS`, or the points that
+    left outnumber those that stay. On a local disk each file is written to a temporary name
+    and renamed (a reader never sees part of one); elsewhere a put is whole."""
+
+    #: parts beside the whole set at most (a reader reads each)
+    MAX_PARTS = 64
 
     def __init__(self, store: CheckpointStore, identity: str, writer: str, *, ttl_seconds: float = 600.0):
         self.store = store
@@ -95,29 +110,85 @@ class Leases:
         self.path = f"{self.directory}/{writer}.json"
         self.writer = writer
         self.ttl_seconds = ttl_seconds
-        self.points: frozenset[Point] | None = None
-        self.renewed = -float("inf")
-        self.took = 0.0  # seconds the last renewal took
+        self.points: set[Point] | None = None  # every point the files hold (None: none written)
+        self.renewed = -float("inf")  # the last write, whole or part (monotonic)
+        self.took = 0.0  # seconds the last write took
+        self.written_points = 0  # points written in all, whole and parts (tests count them)
+        self._whole_at = -float("inf")
+        self._whole_size = 0
+        self._parts: list[str] = []
+        self._part_points = 0
+        self._sequence = 0
+
+    def whole_due(self, entered: int, left: int) -> bool:
+        """Whether the next write is to be the whole set, with `entered` points to add and
+        `left` points left since the last whole write (see the class docstring)."""
+        return (
+            time.monotonic() - self._whole_at >= self.ttl_seconds / 4
+            or len(self._parts) >= self.MAX_PARTS
+            or self._part_points + entered > max(self._whole_size, self.MAX_PARTS)
+            or 2 * left > self._whole_size + self._part_points
+        )
 
     def renew(self, points: Iterable[Point]) -> None:
-        """Write the lease for `points` (sorted, with the time)."""
+        """Write the lease for every one of `points` (with the time), then remove the parts."""
         began = time.perf_counter()
-        points = frozenset(points)
+        points = set(points)
+        self._put(self.path, points)
+        for part in self._parts:
+            with contextlib.suppress(FileNotFoundError):
+                self.store.fs.rm_file(part)
+        self.points, self._parts, self._part_points = points, [], 0
+        self._whole_at, self._whole_size = time.monotonic(), len(points)
+        self.renewed = self._whole_at
+        self.took = time.perf_counter() - began
+
+    def add(self, points: Iterable[Point]) -> None:
+        """Publish `points` too: those the files do not hold yet, in a new part (nothing is
+        written if there are none)."""
+        began = time.perf_counter()
+        if self.points is None:
+            self.points = set()
+        new = {point for point in points if point not in self.points}
+        if new:
+            part = f"{self.directory}/{self.writer}-{self._sequence:06d}.json"
+            self._sequence += 1
+            self._put(part, new)
+            self._parts.append(part)
+            self._part_points += len(new)
+            self.points |= new
+        self.renewed = time.monotonic()
+        self.took = time.perf_counter() - began
+
+    def _put(self, path: str, points: set[Point]) -> None:
         payload = {
             "writer": self.writer,
             "written": time.time(),
             "ttl": self.ttl_seconds,
-            "points": sorted(points),  # (node, step) pairs: JSON arrays, sorted as tuples twice as fast
+            "points": list(points),
         }
-        self.store.fs.makedirs(self.directory, exist_ok=True)
-        self.store.fs.pipe_file(self.path, json.dumps(payload).encode())
-        self.points, self.renewed = points, time.monotonic()
-        self.took = time.perf_counter() - began
+        data = json.dumps(payload).encode()
+        self.written_points += len(points)
+        fs = self.store.fs
+        if not isinstance(fs, LocalFileSystem):
+            fs.makedirs(self.directory, exist_ok=True)
+            fs.pipe_file(path, data)
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        temporary = f"{self.directory}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
+        try:  # not fsynced (as before): after a crash its trial records say what it needs
+            with open(temporary, "wb") as file:
+                file.write(data)
+            os.replace(temporary, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
 
     def release(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.store.fs.rm_file(self.path)
-        self.points = None
+        for path in (*self._parts, self.path):  # every file: the study needs none of its points now
+            with contextlib.suppress(FileNotFoundError):
+                self.store.fs.rm_file(path)
+        self.points, self._parts, self._part_points = None, [], 0
 
     @staticmethod
     def held(store: CheckpointStore, identity: str, *, exclude: str | None = None) -> set[Point]:
@@ -130,6 +201,8 @@ class Leases:
             return set()
         now, points = time.time(), set()
         for path in paths:
+            if path.rstrip("/").rsplit("/", 1)[-1].startswith("."):
+                continue  # a file being written (renamed to its name once whole)
             try:
                 lease = json.loads(store.fs.cat_file(path))
                 if lease["writer"] == exclude or now > float(lease["written"]) + float(lease["ttl"]):
@@ -325,6 +398,7 @@ class Persistence:
         self._held: dict[int, dict[str, float]] = {}
         self.leases = Leases(store, identity, self.plan_journal.journal.writer)
         self._lease_version: int | None = None  # the coordinator's kept points last written
+        self._left_at_whole = 0  # the kept points' `left` at the lease's last whole write
         self._refreshed = self._results_at = clock()
         self._changed = ChangedTrials()  # the trials to write at the next results write
 
@@ -463,17 +537,27 @@ class Persistence:
     def _renew_lease(self, coordinator: Coordinator, force: bool) -> None:
         """Publish what this study needs kept when it changed, and as a heartbeat every
         quarter of the lease's ttl. The coordinator keeps the points as things happen
-        (`Coordinator.kept`): whether they changed costs nothing to ask; they are gathered
-        only to be written, at most once a second, and no more often than
-        `LEASE_SHARE` of the time leaves for writing them (a lease of 100,000 points takes
-        tens of milliseconds: it is then written every few seconds)."""
-        since = time.monotonic() - self.leases.renewed
-        version = coordinator.kept.version
+        (`Coordinator.kept`): whether they changed costs nothing to ask, and the points that
+        entered since the last write are logged, so a write publishes those only (`Leases.add`);
+        every point is gathered only for a whole write (`Leases.whole_due`: at the heartbeat,
+        or once the parts or the points that left are as many as the whole). A write comes at
+        most once a second, and no more often than `LEASE_SHARE` of the time leaves for it."""
+        leases, kept = self.leases, coordinator.kept
+        since = time.monotonic() - leases.renewed
+        version = kept.version
         changed = version != self._lease_version
-        wait = max(1.0, self.leases.took / LEASE_SHARE)
-        if force or (changed and since >= wait) or since >= self.leases.ttl_seconds / 4:
-            self._lease_version = version
-            self.leases.renew(coordinator.protected_points() | coordinator.latest_of_completed())
+        wait = max(1.0, leases.took / LEASE_SHARE)
+        if not (force or (changed and since >= wait) or since >= leases.ttl_seconds / 4):
+            return
+        self._lease_version = version
+        if leases.points is None:
+            kept.follow()  # from now on: what enters is logged (gathered whole just below)
+        entered = kept.take_entered()
+        if leases.whole_due(len(entered), kept.left - self._left_at_whole):
+            self._left_at_whole = kept.left
+            leases.renew(coordinator.protected_points() | coordinator.latest_of_completed())
+        else:
+            leases.add(entered)
 
     def needed_elsewhere(self) -> set[Point]:
         """Checkpoints other studies of this model need: live ones' leases, and what the

@@ -7,6 +7,7 @@ writes its journals in their order; a failed commit loses nothing and says so.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -180,10 +181,10 @@ def _wait_for_failure(journal: Journal) -> None:
     assert journal.commit.failures == 1
 
 
-def _written(blocked, journal: Journal) -> list[bytes]:
-    """The first letter of each record's "r" that `journal` wrote."""
-    lines = (blocked / "journal" / f"{journal.writer}.jsonl").read_bytes().splitlines()
-    return [line.split(b'"r":"')[1][:1] for line in lines]
+def _written(blocked, journal: Journal, directory: str = "journal") -> list[bytes]:
+    """The first letter of each record's "r" that `journal` wrote (its header skipped)."""
+    lines = (blocked / directory / f"{journal.writer}.jsonl").read_bytes().splitlines()
+    return [line.split(b'"r":"')[1][:1] for line in lines if b'"r":"' in line]
 
 
 def test_a_failed_commit_keeps_its_records_and_raises_to_the_next_caller(tmp_path):
@@ -225,3 +226,118 @@ def test_a_bad_commit_bound_is_refused_by_name(monkeypatch, value):
         commit_seconds()
     with pytest.raises(ValueError, match="commit_seconds must be"):
         commit_seconds(-0.5)
+
+
+@pytest.fixture
+def journal_opens(monkeypatch):
+    """The journal files (``.jsonl``) opened for writing by `os.open`, one entry per open."""
+    opened: list[str] = []
+    original = os.open
+
+    def counting(path, flags, *args, **kwargs):
+        if str(path).endswith(".jsonl") and flags & (os.O_WRONLY | os.O_RDWR):
+            opened.append(str(path))
+        return original(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    return opened
+
+
+def _held(path) -> list[str]:
+    """This process's open descriptors on `path` (a removed one reads ``... (deleted)``)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in links if link.startswith(str(path))]
+
+
+def test_a_journal_file_is_opened_once_for_all_its_groups_and_closed_with_them(
+    tmp_path, journal_opens, journal_fsyncs
+):
+    """Counted: 50 groups open the file once (each is still written and fsynced); closing
+    the group commit closes it, and a later group opens it again."""
+    journal = Journal(dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "j"), commit=GroupCommit(3600))
+    for i in range(50):
+        journal.append({"r": "x", "i": i}, sync=True)
+    path = tmp_path / "j" / f"{journal.writer}.jsonl"
+    assert journal_opens == [str(path)] and len(journal_fsyncs) == 50
+    assert _held(path) == [str(path)]
+    journal.commit.close()
+    assert _held(path) == []
+    journal.append({"r": "x", "i": 50}, sync=True)
+    assert len(journal_opens) == 2 and path.read_bytes().count(b"\n") == 51
+    journal.commit.close()
+
+
+def test_a_studys_journal_files_are_opened_once_whatever_its_groups(tmp_path, monkeypatch, journal_opens):
+    """A durable study whose groups fall due all through its run (a 1 ms bound) opens its
+    two journal files (the plan's, its records') once each, not once per group."""
+    monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", "0.001")
+    groups: list[int] = []
+    commit = GroupCommit.commit
+
+    def counted(group: GroupCommit) -> None:
+        groups.append(1)
+        commit(group)
+
+    monkeypatch.setattr(GroupCommit, "commit", counted)
+    _grid_study(tmp_path, 200)
+    assert len(groups) > 20 and len(journal_opens) == 2, (len(groups), journal_opens)
+    assert sorted(p.rsplit("/", 2)[-2] for p in journal_opens) == ["journal", "plan"]
+    assert not any(_held(tmp_path / "runs200"))  # closed with the study
+
+
+def test_a_journal_file_removed_or_replaced_underneath_is_written_by_its_name_again(tmp_path):
+    """The file held open is compared with the one at its name before every write: a file
+    removed underneath is not written unseen (its descriptor closed, the records go to the
+    name, as when every commit opened it), nor is one replaced by another file."""
+    journal = Journal(dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "j"), commit=GroupCommit(3600))
+    path = tmp_path / "j" / f"{journal.writer}.jsonl"
+    journal.append({"r": "a"}, sync=True)
+    path.unlink()
+    journal.append({"r": "b"}, sync=True)
+    assert _written(tmp_path, journal, "j") == [b"b"] and _held(path) == [str(path)]  # not "(deleted)"
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(b"")
+    os.replace(other, path)
+    journal.append({"r": "c"}, sync=True)
+    assert _written(tmp_path, journal, "j") == [b"c"] and _held(path) == [str(path)]
+    journal.commit.close()
+    assert _held(path) == []
+
+
+def test_a_line_is_encoded_as_the_reference_encoder_encodes_it():
+    """`encode_line` uses one C encoder made once: its lines are byte for byte those of
+    ``json.dumps(record, sort_keys=True, separators=(",", ":"))`` (keys sorted, ASCII
+    escapes, NaN as dagtune has always written it), and they read back."""
+    import json
+    import zlib
+
+    from dagtune.plan._journal import decode_line, encode_line
+
+    records = [
+        {
+            "e": "metrics",
+            "metrics": {"val_loss": 0.25, "loss": float("nan")},
+            "node": "ab",
+            "step": 1,
+            "t": 1.5,
+        },
+        {
+            "r": "submit",
+            "config": {"lr": {"value": 1e-3, "type": "Constant"}},
+            "tag": None,
+            "t": 2.0,
+            "é": "\u2028",
+        },
+        {"z": [1, 2.5, True, False, None, "x"], "a": {"c": {"b": []}}, "t": 3},
+    ]
+    for record in records:
+        body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        assert encode_line(record) == b"dj1 %08x %s\n" % (zlib.crc32(body), body)
+        assert json.dumps(decode_line(encode_line(record)[:-1]), sort_keys=True) == json.dumps(
+            record, sort_keys=True
+        )
+    with pytest.raises(TypeError):
+        encode_line({"t": 1.0, "x": object()})

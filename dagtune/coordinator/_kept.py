@@ -7,7 +7,8 @@ and each interrupted trial's point (where they resume), and the latest checkpoin
 completed trial (where an extension resumes): the trial ledger's `TrialPoints` keeps these
 two. `KeptPoints` joins the three for the coordinator. Each set is a `HeldPoints`: a multiset of points with a
 `version` that changes whenever a point enters or leaves it, so a reader learns in O(1)
-whether anything changed since it last looked.
+whether anything changed since it last looked, and, once followed, a log of the points that
+entered it, so the study's lease publishes what changed without gathering every point.
 
 `LatestCheckpoints` follows the latest checkpoint before each target point: a target is
 registered on every node of its path, and a checkpoint recorded or dropped on a node
@@ -29,23 +30,30 @@ Point = tuple[str, int]
 
 class HeldPoints:
     """A multiset of points (each held by how many reasons), iterated as a set; `version`
-    counts the times a point entered or left it."""
+    counts the times a point entered or left it, `left` the times one left it. Once
+    `entered` is a list (whoever publishes the points sets it: `KeptPoints.follow`), each
+    point that enters is appended to it, for that reader to take."""
 
     def __init__(self) -> None:
         self._counts: dict[Point, int] = {}
         self.version = 0
+        self.left = 0
+        self.entered: list[Point] | None = None
 
     def add(self, point: Point) -> None:
         count = self._counts.get(point, 0)
         self._counts[point] = count + 1
         if not count:
             self.version += 1
+            if self.entered is not None:
+                self.entered.append(point)
 
     def remove(self, point: Point) -> None:
         count = self._counts[point]
         if count == 1:
             del self._counts[point]
             self.version += 1
+            self.left += 1
             if not self._counts:  # drained: its table, sized for the busiest moment, goes
                 self._counts = {}
         else:
@@ -244,6 +252,31 @@ class KeptPoints:
     def lookups(self) -> int:
         """Latest-checkpoint lookups so far (tests count them per event)."""
         return self.trials.lookups
+
+    @property
+    def left(self) -> int:
+        """The times a point left one of the sets (it may still be in another)."""
+        return self.running.left + self.trials.waiting.left + self.trials.completed.left
+
+    def follow(self) -> None:
+        """Log the points that enter any of the sets from now on, for `take_entered`: what
+        a lease publishes as it changes, without gathering every point (`dagtune.durable`)."""
+        for held in self._sets():
+            if held.entered is None:
+                held.entered = []
+
+    def take_entered(self) -> list[Point]:
+        """The points that entered any of the sets since the last call (since `follow` for
+        the first; a point may come more than once, or be in another set already)."""
+        taken: list[Point] = []
+        for held in self._sets():
+            if held.entered:
+                taken += held.entered
+                held.entered = []
+        return taken
+
+    def _sets(self) -> tuple[HeldPoints, HeldPoints, HeldPoints]:
+        return self.running, self.trials.waiting, self.trials.completed
 
     def protected(self) -> set[Point]:
         """Checkpoints running or queued stages need (see `Coordinator.protected_points`)."""

@@ -3,7 +3,9 @@
 A journal is a directory of JSON records. Every writer (one per coordinator session) owns
 its own files, so concurrent writers never touch the same bytes and need no lock:
 
-- on a local disk a writer appends to ``{writer}.jsonl`` and fsyncs after each batch;
+- on a local disk a writer appends to ``{writer}.jsonl`` and fsyncs after each batch (the
+  file held open between batches, and opened again by its name if the file of that name is
+  no longer the one held: removed or replaced underneath);
 - object stores cannot append, so a writer puts numbered segments
   ``{writer}-{seq:08d}.jsonl``, one per batch (never rewriting an earlier one).
 
@@ -47,6 +49,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,12 +103,23 @@ class Entry:
 
 #: encodes a record's JSON (made once: `json.dumps` with options makes an encoder per call)
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+#: the same encoding by the C encoder made once (`JSONEncoder.encode` makes one per call,
+#: a third of a record's encoding); without the circular-reference check: a record is a
+#: tree of plain values. None where the C accelerator is missing.
+_C_ENCODE = (
+    None
+    if json.encoder.c_make_encoder is None
+    else json.encoder.c_make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
+    )
+)
+_TAG = TAG.encode()
 
 
 def encode_line(record: dict) -> bytes:
     """One self-checking journal line for `record`."""
-    body = _ENCODER.encode(record).encode()
-    return f"{TAG} {zlib.crc32(body):08x} ".encode() + body + b"\n"
+    body = ("".join(_C_ENCODE(record, 0)) if _C_ENCODE is not None else _ENCODER.encode(record)).encode()
+    return b"%s %08x %s\n" % (_TAG, zlib.crc32(body), body)
 
 
 def decode_line(line: bytes) -> dict:
@@ -210,13 +224,17 @@ class GroupCommit:
             self._write(batches)
 
     def close(self) -> None:
-        """End the committer thread (a group still due is committed first, by it, at once);
-        the group stays usable: a later group starts a committer again."""
+        """End the committer thread (a group still due is committed first, by it, at once)
+        and close the journals' files; the group stays usable: a later group starts a
+        committer again and opens the files again."""
         with self._lock:
             thread, self._stopping = self._thread, True
             self._wake.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        with self._writing:  # the journals' files held open between commits
+            for journal in self.journals:
+                journal.close()
 
     def _write(self, batches: list[tuple[Journal, list[bytes]]]) -> None:
         if not any(lines for _, lines in batches):
@@ -304,6 +322,8 @@ class Journal:
         self._foreign: set[str] = set()  # files of another journal: never read
         self._written: dict[str, int] = {}  # this writer's files -> bytes written to them
         self._latest = -math.inf  # the latest time stamp of a record read
+        self._open: tuple[int, tuple[int, int]] | None = None  # this writer's local file: fd, identity
+        self._closer: weakref.finalize | None = None
         self._commit = commit
         if commit is not None:
             commit.join(self)
@@ -342,14 +362,14 @@ class Journal:
         if self.guard is not None:
             self.guard()
         if self._local:
-            os.makedirs(self.directory, exist_ok=True)
             name = f"{self.writer}.jsonl"
-            with open(f"{self.directory}/{name}", "ab") as file:
-                chunk = data if self._started else heading + data
-                file.write(chunk)
-                self._started = True
-                file.flush()
-                os.fsync(file.fileno())
+            descriptor = self._descriptor(f"{self.directory}/{name}")
+            chunk = data if self._started else heading + data
+            view = memoryview(chunk)
+            while view:  # a regular file takes it all at once; a short write goes on
+                view = view[os.write(descriptor, view) :]
+            self._started = True
+            os.fsync(descriptor)
             self._written[name] = self._written.get(name, 0) + len(chunk)
         else:
             name = f"{self.writer}-{self._segment:08d}.jsonl"
@@ -357,6 +377,36 @@ class Journal:
             self.fs.invalidate_cache(self.directory)
             self._segment += 1
             self._written[name] = len(heading) + len(data)
+
+    def _descriptor(self, path: str) -> int:
+        """This writer's local file `path`, open for appending: kept open from one commit to
+        the next (opening and closing it at every commit cost more than its write), and
+        opened again by its path, as every commit did before, when the file at `path` is not
+        the one held open (removed or replaced underneath: records never go to a file that
+        no longer has that name). The identity compared is the device and inode number,
+        which no other file can take while this one is open."""
+        if self._open is not None:
+            try:
+                found = os.stat(path)
+            except OSError:  # gone (or unreachable): opening it again says what is wrong
+                found = None
+            if found is not None and (found.st_dev, found.st_ino) == self._open[1]:
+                return self._open[0]
+            self.close()
+        os.makedirs(self.directory, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+        descriptor = os.open(path, flags, 0o666)
+        opened = os.fstat(descriptor)
+        self._open = (descriptor, (opened.st_dev, opened.st_ino))
+        self._closer = weakref.finalize(self, os.close, descriptor)  # a journal dropped unclosed
+        return descriptor
+
+    def close(self) -> None:
+        """Close this writer's local file if it is held open (`GroupCommit.close` does, once
+        its committer ended); a later commit opens it again."""
+        if self._closer is not None:
+            self._closer()  # closes the descriptor, once
+        self._open = self._closer = None
 
     # ------------------------------------------------------------------ reading
 
