@@ -19,7 +19,7 @@ from dagtune.durable import read_records, records_header
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header
 from dagtune.plan import _journal as journal_module
 from dagtune.plan._plan import Node
-from dagtune.resume_state import read_state, state_path
+from dagtune.resume_state import Restored, read_state, state_bytes, state_path
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 SPACE = dt.Grid(
@@ -131,7 +131,9 @@ def write(path: str, data: bytes) -> None:
         file.write(data)
 
 
-@pytest.mark.parametrize("damage", ["cut", "garbage", "line changed", "another study", "unsafe"])
+@pytest.mark.parametrize(
+    "damage", ["cut", "garbage", "line changed", "another study", "unsafe", "checksum", "old format"]
+)
 def test_a_damaged_stale_foreign_or_unsafe_state_is_not_used(stored, damage, caplog):
     path, identity = stored
     store, records, plan = journals(path, identity)
@@ -150,11 +152,18 @@ def test_a_damaged_stale_foreign_or_unsafe_state_is_not_used(stored, damage, cap
             if b'"submit"' in text:
                 write(target, text.replace(b'"submit"', b'"submiT"', 1))
                 break
-    elif damage == "another study":
-        payload = pickle.loads(data)
-        write(where, pickle.dumps({**payload, "study": "h"}))
-    else:
-        write(where, pickle.dumps({"format": "dagtune-resume/1", "earlier": os.system}))
+    elif damage == "another study":  # a whole state (its checksum right) of another study
+        outer = pickle.loads(data)
+        fold = pickle.dumps({**pickle.loads(outer["fold"]), "study": "h"})
+        write(where, state_bytes(fold, Restored(**pickle.loads(outer["restored"]))))
+    elif damage == "unsafe":  # its checksum right: the unpickler refuses what it would build
+        write(where, state_bytes(pickle.dumps({"earlier": os.system}), Restored()))
+    elif damage == "checksum":  # a byte of a metric changed inside the state, the pickle still whole
+        outer = pickle.loads(data)
+        fold = outer["fold"].replace(b"val_loss", b"val_lost", 1)
+        write(where, pickle.dumps({**outer, "fold": fold}))
+    else:  # a state an earlier dagtune wrote: its format
+        write(where, pickle.dumps({**pickle.loads(pickle.loads(data)["fold"]), "format": "dagtune-resume/1"}))
     with caplog.at_level(logging.INFO, logger="dagtune"):
         assert read_state(store, "s", identity, records, plan) is None
     assert "resume state" in caplog.text

@@ -122,6 +122,10 @@ class SearchPlan:
         self.active: dict[tuple[str, int], set[Hashable]] = {}
         self.request_rank: dict[tuple[str, int], int] = {}
         self._requests_made = 0
+        #: nodes added beside an equal-valued one (the same parent, start and values there:
+        #: only journals of concurrent writers bring those); where `locate` finds a config
+        #: changes only when this grows, or by a node where it found none (it creates that one)
+        self.siblings = 0
         self.listeners: list[Callable[[dict], None]] = []
         self.observers: list[Callable[[str, str, int | None], None]] = []
 
@@ -201,9 +205,9 @@ class SearchPlan:
         key = value_key(config, start)
         if parent is None:
             if not event.get("private"):  # a salted root is matched by no other trial
-                _add_id(self._roots, key, node.id)
+                self.siblings += _add_id(self._roots, key, node.id)
         else:
-            _add_id(_own(self.nodes[parent], "children").setdefault(start, {}), key, node.id)
+            self.siblings += _add_id(_own(self.nodes[parent], "children").setdefault(start, {}), key, node.id)
         return True
 
     # ------------------------------------------------------------------ trials
@@ -454,16 +458,19 @@ def _unique(plan: SearchPlan, requested: dict[str, set[int]]) -> int:
     return total
 
 
-def _add_id(table: dict[tuple, str | list[str]], key: tuple, node: str) -> None:
+def _add_id(table: dict[tuple, str | list[str]], key: tuple, node: str) -> bool:
     """Add `node` under `key`: the bare id while it is the only one (a list per root costs
-    more than the id), a list from the second (concurrent writers' equal-valued siblings)."""
+    more than the id), a list from the second (concurrent writers' equal-valued siblings).
+    Whether another was there (`node` is a sibling)."""
     held = table.get(key)
     if held is None:
         table[key] = node
-    elif isinstance(held, str):
+        return False
+    if isinstance(held, str):
         table[key] = [held, node]
     else:
         held.append(node)
+    return True
 
 
 def _ids(held: str | list[str] | None) -> Sequence[str]:

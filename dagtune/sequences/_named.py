@@ -67,12 +67,10 @@ class Constant(Sequence):
     _fields = ("value",)
     __slots__ = _fields
 
+    _first_horizon = math.inf  # its form is whole (made when asked)
+
     def __init__(self, value: Scalar):
         self._store(value=check_scalar("Constant", "value", value))
-
-    def _store(self, **values: Any) -> None:
-        super()._store(**values)
-        object.__setattr__(self, "_horizon", math.inf)  # its form is whole (made when asked)
 
     def pieces(self, horizon: int) -> tuple[Piece, ...]:
         """Its one piece, made when asked rather than kept: a study holds a `Constant` per
