@@ -104,11 +104,11 @@ class _Unpickler(pickle.Unpickler):
 @dataclass
 class Restored:
     """What a session derived from the fold while restoring its trials (see the module
-    docstring): `placed`, trial id -> (its steps, the node `SearchPlan.locate` gave for
-    them); `siblings`, the plan's `SearchPlan.siblings` then; `texts`, trial id -> its
-    config's `config_dumps`."""
+    docstring): `placed`, trial id -> (its steps, its salt, the node `SearchPlan.locate`
+    gave for them); `siblings`, the plan's `SearchPlan.siblings` then; `texts`, trial id ->
+    its config's `config_dumps`."""
 
-    placed: dict[int, tuple[int, str]] = field(default_factory=dict)
+    placed: dict[int, tuple[int, str, str]] = field(default_factory=dict)
     siblings: int = 0
     texts: dict[int, str] = field(default_factory=dict)
 
@@ -204,7 +204,7 @@ def _parts(data: bytes) -> tuple[dict, Restored]:
 def _still_placed(restored: Restored, plan: SearchPlan) -> Restored:
     """`restored`, its `placed` emptied unless the plan still places those trials there."""
     nodes = plan.nodes
-    if plan.siblings == restored.siblings and all(node in nodes for _, node in restored.placed.values()):
+    if plan.siblings == restored.siblings and all(node in nodes for _, _, node in restored.placed.values()):
         return restored
     log.info("dagtune: the search plan changed where restored trials sit; they are located again")
     return Restored({}, plan.siblings, restored.texts)

@@ -18,6 +18,8 @@ finds what the first left, such as its resume state, `dagtune.resume_state`). Pe
   seconds");
 - ``run_s``: CPU seconds of `Study.run` (its first results write included);
 - ``close_s``: CPU seconds of `Study.close` (the last results write and the read index);
+- ``gc_first_work_s``, ``gc_s``: of the CPU seconds from opening to the first stage and of
+  the whole session, those of Python's cyclic garbage collector;
 - ``imports_s``: CPU seconds of the process before the study (imports), not in the above;
 - ``peak_mb``: the process's peak resident set.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import resource
 import shutil
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,28 +60,42 @@ WORKERS = 100
 STACK = False  # print where the first stage is launched from
 
 
-def resume(n: int, sessions: int, profile: str | None = None) -> list[dict[str, Any]]:
+def resume(n: int, sessions: int, profile: str | None = None) -> Iterator[dict[str, Any]]:
     """Open the cached store of `n` trials (one copy) `sessions` times in a row, each in a
-    fresh process running one new trial and closing; each session's figures (`profile`: a
-    cProfile of the last one written there)."""
+    fresh process running one new trial and closing; each session's figures as it ends
+    (`profile`: a cProfile of the last one written there)."""
     source = generate(n, identity=model_identity(SyntheticTrainer, {}, 0, "", torch_threads=1))
     directory = tempfile.mkdtemp(prefix="dagtune-resume-")
     try:
         shutil.copytree(f"{source}/runs", f"{directory}/runs")
-        figures = []
         for session in range(sessions):
             command = [sys.executable, __file__, str(n), "--child", directory, "--session", str(session)]
             if profile and session == sessions - 1:
                 command += ["--profile", profile]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
-            figures.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        return figures
+            yield json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class _Collections:
+    """CPU seconds Python's cyclic garbage collector spent so far in this process."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+
+
 def _session(directory: str, n: int, session: int, profile: cProfile.Profile | None) -> dict[str, Any]:
     imports = time.process_time()  # the interpreter and the imports at the top, in this process
+    collections = _Collections()
     executor = SimulatedExecutor(WORKERS, store=CheckpointStore(f"{directory}/runs"))
     launched: list[float] = []
     for method in ("launch", "launch_group"):
@@ -85,7 +103,7 @@ def _session(directory: str, n: int, session: int, profile: cProfile.Profile | N
 
         def first(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
             if not launched:
-                launched.extend((time.perf_counter(), time.process_time()))
+                launched.extend((time.perf_counter(), time.process_time(), collections.seconds))
                 if STACK:
                     traceback.print_stack()
             return _original(*args, **kwargs)
@@ -93,7 +111,7 @@ def _session(directory: str, n: int, session: int, profile: cProfile.Profile | N
         setattr(executor, method, first)
     if profile is not None:
         profile.enable()
-    began, cpu = time.perf_counter(), time.process_time()
+    began, cpu, collected = time.perf_counter(), time.process_time(), collections.seconds
     study = dt.Study(SyntheticTrainer, name=NAME, executor=executor)
     opened = time.process_time()
     config = {"lr": dt.Steps([0.5 + 0.01 * session, 0.05], [2]), "momentum": dt.Constant(0.9)}
@@ -112,6 +130,8 @@ def _session(directory: str, n: int, session: int, profile: cProfile.Profile | N
         "first_work_cpu_s": round(launched[1] - cpu, 2),
         "run_s": round(ran - opened, 2),
         "close_s": round(closed - ran, 2),
+        "gc_first_work_s": round(launched[2] - collected, 2),
+        "gc_s": round(collections.seconds - collected, 2),
         "imports_s": round(imports, 2),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
@@ -135,8 +155,9 @@ def main() -> None:
         return
     runs: list[list[dict[str, Any]]] = []
     for _ in range(args.repeat):
-        runs.append(resume(args.trials, args.sessions, args.profile))
-        for figures in runs[-1]:
+        runs.append([])
+        for figures in resume(args.trials, args.sessions, args.profile):
+            runs[-1].append(figures)
             print(json.dumps(figures), flush=True)
     if args.repeat > 1:
         keys = ("open_s", "first_work_s", "first_work_cpu_s", "run_s", "close_s")

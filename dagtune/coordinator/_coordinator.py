@@ -77,7 +77,7 @@ class Coordinator:
         self,
         states: Iterable[TrialState],
         retry: Any = None,
-        placed: Mapping[int, tuple[int, str]] | None = None,
+        placed: Mapping[int, tuple[int, str, str]] | None = None,
     ) -> list[Trial]:
         """Rebuild trials from an earlier session's records (`TrialLedger.restore`; `placed`:
         where finished trials are known to sit in the plan)."""

@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,10 +356,17 @@ class SearchPlan:
     def curve(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
         """The metrics recorded after steps 1 .. `steps` along the path, as ``(step, metrics)``
         pairs by step: as long as the points recorded, whatever `steps` is."""
+        return self.curve_along(self.segments(node, steps))
+
+    def curve_along(self, segments: Iterable[tuple[str, int, int]]) -> list[tuple[int, dict[str, float]]]:
+        """`curve` of the path whose `segments` are given (a trial keeps them: not walked
+        again)."""
         curve: list[tuple[int, dict[str, float]]] = []
-        for owner, start, end in self.segments(node, steps):
-            metrics = self.nodes[owner].metrics
-            curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
+        nodes = self.nodes
+        for owner, start, end in segments:
+            metrics = nodes[owner].metrics
+            if metrics:
+                curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
         return curve
 
     def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:
