@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_dumps
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
     COMPLETED,
@@ -53,10 +54,11 @@ from dagtune.records import (
     Worked,
     is_study_name,
     parse_trial_record,
+    parsed_configs_shared,
     read_study_records,
 )
 from dagtune.results import ResultsWriter, results_url
-from dagtune.resume_state import due, read_state, state_bytes, state_path
+from dagtune.resume_state import Restored, due, fold_bytes, read_state, state_bytes, state_path
 from dagtune.storage_retry import RetryingFileSystem, StorageRetry
 from dagtune.study_lease import StudyLease
 
@@ -221,12 +223,20 @@ def collector_paused() -> Iterator[None]:
     objects that all stay alive (trials, configs, plan nodes), or its read index is built
     (its trials and views live until it is written): each collection walks every object
     made so far and finds nothing to free, about 40% of the CPU of reading a 100,000-trial
-    study's journals (issue 24). Back on, as it was, afterwards."""
+    study's journals (issue 24). Back on, as it was, afterwards.
+
+    What the block made is moved to the collector's oldest generation on the way out (where
+    nothing else keeps objects in its permanent one, `gc.freeze`): the young collections
+    would each walk all of it once more before it got there (about 0.8 s of a 100,000-trial
+    study's opening), and a full collection still looks at it, when one is due."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_freeze_count() == 0:  # else another's frozen objects would be let go
+            gc.freeze()
+            gc.unfreeze()  # into the oldest generation, none of it walked
         if enabled:
             gc.enable()
 
@@ -405,22 +415,26 @@ class Persistence:
     def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
         """Fold the study's journals (its records, its model's search plan): from its resume
         state and what was appended since where it has a good one (`dagtune.resume_state`),
-        else read whole; write the state again when that is due."""
-        resumed = read_state(self.store, self.name, self.identity, self.records, plan)
-        if resumed is None:
-            self.earlier = read_records(self.records)
-            self.plan_journal = PlanJournal(SearchPlan(), plan)
-            self.plan_journal.load()
-        else:
-            self.earlier, self.plan_journal = resumed.earlier, resumed.plan_journal
+        else read whole. When the state is due again, the fold is pickled now, as it is,
+        and written with what restoring the trials derives from it (`attach`). `restored`
+        is what the state read gave (where its trials sit, their configs' texts), nothing
+        if none was read; the state written replaces it."""
+        with parsed_configs_shared():  # a trial's record and its plan node: one config parsed
+            resumed = read_state(self.store, self.name, self.identity, self.records, plan)
+            if resumed is None:
+                self.earlier = read_records(self.records)
+                self.plan_journal = PlanJournal(SearchPlan(), plan)
+                self.plan_journal.load()
+            else:
+                self.earlier, self.plan_journal = resumed.earlier, resumed.plan_journal
+        self.restored = Restored() if resumed is None else resumed.restored
         self._submitters = {t.id: t.submitted_by for t in self.earlier.trials.values()}
         self._check_identity(describe)
+        self._fold: bytes | None = None  # the fold pickled, while the state waits to be written
         if due(resumed, self.records, plan):
-            data = state_bytes(
+            self._fold = fold_bytes(
                 self.store, self.name, self.identity, self.records, self.earlier, self.plan_journal
             )
-            self.lease.ensure()
-            put_whole(self.store.fs, state_path(self.store.root, self.name), data)
 
     @property
     def plan(self) -> SearchPlan:
@@ -442,7 +456,8 @@ class Persistence:
         earlier sessions (what restoring changes is recorded too: a pending trial whose
         results are known ends); returns the restored trials. A failed trial is pending
         again if it failed outside the trainer (`dagtune.records.OUTSIDE_THE_TRAINER`), or
-        whatever failed it with `retry_failed`."""
+        whatever failed it with `retry_failed`. Trials the resume state places in the plan
+        are not located again; the state is written here when it is due."""
         coordinator.store = self.store
         coordinator.recorders.append(self._record)
         coordinator.listeners.append(self._changed)
@@ -457,9 +472,26 @@ class Persistence:
             return retry_failed or state.cause in OUTSIDE_THE_TRAINER
 
         with collector_paused():
-            restored = coordinator.restore(self.earlier.trials.values(), retry)
+            restored = coordinator.restore(self.earlier.trials.values(), retry, self.restored.placed)
+            if self._fold is not None:
+                self._write_state(restored)
         self._changed.ids.update(trial.id for trial in restored)
         return restored
+
+    def _write_state(self, restored: list[Trial]) -> None:
+        """Write the resume state: the fold made at open and what restoring `restored` from
+        it derived (where each trial sits in the plan, its config's text: made here for those
+        the state read, if any, did not give)."""
+        texts = self.restored.texts
+        self.restored = Restored(
+            {t.id: (t.steps, t.salt, t.node) for t in restored if t.node},
+            self.plan.siblings,
+            {t.id: texts.get(t.id) or config_dumps(t.config) for t in restored},
+        )
+        data = state_bytes(self._fold, self.restored)
+        self._fold = None
+        self.lease.ensure()
+        put_whole(self.store.fs, state_path(self.store.root, self.name), data)
 
     def _record(self, record: dict) -> None:
         self._changed.record(record)

@@ -29,7 +29,20 @@ one is the usual first resume. The state is written (whole: `dagtune.durable.put
 the holder of the study's writer lease only, after a full read or when the tail has grown
 past `REWRITE_SHARE` of what the state covers, so resuming costs what was appended since,
 plus reading the state. It is read with an unpickler that builds only the classes a state
-holds (`ALLOWED`), never runs other code.
+holds (`ALLOWED`), never runs other code, and only if the CRC-32 of its parts is the one
+written with them.
+
+Beside the fold, the state keeps what the session that wrote it derived from the fold while
+restoring the trials (`Restored`), which a 100,000-trial study otherwise spends most of its
+opening on: where each trial sits in the search plan (`SearchPlan.locate` walks the plan
+comparing the trial's config with each node's) and each trial's config as canonical text
+(`dagtune.config.config_dumps`, which the study's index of restored trials is keyed by). A
+trial's config never changes, so its text stays true. Where it sits stays true while the
+plan only gains nodes where no walk went, or where one created the node it found (restoring
+creates a trial's node if its plan lacks it): checked as every node it names still being in
+the plan and the plan having as many equal-valued siblings (`SearchPlan.siblings`, which
+only concurrent writers' journals bring) as when it was derived; else every trial is
+located again.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ import io
 import logging
 import pickle
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagtune.checkpoints import CheckpointStore
@@ -49,8 +62,10 @@ __all__ = [
     "ALLOWED",
     "FORMAT",
     "REWRITE_SHARE",
+    "Restored",
     "Resumed",
     "due",
+    "fold_bytes",
     "read_state",
     "state_bytes",
     "state_path",
@@ -58,7 +73,7 @@ __all__ = [
 
 log = logging.getLogger("dagtune")
 
-FORMAT = "dagtune-resume/1"
+FORMAT = "dagtune-resume/2"
 #: bytes appended since the state, as a share of the bytes it covers, past which it is written again
 REWRITE_SHARE = 0.125
 #: the builtins a state may hold beside plain values; with the classes of `_MODULES`, all
@@ -87,14 +102,28 @@ class _Unpickler(pickle.Unpickler):
 
 
 @dataclass
+class Restored:
+    """What a session derived from the fold while restoring its trials (see the module
+    docstring): `placed`, trial id -> (its steps, its salt, the node `SearchPlan.locate`
+    gave for them); `siblings`, the plan's `SearchPlan.siblings` then; `texts`, trial id ->
+    its config's `config_dumps`."""
+
+    placed: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+    siblings: int = 0
+    texts: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
 class Resumed:
     """The fold a state and its tail give: the study's records and its search plan's
     journal (the plan in it), with each journal reading from where they stopped; `tail`
-    is the bytes read beyond the state."""
+    is the bytes read beyond the state; `restored`, what the state's writer derived from
+    the fold, its `placed` emptied if the plan changed where trials sit since."""
 
     earlier: StudyRecords
     plan_journal: PlanJournal
     tail: int
+    restored: Restored
 
 
 def _checks(journal: Journal, seen: dict[str, int]) -> dict[str, int] | None:
@@ -112,7 +141,7 @@ def _checks(journal: Journal, seen: dict[str, int]) -> dict[str, int] | None:
     return sums
 
 
-def state_bytes(
+def fold_bytes(
     store: CheckpointStore,
     name: str,
     identity: str,
@@ -120,13 +149,13 @@ def state_bytes(
     earlier: StudyRecords,
     plan: PlanJournal,
 ) -> bytes:
-    """The resume state of a study whose journals were just folded into `earlier` (from
-    `records`) and `plan` (before anything else changed them)."""
+    """The fold of a study whose journals were just folded into `earlier` (from `records`)
+    and `plan` (before anything else changed them), pickled: the first part of its resume
+    state (`state_bytes` adds what restoring the trials derives from it)."""
     states = {"records": records.read_state(), "plan": plan.journal.read_state()}
     journals = {"records": records, "plan": plan.journal}
     checks = {key: _checks(journal, states[key]["seen"]) for key, journal in journals.items()}
     payload = {
-        "format": FORMAT,
         "study": name,
         "identity": identity,
         "root": store.root,
@@ -138,6 +167,47 @@ def state_bytes(
         "waiting": plan.waiting,
     }
     return pickle.dumps(payload, protocol=5)
+
+
+def state_bytes(fold: bytes, restored: Restored) -> bytes:
+    """The resume state: a study's `fold_bytes` and what restoring its trials derived from
+    that fold, with the CRC-32 of both."""
+    derived = pickle.dumps(
+        {"placed": restored.placed, "siblings": restored.siblings, "texts": restored.texts}, protocol=5
+    )
+    crc = zlib.crc32(derived, zlib.crc32(fold))
+    return pickle.dumps({"format": FORMAT, "crc": crc, "fold": fold, "restored": derived}, protocol=5)
+
+
+def _load(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _parts(data: bytes) -> tuple[dict, Restored]:
+    """The fold and the `Restored` of a state file's bytes; ValueError (or any unpickling
+    error) if they are not a whole state of this format."""
+    outer = _load(data)
+    if not isinstance(outer, dict) or outer.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} state")
+    fold, derived = outer["fold"], outer["restored"]
+    if zlib.crc32(derived, zlib.crc32(fold)) != outer["crc"]:
+        raise ValueError("its checksum does not match")
+    payload, found = _load(fold), _load(derived)
+    if not isinstance(payload, dict) or not (
+        isinstance(payload.get("earlier"), StudyRecords) and isinstance(payload.get("plan"), SearchPlan)
+    ):
+        raise ValueError("it holds no records or no plan")
+    restored = Restored(dict(found["placed"]), int(found["siblings"]), dict(found["texts"]))
+    return payload, restored
+
+
+def _still_placed(restored: Restored, plan: SearchPlan) -> Restored:
+    """`restored`, its `placed` emptied unless the plan still places those trials there."""
+    nodes = plan.nodes
+    if plan.siblings == restored.siblings and all(node in nodes for _, _, node in restored.placed.values()):
+        return restored
+    log.info("dagtune: the search plan changed where restored trials sit; they are located again")
+    return Restored({}, plan.siblings, restored.texts)
 
 
 def _covered(state: dict) -> int:
@@ -158,12 +228,8 @@ def read_state(
         log.warning("dagtune: the resume state %s can't be read (%s); the journals are read", path, error)
         return None
     try:
-        payload = _Unpickler(io.BytesIO(data)).load()
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} state")
+        payload, restored = _parts(data)
         earlier, found_plan, states = payload["earlier"], payload["plan"], payload["states"]
-        if not isinstance(earlier, StudyRecords) or not isinstance(found_plan, SearchPlan):
-            raise ValueError("it holds no records or no plan")
     except Exception as error:  # any damage at all: the journals are the truth
         log.warning("dagtune: the resume state %s is unreadable (%r); the journals are read", path, error)
         return None
@@ -209,7 +275,7 @@ def read_state(
     tail = sum(_covered(j.read_state()) for j in journals.values()) - sum(
         _covered(s) for s in states.values()
     )
-    return Resumed(earlier, plan_journal, tail)
+    return Resumed(earlier, plan_journal, tail, _still_placed(restored, found_plan))
 
 
 def due(resumed: Resumed | None, records: Journal, plan: Journal) -> bool:

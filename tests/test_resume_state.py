@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+from collections import deque
 
 import pytest
 from durable_helpers import count_lines
@@ -15,11 +16,13 @@ from durable_helpers import count_lines
 import dagtune as dt
 from dagtune.algos import GridSearch, SuccessiveHalving
 from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_to_json
 from dagtune.durable import read_records, records_header
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header
 from dagtune.plan import _journal as journal_module
 from dagtune.plan._plan import Node
-from dagtune.resume_state import read_state, state_path
+from dagtune.records import node_id
+from dagtune.resume_state import Restored, read_state, state_bytes, state_path
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
 SPACE = dt.Grid(
@@ -98,32 +101,120 @@ def test_the_state_and_the_tail_fold_as_the_journals_read_whole(stored):
     assert records.covered() == fresh.covered() and sorted(records.incidents) == sorted(fresh.incidents)
 
 
+def restored_picture(study: dt.Study) -> dict:
+    """What a resumed study restored: its trials, field by field, where they sit in the plan,
+    the checkpoints its completed trials keep, the index of trials handed back to
+    algorithms, its plan, and its best trial."""
+    trials = {
+        i: (t.config, t.steps, t.status, t.metrics, t.curve, t.node, t.segments, t.reported, t.error, t.cause)
+        for i, t in study.coordinator.trials.items()
+    }
+    completed = study.coordinator.ledger.kept.completed
+    best = min(
+        (t for t in study.coordinator.trials.values() if t.status == "completed"),
+        key=lambda t: (t.metrics["val_loss"], t.id),
+    )
+    return {
+        "trials": trials,
+        "kept": sorted(completed),
+        "kept version": completed.version,
+        "index": sorted(
+            (steps, text, [t.id for t in (held if isinstance(held, deque) else [held])])
+            for steps, by_text in study._restored._by_steps.items()
+            for text, held in by_text.items()
+        ),
+        "nodes": nodes(study.plan),
+        "order": list(study.plan.order),
+        "best": best.id,
+    }
+
+
+def counted_locates(monkeypatch) -> list[int]:
+    """How many times `SearchPlan.locate` walks the plan from now on (one element, growing)."""
+    located = [0]
+    locate = SearchPlan.locate
+
+    def counted(self, *args, **kwargs):
+        located[0] += 1
+        return locate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SearchPlan, "locate", counted)
+    return located
+
+
 def test_a_resumed_study_restores_the_same_trials_with_its_state_as_without(stored, monkeypatch):
     path, _ = stored
     store = CheckpointStore(path)
     decoded = count_lines(monkeypatch)
+    located = counted_locates(monkeypatch)
     with_state = open_study(path)
     try:
-        restored = {
-            i: (t.config, t.steps, t.status, t.metrics, t.curve)
-            for i, t in with_state.coordinator.trials.items()
-        }
-        plan_nodes = nodes(with_state.plan)
+        restored, work = restored_picture(with_state), (located[0], with_state._restored.dumps)
     finally:
         with_state.close()
     lines = decoded[0]
     os.remove(state_path(store.root, "s"))
-    decoded[0] = 0
+    decoded[0] = located[0] = 0
     without = open_study(path)
     try:
-        assert {
-            i: (t.config, t.steps, t.status, t.metrics, t.curve)
-            for i, t in without.coordinator.trials.items()
-        } == restored
-        assert nodes(without.plan) == plan_nodes
+        assert restored_picture(without) == restored
+        finished = sum(t.status != "pending" for t in without.coordinator.trials.values())
+        assert located[0] == finished  # the texts: made once, for the state it writes
     finally:
         without.close()
     assert lines < decoded[0] / 2  # the state's tail only; the journals whole (and their state) after
+    assert work == (0, 0)  # every trial placed and its config's text given by the state
+
+
+def test_trials_are_located_again_where_the_plan_gained_an_equal_valued_sibling(stored, caplog):
+    """Another writer's node beside one where restored trials sit (same parent, start and
+    values there, another schedule after): the state's places are not used; the study
+    restores what reading the journals whole gives."""
+    path, identity = stored
+    store, records, plan = journals(path, identity)
+    _, plan_journal = whole(path, identity)
+    node = next(n for n in plan_journal.plan.nodes.values() if n.parent is not None)
+    lr = node.config["lr"]
+    sibling = {**node.config, "lr": dt.Steps([lr(node.start), 0.123], [node.start + 1])}
+    event = {
+        "e": "node",
+        "id": node_id(node.parent, node.start, sibling),
+        "parent": node.parent,
+        "start": node.start,
+        "config": config_to_json(sibling),
+        "t": 4e9,  # later than everything read: the state stays usable
+    }
+    other = f"{plan.directory}/{'0' * 32}.jsonl"
+    write(other, journal_module.encode_line({"h": plan_header(identity)}) + journal_module.encode_line(event))
+    with caplog.at_level(logging.INFO, logger="dagtune"):
+        resumed = read_state(store, "s", identity, records, plan)
+    assert resumed is not None and resumed.restored.placed == {} and resumed.restored.texts
+    assert "located again" in caplog.text
+    with_state = open_study(path)
+    try:
+        restored = restored_picture(with_state)
+    finally:
+        with_state.close()
+    os.remove(state_path(store.root, "s"))
+    without = open_study(path)
+    try:
+        assert restored_picture(without) == restored
+    finally:
+        without.close()
+
+
+def test_places_naming_a_node_the_plan_lacks_are_not_used(stored):
+    path, identity = stored
+    store, records, plan = journals(path, identity)
+    where = state_path(store.root, "s")
+    with open(where, "rb") as file:
+        outer = pickle.loads(file.read())
+    restored = Restored(**pickle.loads(outer["restored"]))
+    first = min(restored.placed)
+    restored.placed[first] = (*restored.placed[first][:2], "f" * 16)  # a node no journal has
+    write(where, state_bytes(outer["fold"], restored))
+    resumed = read_state(store, "s", identity, records, plan)
+    assert resumed is not None and resumed.restored.placed == {}
 
 
 def write(path: str, data: bytes) -> None:
@@ -131,7 +222,9 @@ def write(path: str, data: bytes) -> None:
         file.write(data)
 
 
-@pytest.mark.parametrize("damage", ["cut", "garbage", "line changed", "another study", "unsafe"])
+@pytest.mark.parametrize(
+    "damage", ["cut", "garbage", "line changed", "another study", "unsafe", "checksum", "old format"]
+)
 def test_a_damaged_stale_foreign_or_unsafe_state_is_not_used(stored, damage, caplog):
     path, identity = stored
     store, records, plan = journals(path, identity)
@@ -150,11 +243,18 @@ def test_a_damaged_stale_foreign_or_unsafe_state_is_not_used(stored, damage, cap
             if b'"submit"' in text:
                 write(target, text.replace(b'"submit"', b'"submiT"', 1))
                 break
-    elif damage == "another study":
-        payload = pickle.loads(data)
-        write(where, pickle.dumps({**payload, "study": "h"}))
-    else:
-        write(where, pickle.dumps({"format": "dagtune-resume/1", "earlier": os.system}))
+    elif damage == "another study":  # a whole state (its checksum right) of another study
+        outer = pickle.loads(data)
+        fold = pickle.dumps({**pickle.loads(outer["fold"]), "study": "h"})
+        write(where, state_bytes(fold, Restored(**pickle.loads(outer["restored"]))))
+    elif damage == "unsafe":  # its checksum right: the unpickler refuses what it would build
+        write(where, state_bytes(pickle.dumps({"earlier": os.system}), Restored()))
+    elif damage == "checksum":  # a byte of a metric changed inside the state, the pickle still whole
+        outer = pickle.loads(data)
+        fold = outer["fold"].replace(b"val_loss", b"val_lost", 1)
+        write(where, pickle.dumps({**outer, "fold": fold}))
+    else:  # a state an earlier dagtune wrote: its format
+        write(where, pickle.dumps({**pickle.loads(pickle.loads(data)["fold"]), "format": "dagtune-resume/1"}))
     with caplog.at_level(logging.INFO, logger="dagtune"):
         assert read_state(store, "s", identity, records, plan) is None
     assert "resume state" in caplog.text

@@ -3,7 +3,7 @@ docstring tells how), and the one loop that drives them (`pump`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagtune.config import Config
@@ -73,9 +73,15 @@ class Coordinator:
         `settle`, after the caller's decision is applied."""
         return self.ledger.submit(config, steps, tag)
 
-    def restore(self, states: Iterable[TrialState], retry: Any = None) -> list[Trial]:
-        """Rebuild trials from an earlier session's records (`TrialLedger.restore`)."""
-        restored = self.ledger.restore(states, retry)
+    def restore(
+        self,
+        states: Iterable[TrialState],
+        retry: Any = None,
+        placed: Mapping[int, tuple[int, str, str]] | None = None,
+    ) -> list[Trial]:
+        """Rebuild trials from an earlier session's records (`TrialLedger.restore`; `placed`:
+        where finished trials are known to sit in the plan)."""
+        restored = self.ledger.restore(states, retry, placed)
         self.settle()
         return restored
 

@@ -19,7 +19,7 @@ a walk of every request, running task and trial.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from dagtune.plan import SearchPlan
 
@@ -92,12 +92,15 @@ class LatestCheckpoints:
         self._on_node: dict[str, Point | tuple[Point, int] | dict[Point, int]] = {}
         self.lookups = 0  # calls of `SearchPlan.latest_checkpoint` (tests count them)
 
-    def add(self, target: Point) -> None:
+    def add(self, target: Point, segments: Iterable[tuple[str, int, int]] | None = None) -> None:
+        """Follow `target` (once more if followed already). `segments` is its path as
+        `SearchPlan.segments` gives it, where the caller has it (not walked again)."""
         if target in self._latest:
             self._more[target] = self._more.get(target, 0) + 1
             return
         on_node = self._on_node
-        for node, limit in self._ranges(target):
+        ranges = self._ranges(target) if segments is None else [(node, end) for node, _, end in segments]
+        for node, limit in ranges:
             held = on_node.get(node)
             if held is None or (not isinstance(held, dict) and _one(held)[0] == target):
                 on_node[node] = target if (node, limit) == target else (target, limit)
@@ -207,9 +210,10 @@ class TrialPoints:
         """An interrupted trial at `point` was requested again, or forgotten."""
         self._waiting.remove(point)
 
-    def completed_at(self, point: Point) -> None:
-        """A trial completed at `point` (an extension resumes from there)."""
-        self._completed.add(point)
+    def completed_at(self, point: Point, segments: Iterable[tuple[str, int, int]] | None = None) -> None:
+        """A trial completed at `point` (an extension resumes from there); `segments`: the
+        path to it (`SearchPlan.segments`), if the caller has it."""
+        self._completed.add(point, segments)
 
     def reopened(self, point: Point) -> None:
         """A trial completed at `point` is pending again (extended)."""

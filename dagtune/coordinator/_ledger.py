@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from dagtune.config import Config, check_config_finite, config_to_json
@@ -107,12 +107,22 @@ class TrialLedger:
         return trial
 
     def restore(
-        self, states: Iterable[TrialState], retry: Callable[[TrialState], bool] | None = None
+        self,
+        states: Iterable[TrialState],
+        retry: Callable[[TrialState], bool] | None = None,
+        placed: Mapping[int, tuple[int, str, str]] | None = None,
     ) -> list[Trial]:
         """Rebuild trials from what an earlier session's records say (`dagtune.records`):
         finished trials come back with their status and metrics, pending ones are requested
         again and resume from the latest committed checkpoint the plan knows, and so are the
-        failed ones `retry` says to retry (recorded: a ``retry`` record)."""
+        failed ones `retry` says to retry (recorded: a ``retry`` record).
+
+        `placed` says where a finished trial sits in the plan, as trial id -> (steps, salt, node),
+        where that is known already (`dagtune.resume_state`: what the plan's `locate` gave
+        an earlier session, still its answer): such a trial of those steps is not located
+        again (a walk of the plan comparing its config with each node's, most of restoring
+        a large study)."""
+        placed = placed or {}
         restored = []
         for state in sorted(states, key=lambda s: s.id):
             trial = Trial(state.id, state.config, state.steps, state.tag, submitted_at=self.now())
@@ -127,15 +137,18 @@ class TrialLedger:
             if state.status == PENDING or retried:
                 self._request(trial)
                 continue
-            trial.node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
-            trial.segments = self.plan.segments(trial.node, trial.steps)
-            known = self.plan.curve(trial.node, trial.steps)
+            steps, salt, node = placed.get(trial.id, (0, "", ""))
+            if steps != trial.steps or salt != trial.salt:
+                node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
+            trial.node = node
+            trial.segments = self.plan.segments(node, trial.steps)
+            known = self.plan.curve_along(trial.segments)
             trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
             trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
             if trial.status == COMPLETED:
-                self.kept.completed_at((trial.node, trial.steps))
+                self.kept.completed_at((node, trial.steps), trial.segments)
         return restored
 
     def extend(self, trial_id: int, steps: int) -> Trial:
@@ -319,7 +332,7 @@ class TrialLedger:
             record["cause"] = cause
         self._record(record)
         if status == COMPLETED:
-            self.kept.completed_at((trial.node, trial.steps))
+            self.kept.completed_at((trial.node, trial.steps), trial.segments)
             self.branches.pause(trial)
         self._queue.append(("end", trial, status))
 

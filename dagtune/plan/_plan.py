@@ -18,7 +18,7 @@ checkpoints an address that no user text enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,10 @@ class SearchPlan:
         self.active: dict[tuple[str, int], set[Hashable]] = {}
         self.request_rank: dict[tuple[str, int], int] = {}
         self._requests_made = 0
+        #: nodes added beside an equal-valued one (the same parent, start and values there:
+        #: only journals of concurrent writers bring those); where `locate` finds a config
+        #: changes only when this grows, or by a node where it found none (it creates that one)
+        self.siblings = 0
         self.listeners: list[Callable[[dict], None]] = []
         self.observers: list[Callable[[str, str, int | None], None]] = []
 
@@ -201,9 +205,9 @@ class SearchPlan:
         key = value_key(config, start)
         if parent is None:
             if not event.get("private"):  # a salted root is matched by no other trial
-                _add_id(self._roots, key, node.id)
+                self.siblings += _add_id(self._roots, key, node.id)
         else:
-            _add_id(_own(self.nodes[parent], "children").setdefault(start, {}), key, node.id)
+            self.siblings += _add_id(_own(self.nodes[parent], "children").setdefault(start, {}), key, node.id)
         return True
 
     # ------------------------------------------------------------------ trials
@@ -352,10 +356,17 @@ class SearchPlan:
     def curve(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
         """The metrics recorded after steps 1 .. `steps` along the path, as ``(step, metrics)``
         pairs by step: as long as the points recorded, whatever `steps` is."""
+        return self.curve_along(self.segments(node, steps))
+
+    def curve_along(self, segments: Iterable[tuple[str, int, int]]) -> list[tuple[int, dict[str, float]]]:
+        """`curve` of the path whose `segments` are given (a trial keeps them: not walked
+        again)."""
         curve: list[tuple[int, dict[str, float]]] = []
-        for owner, start, end in self.segments(node, steps):
-            metrics = self.nodes[owner].metrics
-            curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
+        nodes = self.nodes
+        for owner, start, end in segments:
+            metrics = nodes[owner].metrics
+            if metrics:
+                curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
         return curve
 
     def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:
@@ -454,16 +465,19 @@ def _unique(plan: SearchPlan, requested: dict[str, set[int]]) -> int:
     return total
 
 
-def _add_id(table: dict[tuple, str | list[str]], key: tuple, node: str) -> None:
+def _add_id(table: dict[tuple, str | list[str]], key: tuple, node: str) -> bool:
     """Add `node` under `key`: the bare id while it is the only one (a list per root costs
-    more than the id), a list from the second (concurrent writers' equal-valued siblings)."""
+    more than the id), a list from the second (concurrent writers' equal-valued siblings).
+    Whether another was there (`node` is a sibling)."""
     held = table.get(key)
     if held is None:
         table[key] = node
-    elif isinstance(held, str):
+        return False
+    if isinstance(held, str):
         table[key] = [held, node]
     else:
         held.append(node)
+    return True
 
 
 def _ids(held: str | list[str] | None) -> Sequence[str]:

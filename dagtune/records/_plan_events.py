@@ -35,6 +35,11 @@ class CheckpointInfo:
     nbytes: int = 0
     sha256: str = ""
 
+    def __reduce__(self) -> tuple[type[CheckpointInfo], tuple[int, str]]:
+        """Made back by its constructor (a study's resume state holds one per checkpoint:
+        the frozen data class's own pickling looks its fields up for each)."""
+        return CheckpointInfo, (self.nbytes, self.sha256)
+
 
 @dataclass(frozen=True)
 class PlanEvent:

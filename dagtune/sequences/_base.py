@@ -54,18 +54,15 @@ class Sequence(ABC):
         super().__init_subclass__(**kwargs)
         Sequence._registry[cls.__name__] = cls
 
+    #: where a new sequence's canonical form is known up to (`Constant`: whole, made when asked)
+    _first_horizon: ClassVar[float] = 0
+
     def _store(self, **values: Any) -> None:
         for name, value in values.items():
             object.__setattr__(self, name, value)
         # a template: an argument still holds a distribution (`dt.uniform`, ...), so the
         # sequence has no value until `sample_distributions` draws one
-        object.__setattr__(self, "is_template", contains_distribution(tuple(self.arguments().values())))
-        object.__setattr__(self, "_pieces", ())
-        object.__setattr__(self, "_horizon", 0)
-        object.__setattr__(self, "_checked", 0)
-        object.__setattr__(self, "_nonfinite", None)
-        object.__setattr__(self, "_identity", None)
-        object.__setattr__(self, "_hash", None)
+        _blank(self, contains_distribution(tuple(self.arguments().values())))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
@@ -73,11 +70,21 @@ class Sequence(ABC):
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
-    def __getstate__(self) -> dict:
-        return self.arguments()
+    def __getstate__(self) -> tuple[tuple[Any, ...], bool]:
+        """Its arguments in `_fields` order and whether it is a template: what a copy needs
+        (its caches are made again when asked). A study's resume state holds a sequence or
+        two per trial (`dagtune.resume_state`), so making one back is a few attribute sets,
+        not a walk of its arguments."""
+        return tuple(getattr(self, name) for name in self._fields), self.is_template
 
-    def __setstate__(self, state: dict) -> None:
-        self._store(**state)
+    def __setstate__(self, state: tuple[tuple[Any, ...], bool] | dict) -> None:
+        if isinstance(state, dict):  # pickled by an earlier dagtune: its arguments by name
+            self._store(**state)
+            return
+        arguments, template = state
+        for name, value in zip(self._fields, arguments, strict=True):
+            object.__setattr__(self, name, value)
+        _blank(self, template)
 
     def arguments(self) -> dict[str, Any]:
         """The arguments the sequence was written with, by name, in order."""
@@ -244,6 +251,18 @@ class Sequence(ABC):
         if not self.is_template:
             return self
         return type(self)(*sample(tuple(self.arguments().values()), rng))
+
+
+def _blank(sequence: Sequence, template: bool) -> None:
+    """Set `sequence`'s `is_template` and empty its caches (what it computed of itself)."""
+    setter = object.__setattr__
+    setter(sequence, "is_template", template)
+    setter(sequence, "_pieces", ())
+    setter(sequence, "_horizon", sequence._first_horizon)
+    setter(sequence, "_checked", 0)
+    setter(sequence, "_nonfinite", None)
+    setter(sequence, "_identity", None)
+    setter(sequence, "_hash", None)
 
 
 def _repr_arg(value: Any) -> str:

@@ -67,12 +67,19 @@ class Constant(Sequence):
     _fields = ("value",)
     __slots__ = _fields
 
+    _first_horizon = math.inf  # its form is whole (made when asked)
+
     def __init__(self, value: Scalar):
         self._store(value=check_scalar("Constant", "value", value))
 
-    def _store(self, **values: Any) -> None:
-        super()._store(**values)
-        object.__setattr__(self, "_horizon", math.inf)  # its form is whole (made when asked)
+    @classmethod
+    def _from_json_args(cls, data: dict) -> Sequence:
+        """The shared `Constant` of a scalar (`as_sequence`): a study's journals hold one per
+        trial and hyper-parameter, most of them equal."""
+        value = data["value"]
+        if isinstance(value, (dict, list)):  # no scalar: refused as the constructor refuses it
+            return super()._from_json_args(data)
+        return as_sequence(value, "Constant", "value")
 
     def pieces(self, horizon: int) -> tuple[Piece, ...]:
         """Its one piece, made when asked rather than kept: a study holds a `Constant` per

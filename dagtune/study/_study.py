@@ -316,7 +316,7 @@ class Study:
         self._restored = RestoredTrials()
         if self._persistence is not None:
             restored = self._persistence.attach(self.coordinator, retry_failed=retry_failed)
-            self._restored = RestoredTrials(restored)
+            self._restored = RestoredTrials(restored, self._persistence.restored.texts)
             if restored:
                 self._names = tuple(restored[0].config)
         self._logging: Logging | None = None
