@@ -26,6 +26,7 @@ every system, so a difference in training speed shows at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ from dagtune.algos import GridSearch  # noqa: E402
 from dagtune.config import config_dumps, config_from_json, config_values  # noqa: E402
 from dagtune.sequences import same_value  # noqa: E402
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng  # noqa: E402
+from perf.smoke import shared_client  # noqa: E402
 
 WORKERS = 2
 EPOCHS = 30  # the grid is designed for 30 epochs (examples/digits.py)
@@ -223,8 +225,10 @@ def run_dagtune(
     asha: dict | None = None,
     seed: int = 0,
     profile: bool = False,
+    client: Any = None,
 ) -> dict[str, Any]:
-    """dagtune on a LocalCluster of `WORKERS` single-threaded worker processes."""
+    """dagtune on a LocalCluster of `WORKERS` single-threaded worker processes: its own
+    embedded cluster, or `client`'s (smoke mode: one cluster for all its studies)."""
     from digits import DigitsTrainer
 
     from perf.timeline import TimedStudy, account
@@ -235,7 +239,8 @@ def run_dagtune(
             DigitsTrainer,
             name="perf",
             storage=storage,
-            workers=WORKERS,
+            workers=None if client is not None else WORKERS,
+            client=client,
             seed=seed,
             reuse=reuse,
             profile=profile,
@@ -319,19 +324,23 @@ def benchmark(mode: str = "quick", ray: bool | None = None) -> dict[str, Any]:
     with_ray = ray_installed() if ray is None else ray and ray_installed()
     asha_settings = {"min_steps": max(epochs // 8, 1), "eta": 3}
 
-    grid = []
-    if with_ray:
-        grid.append(run_ray(configs, epochs, checkpoint="end"))
-        if mode == "full":
-            grid.append(run_ray(configs, epochs, checkpoint="epoch"))
-    grid.append(run_dagtune(configs, epochs, reuse=False))
-    grid.append(run_dagtune(configs, epochs, reuse=True))
-    asha = []
-    if with_ray:
-        asha.append(run_ray(configs, epochs, asha=asha_settings, checkpoint="end"))
-    if mode != "smoke":  # smoke runs check the benchmark runs: reuse=False is the grid's path too
-        asha.append(run_dagtune(configs, epochs, reuse=False, asha=asha_settings))
-    asha.append(run_dagtune(configs, epochs, reuse=True, asha=asha_settings))
+    with contextlib.ExitStack() as stack:
+        # smoke runs check the benchmark runs: its dagtune studies share one cluster, whose
+        # start (workers importing torch) would otherwise be most of each one's time
+        client = stack.enter_context(shared_client(WORKERS)) if mode == "smoke" else None
+        grid = []
+        if with_ray:
+            grid.append(run_ray(configs, epochs, checkpoint="end"))
+            if mode == "full":
+                grid.append(run_ray(configs, epochs, checkpoint="epoch"))
+        grid.append(run_dagtune(configs, epochs, reuse=False, client=client))
+        grid.append(run_dagtune(configs, epochs, reuse=True, client=client))
+        asha = []
+        if with_ray:
+            asha.append(run_ray(configs, epochs, asha=asha_settings, checkpoint="end"))
+        if mode != "smoke":  # smoke runs check the benchmark runs: reuse=False is the grid's path too
+            asha.append(run_dagtune(configs, epochs, reuse=False, asha=asha_settings))
+        asha.append(run_dagtune(configs, epochs, reuse=True, asha=asha_settings, client=client))
     profiled = run_dagtune(configs, epochs, reuse=True, profile=True) if mode == "full" else None
 
     by = {row["system"]: row for row in grid}

@@ -19,6 +19,7 @@ checkpoints, the check, Dask's own work), and the wall time for reference.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from typing import Any
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from perf.smoke import shared_client
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -48,11 +50,14 @@ def _alone(trainer: type, config: dict, steps: int, check: int) -> float:
     return time.process_time() - began
 
 
-def _study(trainer: type, space: list, steps: int, check: int) -> dict[str, float]:
-    """One study on a fresh embedded cluster and storage: its workers' CPU seconds over the
-    run, its wall time and the steps it executed."""
+def _study(trainer: type, space: list, steps: int, check: int, client: Any = None) -> dict[str, float]:
+    """One study on a fresh embedded cluster (or `client`'s, in smoke mode) and fresh storage:
+    its workers' CPU seconds over the run, its wall time and the steps it executed."""
+    workers = None if client is not None else 2
     with tempfile.TemporaryDirectory() as storage:
-        with dt.Study(trainer, name="resume-check", storage=storage, workers=2, check_resume=check) as study:
+        with dt.Study(
+            trainer, name="resume-check", storage=storage, workers=workers, client=client, check_resume=check
+        ) as study:
             study.client.run(_warm_up)  # torch imported in the workers: not part of the run
             before = study.client.run(time.process_time)
             began = time.perf_counter()
@@ -89,9 +94,12 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     trials, epochs = {"smoke": (4, 2), "quick": (12, 30), "full": (36, 30)}[mode]
     rounds = {"smoke": 1, "quick": 3, "full": 3}[mode]
     studies: dict[int, list[dict[str, float]]] = {1: [], 0: []}
-    for i in range(rounds):
-        for check in (1, 0) if i % 2 == 0 else (0, 1):
-            studies[check].append(_study(fusible, space[:trials], epochs, check))
+    with contextlib.ExitStack() as stack:
+        # smoke mode only checks the benchmark runs: its two studies share one cluster
+        client = stack.enter_context(shared_client(2)) if mode == "smoke" else None
+        for i in range(rounds):
+            for check in (1, 0) if i % 2 == 0 else (0, 1):
+                studies[check].append(_study(fusible, space[:trials], epochs, check, client))
     median = {check: statistics.median(times) for check, times in alone.items()}
     study = {
         check: {

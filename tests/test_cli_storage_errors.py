@@ -228,6 +228,7 @@ def test_run_on_a_study_open_in_another_process_is_one_error_line_or_waits(tmp_p
             while "waiting up to" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.05)
             holder.kill()
+            holder.wait()  # reaped, as its shell would: a zombie's pid still names its process
 
         threading.Thread(target=end_the_holder_once_waited_for, daemon=True).start()
         out = CliRunner().invoke(

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import dask
@@ -63,6 +64,7 @@ def test_a_cluster_that_never_closes_is_killed_and_logged_and_the_study_keeps_it
 ):
     monkeypatch.setattr("dagtune.execution._clusters.CLOSE_SECONDS", 3.0)
     storage = str(tmp_path / "runs")
+    threads = set(threading.enumerate())
     with (
         dask.config.set({"distributed.nanny.preload": ["hanging_teardown"]}),
         caplog.at_level("WARNING"),
@@ -73,6 +75,8 @@ def test_a_cluster_that_never_closes_is_killed_and_logged_and_the_study_keeps_it
     assert "the embedded cluster did not close within 3 s" in caplog.text
     assert "killed 2 worker process(es)" in caplog.text
     assert gone(pids.values())
+    # nor is its scheduler left running: its event loop's thread has stopped
+    assert not [thread for thread in set(threading.enumerate()) - threads if thread.name == "IO loop"]
     assert set(result.trials["status"]) == {"completed"}
     assert set(dt.open_results(storage, "hung").trials["status"]) == {"completed"}
 

@@ -24,12 +24,14 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 from durable_helpers import SlowTrainer
 from interrupt_setup import SPACE, STEPS
 
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.catalog import load_study, open_storage
+from dagtune.cli import main
 from dagtune.config import config_dumps
 from dagtune.records import PENDING
 from dagtune.study import Study, run_alone
@@ -133,13 +135,10 @@ def assert_storage_agrees(storage: str) -> None:
     results = dt.open_results(storage, NAME).trials["status"].to_dict()
     assert records == results
     assert PENDING in records.values() and "stopped" not in records.values()
-    status = subprocess.run(
-        [sys.executable, "-m", "dagtune.cli", "status", storage, "--study", NAME],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert status.returncode == 0, status.stderr
+    # `dagtune status` through the command's entry point in this process (a fresh process
+    # would only add a Python start)
+    status = CliRunner().invoke(main, ["status", storage, "--study", NAME])
+    assert status.exit_code == 0, status.output
     pending = sum(1 for value in records.values() if value == PENDING)
     row = next(line for line in status.stdout.splitlines() if f" {NAME} " in line)
     assert str(pending) in row.split()  # the pending column

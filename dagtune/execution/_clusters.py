@@ -437,6 +437,12 @@ def close_embedded(client: Any, cluster: Any, seconds: float | None = None) -> N
             cluster.close(timeout=min(seconds, 5.0))
         # whatever still hangs is given up for good: distributed's exit hook would try again
         cluster.status = Status.closed
+        # but no scheduler is left running in this process: it closes, and the cluster's event
+        # loop thread stops (`close` on a closed cluster stops only that thread)
+        with contextlib.suppress(Exception):
+            cluster.sync(cluster.scheduler.close, callback_timeout=min(seconds, 5.0))
+        with contextlib.suppress(Exception):
+            cluster.close()
 
 
 @contextlib.contextmanager
