@@ -45,6 +45,19 @@ def _grid_study(tmp_path, n: int) -> None:
         study.run(GridSearch(configs, metric="val_loss", mode="min", steps=2), progress=False)
 
 
+def _count_groups(monkeypatch) -> list[int]:
+    """A list that gains an item for each group a `GroupCommit` commits from now on."""
+    groups: list[int] = []
+    commit = GroupCommit.commit
+
+    def counted(group: GroupCommit) -> None:
+        groups.append(1)
+        commit(group)
+
+    monkeypatch.setattr(GroupCommit, "commit", counted)
+    return groups
+
+
 def test_a_studys_journal_fsyncs_do_not_grow_with_its_trials(tmp_path, monkeypatch, journal_fsyncs):
     """With a bound longer than the runs, the journals are committed when the study opens
     (its open record), by the run's end and when it closes: as often for 200 trials (800
@@ -72,14 +85,7 @@ def test_a_studys_groups_share_one_committer_thread(tmp_path, monkeypatch):
         start(thread)
 
     monkeypatch.setattr(threading.Thread, "start", counting)
-    groups: list[int] = []
-    commit = GroupCommit.commit
-
-    def counted(group: GroupCommit) -> None:
-        groups.append(1)
-        commit(group)
-
-    monkeypatch.setattr(GroupCommit, "commit", counted)
+    groups = _count_groups(monkeypatch)
     _grid_study(tmp_path, 200)
     committers = [thread for thread in started if thread.name == "dagtune-journal-commit"]
     assert len(groups) > 20 and 1 <= len(committers) <= 5, (len(groups), len(committers))
@@ -274,14 +280,7 @@ def test_a_studys_journal_files_are_opened_once_whatever_its_groups(tmp_path, mo
     """A durable study whose groups fall due all through its run (a 1 ms bound) opens its
     two journal files (the plan's, its records') once each, not once per group."""
     monkeypatch.setenv("DAGTUNE_COMMIT_SECONDS", "0.001")
-    groups: list[int] = []
-    commit = GroupCommit.commit
-
-    def counted(group: GroupCommit) -> None:
-        groups.append(1)
-        commit(group)
-
-    monkeypatch.setattr(GroupCommit, "commit", counted)
+    groups = _count_groups(monkeypatch)
     _grid_study(tmp_path, 200)
     assert len(groups) > 20 and len(journal_opens) == 2, (len(groups), journal_opens)
     assert sorted(p.rsplit("/", 2)[-2] for p in journal_opens) == ["journal", "plan"]

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import zarr
 import zarr.storage
+from results_helpers import count_stored_keys, curve_of, expected_table, read_curve
 
 import dagtune as dt
 from dagtune.algos import ASHA
 from dagtune.checkpoints import CheckpointStore
-from dagtune.frames import row_of, trials_table
 from dagtune.records import Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
@@ -41,30 +41,9 @@ def _scattered(n: int, k: int) -> list[int]:
     return [round(j * (n - 1) / (k - 1)) for j in range(k)]
 
 
-def _expected(trials: dict[int, Trial]):
-    return trials_table(row_of(t) for t in trials.values())
-
-
-def _curve(trials: dict[int, Trial]) -> dict[tuple[int, int], float]:
-    return {(i, s - 1): v["loss"] for i, t in trials.items() for s, v in t.curve}
-
-
-def _read_curve(storage) -> dict[tuple[int, int], float]:
-    curve = open_results(str(storage), "s").curve("loss")
-    return {(i, s): v for (i, s), v in curve.stack().items() if v == v}
-
-
 @pytest.fixture
-def stored_keys(monkeypatch):
-    keys: list[str] = []
-    original = zarr.storage.LocalStore.set
-
-    async def counting(self, key, value):
-        keys.append(key)
-        return await original(self, key, value)
-
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", counting)
-    return keys
+def stored_keys(monkeypatch) -> list[str]:
+    return count_stored_keys(monkeypatch)
 
 
 def test_a_write_visits_the_trials_that_changed_whatever_the_trial_count(tmp_path):
@@ -82,8 +61,10 @@ def test_a_write_visits_the_trials_that_changed_whatever_the_trial_count(tmp_pat
         trials[n], trials[n + 1] = Trial(n, {"lr": dt.Constant(0.5)}, 4), Trial(n + 1, {}, 4)
         assert writer.write(trials, {*ids, n, n + 1})
         visited[n] = writer.visited
-        pd.testing.assert_frame_equal(open_results(str(tmp_path / f"{n}"), "s").trials, _expected(trials))
-        assert _read_curve(tmp_path / f"{n}") == _curve(trials)
+        pd.testing.assert_frame_equal(
+            open_results(str(tmp_path / f"{n}"), "s").trials, expected_table(trials)
+        )
+        assert read_curve(tmp_path / f"{n}") == curve_of(trials)
     assert visited == {1_000: 12, 10_000: 12}
 
 
@@ -111,7 +92,7 @@ def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, monkeypat
         study.run(ASHA(space, "val_loss", "min", max_steps=9, eta=3))
         trials = dict(study.coordinator.trials)
     assert len(checked) > 10 and sum(v < n / 2 for v, n in checked) > len(checked) / 2
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
 
 
 def test_a_resumed_group_is_written_by_what_differs_from_it(tmp_path, stored_keys):
@@ -135,8 +116,8 @@ def test_a_resumed_group_is_written_by_what_differs_from_it(tmp_path, stored_key
     resumed = ResultsWriter(url, None, study="s", identity="x")
     assert resumed.write(trials)
     assert sorted(stored_keys) == ["log/c/1", "log/zarr.json", "zarr.json"]
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
-    assert _read_curve(tmp_path) == _curve(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)
     stored_keys.clear()
     assert not ResultsWriter(url, None, study="s", identity="x").write(trials)  # nothing differs
     assert stored_keys == []
@@ -196,13 +177,13 @@ def test_a_group_of_format_4_reads_the_same_and_a_resumed_study_writes_it_in_thi
     trials[0].status, trials[0].metrics = "completed", dict(trials[0].curve[-1][1])
     url = str(tmp_path / "studies" / "s" / "results.zarr")
     _format_4_group(url, trials)
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
-    assert _read_curve(tmp_path) == _curve(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)
     trials[3] = Trial(3, {}, 2)
     ResultsWriter(url, None, study="s", identity="x").write(trials)
     assert zarr.open_group(url, mode="r").attrs["format"] == FORMAT
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
-    assert _read_curve(tmp_path) == _curve(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)
 
 
 def test_a_resumed_write_that_failed_is_completed_by_the_next_one_whatever_it_is_told(tmp_path, monkeypatch):
@@ -223,5 +204,5 @@ def test_a_resumed_write_that_failed_is_completed_by_the_next_one_whatever_it_is
         resumed.write(trials)
     monkeypatch.setattr(zarr.storage.LocalStore, "set", original)
     assert resumed.write(trials, set())
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
-    assert _read_curve(tmp_path) == _curve(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)

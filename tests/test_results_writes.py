@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import zarr
 import zarr.storage
+from results_helpers import count_stored_keys, curve_of, expected_table, read_curve
 
 import dagtune as dt
-from dagtune.frames import row_of, trials_table
 from dagtune.records import Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
 
@@ -48,33 +48,6 @@ def _advance(trials: dict[int, Trial], ids: list[int], step: int) -> None:
         trials[i] = Trial(i, {"lr": dt.Constant(0.5)} if hyper else {}, 4)
 
 
-@pytest.fixture
-def stored_keys(monkeypatch):
-    """The keys the zarr store is asked to set, metadata and chunks."""
-    keys: list[str] = []
-    original = zarr.storage.LocalStore.set
-
-    async def counting(self, key, value):
-        keys.append(key)
-        return await original(self, key, value)
-
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", counting)
-    return keys
-
-
-def _expected(trials: dict[int, Trial]):
-    return trials_table(row_of(t) for t in trials.values())
-
-
-def _curve(trials: dict[int, Trial]) -> dict[tuple[int, int], float]:
-    return {(i, s - 1): v["loss"] for i, t in trials.items() for s, v in t.curve}
-
-
-def _read_curve(path) -> dict[tuple[int, int], float]:
-    curve = open_results(str(path), "s").curve("loss")
-    return {(i, s): v for (i, s), v in curve.stack().items() if v == v}
-
-
 def _keys_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
     """The keys stored by a write after 10 trials spread over `n` moved on (2 added), each
     with the number of its chunk counted from the end of the table (the new rows' chunk)."""
@@ -86,6 +59,11 @@ def _keys_of_a_write(tmp_path, n: int, keys: list[str]) -> list[str]:
     keys.clear()
     assert writer.write(trials)
     return sorted(keys)
+
+
+@pytest.fixture
+def stored_keys(monkeypatch) -> list[str]:
+    return count_stored_keys(monkeypatch)
 
 
 def test_a_write_after_scattered_changes_stores_the_same_keys_whatever_the_trial_count(tmp_path, stored_keys):
@@ -104,8 +82,8 @@ def test_a_write_after_scattered_changes_reads_back_exactly(tmp_path):
     writer.write(trials)
     _advance(trials, _scattered(3000, 10), 2)
     writer.write(trials)
-    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, _expected(trials))
-    assert _read_curve(tmp_path) == _curve(trials)
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)
 
 
 def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys):
@@ -130,7 +108,9 @@ def test_the_log_is_applied_at_a_constant_cost_per_change(tmp_path, stored_keys)
             changes += 2 * len(ids) + 2  # rows and points
             applied += writer.logged == 0
         per_change[n] = len([k for k in stored_keys if not k.endswith("zarr.json")]) / changes
-        pd.testing.assert_frame_equal(open_results(str(tmp_path / f"{n}"), "s").trials, _expected(trials))
+        pd.testing.assert_frame_equal(
+            open_results(str(tmp_path / f"{n}"), "s").trials, expected_table(trials)
+        )
     assert per_change[10_000] <= 1.5 * per_change[1_000]
 
 
@@ -145,7 +125,7 @@ def test_the_log_reads_the_same_before_and_after_it_is_applied(tmp_path):
     assert writer.logged > 0  # the rows that changed are in the log
     logged = open_results(str(tmp_path), "s")
     frame, curve = logged.trials, logged.curve("loss")
-    pd.testing.assert_frame_equal(frame, _expected(trials))
+    pd.testing.assert_frame_equal(frame, expected_table(trials))
     assert frame.loc[1500, "error"] == "boom 3" and frame.loc[1499, "error"] == ""
     assert writer.compact() and not writer.compact()
     group = zarr.open_group(str(tmp_path / "studies" / "s" / "results.zarr"), mode="r")
@@ -154,7 +134,7 @@ def test_the_log_reads_the_same_before_and_after_it_is_applied(tmp_path):
     compacted = open_results(str(tmp_path), "s")
     pd.testing.assert_frame_equal(compacted.trials, frame)
     pd.testing.assert_frame_equal(compacted.curve("loss"), curve)
-    assert _read_curve(tmp_path) == _curve(trials)
+    assert read_curve(tmp_path) == curve_of(trials)
 
 
 def test_nothing_changed_writes_nothing(tmp_path, stored_keys):
@@ -237,12 +217,12 @@ def test_a_write_stopped_anywhere_leaves_the_rows_before_or_after_it(tmp_path, m
             pd.testing.assert_frame_equal(curve, before[1])
             seen.add("before")
         else:
-            pd.testing.assert_frame_equal(frame, _expected(trials))
-            assert _read_curve(target) == _curve(trials)
+            pd.testing.assert_frame_equal(frame, expected_table(trials))
+            assert read_curve(target) == curve_of(trials)
             seen.add("after")
         writer.write(trials)
-        pd.testing.assert_frame_equal(open_results(str(target), "s").trials, _expected(trials))
-        assert _read_curve(target) == _curve(trials)
+        pd.testing.assert_frame_equal(open_results(str(target), "s").trials, expected_table(trials))
+        assert read_curve(target) == curve_of(trials)
         if not stopped:
             break
     assert seen == {"before", "after"} and not stopped
