@@ -142,7 +142,6 @@ def stored_studies(store: CheckpointStore) -> list[str]:
         names = list_studies(store)
         if names:
             return names
-        store.fs.invalidate_cache(store.root)
         found = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(store.root, detail=False))
         if not found or any(_IDENTITY_DIR.match(name) for name in found) or _opened_studies(store):
             return []  # empty, or dagtune's: search plans and checkpoints, studies opened but not written

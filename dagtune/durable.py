@@ -196,7 +196,6 @@ class Leases:
     def held(store: CheckpointStore, identity: str, *, exclude: str | None = None) -> set[Point]:
         """Every point a live lease of `identity` holds (all writers but `exclude`)."""
         directory = f"{store.root}/{identity}/leases"
-        store.fs.invalidate_cache(directory)
         try:
             paths = store.fs.ls(directory, detail=False)
         except FileNotFoundError:
@@ -280,7 +279,6 @@ def list_studies(store: CheckpointStore) -> list[str]:
     """The names of the studies kept in `store` (directories ``studies/NAME`` with a records
     journal), sorted."""
     base = f"{store.root}/studies"
-    store.fs.invalidate_cache(base)
     try:
         paths = store.fs.ls(base, detail=False)
     except FileNotFoundError:

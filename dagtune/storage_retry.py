@@ -330,6 +330,13 @@ _LOCAL_ONLY = frozenset(
 )
 
 
+# fsspec methods answered from the listings cache unless told `refresh`: dagtune always asks
+# the storage. The filesystem object, and so its cache, is shared by the process: another
+# thread's listing, taken just before a file was written, can be cached after the writer
+# invalidated it, and s3fs would then say that file does not exist.
+_ASKED_FRESH = frozenset({"ls", "info"})
+
+
 class RetryingFileSystem:
     """An fsspec filesystem whose every public method is retried through outages
     (`StorageRetry`); `guard` (if any) is called before every attempt, e.g. to check that
@@ -341,7 +348,10 @@ class RetryingFileSystem:
     lengthen the deadline of a large read; it is not passed on.
 
     File objects `open` returns are not retried while they are read or written; dagtune
-    reads and writes whole files (``cat_file``, ``pipe_file``)."""
+    reads and writes whole files (``cat_file``, ``pipe_file``).
+
+    Listings and file details (``ls``, ``info``) are asked of the storage, never of the
+    listings cache (see `_ASKED_FRESH`)."""
 
     def __init__(
         self,
@@ -375,8 +385,11 @@ class RetryingFileSystem:
             return attribute
         # fsspec's blocking wrapper of a coroutine method takes a `timeout`, which cancels it
         timed = inspect.iscoroutinefunction(getattr(attribute, "__wrapped__", None))
+        fresh = name in _ASKED_FRESH
 
         def retried(*args: Any, expected_bytes: int = 0, **kwargs: Any) -> Any:
+            if fresh:
+                kwargs.setdefault("refresh", True)
             sent = sum(len(a) for a in (*args, *kwargs.values()) if isinstance(a, (bytes, bytearray)))
 
             def attempt() -> Any:

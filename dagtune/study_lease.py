@@ -282,7 +282,6 @@ class StudyLease:
     # ------------------------------------------------------------------ reading
 
     def _generations(self) -> list[int]:
-        self.store.fs.invalidate_cache(self.directory)
         try:
             paths = self.store.fs.ls(self.directory, detail=False)
         except FileNotFoundError:
@@ -296,7 +295,6 @@ class StudyLease:
     def _read(self, generation: int) -> tuple[LeaseHolder | None, float | None]:
         """What `generation` says and its storage time stamp; FileNotFoundError if gone."""
         path = self._path(generation)
-        self.store.fs.invalidate_cache(path)
         data = self.store.fs.cat_file(path)
         return LeaseHolder.from_json(data), _stamp(self.store.fs.info(path))
 
@@ -317,7 +315,6 @@ class StudyLease:
         storage keeps none)."""
         path = f"{self.directory}/clock-{self.session}"
         self.store.fs.pipe_file(path, b"")
-        self.store.fs.invalidate_cache(path)
         stamp = _stamp(self.store.fs.info(path))
         with contextlib.suppress(OSError):
             self.store.fs.rm_file(path)

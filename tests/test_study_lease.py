@@ -250,6 +250,40 @@ def test_contenders_for_a_lapsed_lease_never_both_win(storage):
         winner.release()
 
 
+def test_a_stale_listing_cached_by_another_thread_never_hides_the_lease_files(storage, monkeypatch):
+    """The filesystem object, and so its listings cache, is shared by the process: a listing
+    another contender took before this one wrote its files can be cached after this one
+    invalidated it. Reading the lease must not trust that listing (s3fs would answer
+    FileNotFoundError for files that exist, as a CI run once did)."""
+    store = CheckpointStore(storage.url, storage.options)
+    lease = StudyLease(store, "stale", ttl=30.0)
+    fs = getattr(store.fs, "fs", store.fs)  # the fsspec filesystem under any retrying wrapper
+    directory = fs._strip_protocol(lease.directory)
+
+    def after_a_stale_listing(method):
+        def called(path, *args, **kwargs):
+            fs.dircache[directory] = []  # another thread's listing, from before the writes
+            return method(path, *args, **kwargs)
+
+        return called
+
+    monkeypatch.setattr(fs, "info", after_a_stale_listing(fs.info))
+    monkeypatch.setattr(fs, "ls", after_a_stale_listing(fs.ls))
+    acquired: list[StudyLease] = []
+    taking = threading.Thread(target=lambda: acquired.append(lease.acquire()), daemon=True)
+    taking.start()
+    taking.join(60)  # a lease trusting the stale listing never sees its own generation: it loops
+    assert acquired, "the lease was not taken within 60 s"
+    (held,) = acquired
+    try:
+        stamp = lease._storage_now()
+        assert stamp is None or stamp > 0
+        top = lease._top()
+        assert top is not None and top.holder.session == held.session
+    finally:
+        held.release()
+
+
 def test_a_released_study_is_opened_at_once_and_a_held_one_is_refused_in_process(storage):
     store = CheckpointStore(storage.url, storage.options)
     executor = SimulatedExecutor(2, store=store)
