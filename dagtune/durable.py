@@ -27,18 +27,18 @@ lease (`dagtune.study_lease`): every such write checks it first.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fsspec.implementations.local import LocalFileSystem
 
 from dagtune.checkpoints import CheckpointStore
+from dagtune.collector_pause import collector_paused
 from dagtune.config import config_dumps
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Leases",
     "Persistence",
-    "collector_paused",
     "index_path",
     "list_studies",
     "needed_by_stored_studies",
@@ -214,30 +213,6 @@ class Leases:
             except (ValueError, KeyError, TypeError) as error:
                 log.warning("dagtune: unreadable lease %s (%r); ignored", path, error)
         return points
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a study's journals are replayed into
-    objects that all stay alive (trials, configs, plan nodes), or its read index is built
-    (its trials and views live until it is written): each collection walks every object
-    made so far and finds nothing to free, about 40% of the CPU of reading a 100,000-trial
-    study's journals (issue 24). Back on, as it was, afterwards.
-
-    What the block made is moved to the collector's oldest generation on the way out (where
-    nothing else keeps objects in its permanent one, `gc.freeze`): the young collections
-    would each walk all of it once more before it got there (about 0.8 s of a 100,000-trial
-    study's opening), and a full collection still looks at it, when one is due."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if gc.get_freeze_count() == 0:  # else another's frozen objects would be let go
-            gc.freeze()
-            gc.unfreeze()  # into the oldest generation, none of it walked
-        if enabled:
-            gc.enable()
 
 
 def index_path(root: str, name: str) -> str:

@@ -42,9 +42,10 @@ from typing import Any
 
 from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_study, stored_study
 from dagtune.checkpoints import CheckpointStore
+from dagtune.collector_pause import collector_paused
 from dagtune.config import config_dumps, config_from_json
 from dagtune.dashboard.snapshot import importance_inputs, scored_importance, stored_snapshot
-from dagtune.durable import Persistence, collector_paused, index_path, put_whole
+from dagtune.durable import Persistence, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
 from dagtune.records import PENDING, Trial
