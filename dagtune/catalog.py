@@ -17,9 +17,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagtune.checkpoint_leases import Leases
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import trial_figures
-from dagtune.durable import Leases, list_studies, plan_header, read_records, records_header
+from dagtune.durable import list_studies, plan_header, read_records, records_header
 from dagtune.errors import DagtuneError
 from dagtune.gc import collect
 from dagtune.plan import Journal, PlanJournal, SearchPlan

@@ -114,7 +114,7 @@ def test_collecting_garbage_from_storage_keeps_what_the_policy_keeps(tmp_path):
 
 
 def test_collecting_garbage_from_storage_spares_what_live_studies_lease(tmp_path):
-    from dagtune.durable import Leases
+    from dagtune.checkpoint_leases import Leases
 
     study = durable_sim_study(tmp_path, "gc")
     study.run(GridSearch(SPACE, metric="val_loss", mode="min", steps=20))

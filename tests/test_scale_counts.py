@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import dagtune as dt
-import dagtune.durable as durable_module
 from dagtune.algos import ASHA, PBT, GridSearch
+from dagtune.checkpoint_leases import Leases
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
 from dagtune.plan import SearchPlan
@@ -128,7 +128,7 @@ def test_the_lease_is_gathered_only_when_it_is_written(tmp_path, monkeypatch):
     only to write them: not at every tick once a second has passed."""
     gathered = renewed = 0
     protected_points = Coordinator.protected_points
-    renew = durable_module.Leases.renew
+    renew = Leases.renew
 
     def counted_points(self):
         nonlocal gathered
@@ -141,7 +141,7 @@ def test_the_lease_is_gathered_only_when_it_is_written(tmp_path, monkeypatch):
         return renew(self, points)
 
     monkeypatch.setattr(Coordinator, "protected_points", counted_points)
-    monkeypatch.setattr(durable_module.Leases, "renew", counted_renew)
+    monkeypatch.setattr(Leases, "renew", counted_renew)
     study = Study(
         SyntheticTrainer, name="lease", executor=SimulatedExecutor(50, store=CheckpointStore(str(tmp_path)))
     )
@@ -192,7 +192,7 @@ def test_a_lease_writes_nothing_when_nothing_entered_and_parts_beside_the_whole(
     none, not even a file); a reader takes the whole and the parts; a whole write removes the
     parts; releasing removes every file; a file being written (a dot name) is never read."""
     store = CheckpointStore(str(tmp_path))
-    leases = durable_module.Leases(store, "model", "writer")
+    leases = Leases(store, "model", "writer")
     whole = [(f"n{i}", i) for i in range(1000)]
     leases.renew(whole)
     directory = tmp_path / "model" / "leases"
@@ -205,13 +205,13 @@ def test_a_lease_writes_nothing_when_nothing_entered_and_parts_beside_the_whole(
     leases.add([*whole[:5], ("new", 1), ("new", 2)])
     assert leases.written_points == 1002 and len(list(directory.iterdir())) == 2
     (directory / ".writer-000001.json.0123.tmp").write_text('{"writer": "wri')  # half written
-    assert durable_module.Leases.held(store, "model") == {*whole, ("new", 1), ("new", 2)}
+    assert Leases.held(store, "model") == {*whole, ("new", 1), ("new", 2)}
     assert not leases.whole_due(entered=10, left=0)
     assert leases.whole_due(entered=2000, left=0) and leases.whole_due(entered=0, left=600)
     leases.renew(whole[500:])  # a whole write: the points that left are no longer held
     assert sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) == ["writer.json"]
-    assert durable_module.Leases.held(store, "model") == set(whole[500:])
-    assert durable_module.Leases.held(store, "model", exclude="writer") == set()
+    assert Leases.held(store, "model") == set(whole[500:])
+    assert Leases.held(store, "model", exclude="writer") == set()
     leases.add([("new", 3)])
     leases.release()
     assert [p.name for p in directory.iterdir() if not p.name.startswith(".")] == []
