@@ -344,13 +344,11 @@ class StudyLease:
             os.makedirs(self.directory, exist_ok=True)
             created = _create_local(path, payload)
         else:
-            try:
+            try:  # the lease's later reads ask the storage, not a cache (`RetryingFileSystem`)
                 self.store.fs.pipe_file(path, payload, mode="create")
                 created = True
             except FileExistsError:
                 created = False
-            finally:
-                self.store.fs.invalidate_cache(self.directory)
         if created:
             return True
         with contextlib.suppress(FileNotFoundError):
