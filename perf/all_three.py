@@ -73,6 +73,7 @@ from dagtune.algos import GridSearch  # noqa: E402
 from dagtune.config import config_dumps, config_from_json, normalize_config  # noqa: E402
 from perf import raytune  # noqa: E402
 from perf.machine import describe  # noqa: E402
+from perf.smoke import cluster_client  # noqa: E402
 
 WORKERS = 2
 SCALE = 8  # the surrogate's width divisor
@@ -364,10 +365,6 @@ def retrain(client: Any, configs: list[dict], size: dict[str, Any]) -> dict[str,
 
 def benchmark(mode: str = "quick") -> dict[str, Any]:
     """Both arms, alternating, then the chosen configurations at full width on every seed."""
-    from distributed import Client
-
-    from dagtune.execution.dask import embedded_cluster
-
     size = sizes(mode)
     configs = raytune.distinct(search_space(size), size["epochs"])
     if len(configs) != len(search_space(size)):
@@ -376,9 +373,11 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
     with_ray = raytune.ray_installed()
     check = transfer_check(size["base"])
     began = time.perf_counter()
-    cluster = embedded_cluster(WORKERS, None, security=False)
     runs: dict[str, list[dict[str, Any]]] = {"ray": [], "dagtune": []}
-    with cluster, Client(cluster) as client, tempfile.TemporaryDirectory(prefix="dagtune-all-three-") as root:
+    with (
+        cluster_client(mode, WORKERS) as client,
+        tempfile.TemporaryDirectory(prefix="dagtune-all-three-") as root,
+    ):
         dask_startup = time.perf_counter() - began
         client.run(__import__, __name__)
         _warm_up(client, size, f"{root}/warm-up")

@@ -37,6 +37,7 @@ import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.sim import SimulatedExecutor
 from perf import raytune
+from perf.smoke import cluster_client
 from perf.timeline import TimedStudy, account, account_table
 
 WORKERS = 2
@@ -190,9 +191,10 @@ def compare_case(client: Any, case: Case, mode: str, with_ray: bool) -> dict[str
     """The unfused study of `case`, its fused variants and (`with_ray`) Ray Tune, alternating."""
     steps = case.steps[mode]
     configs = raytune.distinct(case.space(mode), steps)  # all of them but in smoke mode's 2 steps
-    run_study(client, case, False, configs[:2], 1)  # warm-up, not timed: imports, first calls
-    for variant in case.fused:
-        run_study(client, case, FUSE, configs[:2], 1, variant)
+    if mode != "smoke":  # warm-up, not timed: imports, first calls (smoke runs time nothing)
+        run_study(client, case, False, configs[:2], 1)
+        for variant in case.fused:
+            run_study(client, case, FUSE, configs[:2], 1, variant)
     rounds = {"smoke": 1, "quick": 2, "full": 3}[mode]
     runs: dict[str, list[dict]] = (
         {"unfused": []} | {v: [] for v in case.fused} | ({"ray": []} if with_ray else {})
@@ -258,12 +260,8 @@ def _median(values: list[float]) -> float:
 def compare(tiny_trainer: type, tiny_kwargs: dict, mode: str) -> list[dict[str, Any]]:
     """Every case's comparison (`mode`: smoke, quick or full) on one Dask cluster, with Ray
     Tune's runs when Ray is installed."""
-    from distributed import Client
-
-    from dagtune.execution.dask import embedded_cluster  # loads distributed
-
     with_ray = raytune.ray_installed()
-    with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
+    with cluster_client(mode, WORKERS) as client:
         return [compare_case(client, case, mode, with_ray) for case in cases(tiny_trainer, tiny_kwargs)]
 
 
@@ -402,10 +400,6 @@ def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
     import json
     import os
 
-    from distributed import Client
-
-    from dagtune.execution.dask import embedded_cluster
-
     parser = argparse.ArgumentParser(prog="python -m perf.fusion study", description=main.__doc__)
     parser.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
     parser.add_argument("--case", choices=("tiny", "digits"), default="digits")
@@ -426,7 +420,7 @@ def main(argv: list[str], tiny_trainer: type, tiny_kwargs: dict) -> None:
         return
     chosen = [c for c in cases(tiny_trainer, tiny_kwargs) if c.name.startswith(args.case)]
     load = os.getloadavg()[0]
-    with embedded_cluster(WORKERS, None, False) as cluster, Client(cluster) as client:
+    with cluster_client(args.mode, WORKERS) as client:
         results = [compare_case(client, case, args.mode, raytune.ray_installed()) for case in chosen]
     print(f"load average (1 minute): {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(markdown(results))

@@ -12,6 +12,7 @@ Timings are ratios measured side by side in one run; the machine is described at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -19,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from perf import smoke
 from perf.machine import describe
 
 BENCHMARKS = (
@@ -76,17 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         results["benchmarks"] = {n: r for n, r in base["benchmarks"].items() if n not in chosen}
     began = time.perf_counter()
-    for name, title in BENCHMARKS:
-        if name not in chosen:
-            continue
-        print(f"[perf] {title} ...", flush=True)
-        module = importlib.import_module(f"perf.{name}")
-        started = time.perf_counter()
-        result = module.benchmark(mode)
-        result["seconds"] = time.perf_counter() - started
-        result["command"] = command
-        results["benchmarks"][name] = result
-        print(f"[perf] done in {result['seconds']:.0f} s", flush=True)
+    with smoke.session() if mode == "smoke" else contextlib.nullcontext():
+        for name, title in BENCHMARKS:
+            if name not in chosen:
+                continue
+            print(f"[perf] {title} ...", flush=True)
+            module = importlib.import_module(f"perf.{name}")
+            started = time.perf_counter()
+            result = module.benchmark(mode)
+            result["seconds"] = time.perf_counter() - started
+            result["command"] = command
+            results["benchmarks"][name] = result
+            print(f"[perf] done in {result['seconds']:.0f} s", flush=True)
     if base is None:
         results["seconds"] = time.perf_counter() - began
     (out / "RESULTS.md").write_text(render(results))

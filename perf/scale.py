@@ -315,7 +315,7 @@ def measure(
 
 #: (trials, workers) per mode, each on both paths; the rebuild runs at the first size only
 SIZES = {
-    "smoke": ((300, 100),),
+    "smoke": ((100, 40),),
     "quick": ((1_000, 1_000), (10_000, 1_000), (100_000, 1_000)),
     "full": ((1_000, 100), (1_000, 1_000), (10_000, 100), (10_000, 1_000), (100_000, 1_000)),
 }

@@ -35,7 +35,7 @@ from typing import Any
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.config import config_dumps
-from dagtune.execution.dask import embedded_cluster
+from perf.smoke import cluster_client
 
 SEEDS = (0, 1, 2)  # every arm's chosen config trained at full width with each: the noise
 
@@ -123,13 +123,10 @@ def _surrogate(
 def run(mode: str, trainer: type) -> dict[str, Any]:
     """The arms, `rounds` times in turn on one embedded 2-worker cluster (whatever else the
     machine runs meanwhile falls on every arm alike), then the seed runs."""
-    from distributed import Client
-
     size = sizes(mode)
     epochs, kwargs = size["epochs"], {"base": size["base"]}
-    cluster = embedded_cluster(2, None, security=False)
     rounds: list[list[dict[str, Any]]] = []
-    with cluster, Client(cluster) as client, tempfile.TemporaryDirectory(prefix="dagtune-surrogate-") as root:
+    with cluster_client(mode, 2) as client, tempfile.TemporaryDirectory(prefix="dagtune-surrogate-") as root:
         client.run(__import__, trainer.__module__)  # every arm finds the workers warm
         with dt.Study(
             trainer, {**kwargs, "scale": 2}, name="warm-up", storage=f"{root}/warm-up", client=client
