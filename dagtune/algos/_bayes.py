@@ -29,20 +29,23 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import norm, rankdata
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.gaussian_process import GaussianProcessRegressor
-from sklearn.gaussian_process.kernels import ConstantKernel, Kernel, Matern, WhiteKernel
-from threadpoolctl import threadpool_limits
 
 from dagtune.algos._base import Algorithm, Context, Decision, Stop, Submit, check_positive
 from dagtune.algos._params import CATEGORICAL, ParamSpace
 from dagtune.records import COMPLETED, STOPPED, Trial
 from dagtune.space import Random
 from dagtune.validation import check_int, check_number
+
+if TYPE_CHECKING:
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import Kernel
+
+# scipy and scikit-learn are imported where a model is fitted or scored: importing them costs
+# almost a second, which every `dagtune run` and every process importing `dagtune.algos` would
+# pay for an algorithm most studies do not use.
 
 __all__ = ["BayesOpt", "expected_improvement"]
 
@@ -51,6 +54,8 @@ _LOCAL_SEEDS, _LOCAL_MOVES, _LOCAL_SCALE = 5, 64, 0.05
 
 def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float, xi: float = 0.0) -> np.ndarray:
     """Expected improvement over `best` of a maximized Gaussian prediction."""
+    from scipy.stats import norm
+
     std = np.maximum(std, 1e-12)
     improvement = mean - best - xi
     z = improvement / std
@@ -59,6 +64,8 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float, xi: flo
 
 def _copula(keys: list[tuple]) -> np.ndarray:
     """Standard-normal quantiles of the ranks of `keys` (ties share a rank)."""
+    from scipy.stats import norm, rankdata
+
     order = {key: i for i, key in enumerate(sorted(set(keys)))}
     ranks = rankdata([order[key] for key in keys])
     return norm.ppf((ranks - 0.5) / len(keys))
@@ -194,11 +201,15 @@ class BayesOpt(Algorithm):
             return self._random()
         x = np.array([self._points[t] for t in tags])
         y = _copula([self._outcomes[t] for t in tags])
+        from threadpoolctl import threadpool_limits
+
         with threadpool_limits(1):  # tiny matrices: BLAS threads only add overhead (4x here)
             return self._maximize_improvement(x, y)
 
     def _maximize_improvement(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, Any]:
         """The candidate of largest expected improvement that the space accepts."""
+        from sklearn.gaussian_process import GaussianProcessRegressor
+
         gp = self._fit(x, y)
         pending = np.array([self._points[t] for t in sorted(self._in_flight)]).reshape(-1, x.shape[1])
         if len(pending):  # kriging believer: running trials are assumed to get their mean
@@ -222,6 +233,10 @@ class BayesOpt(Algorithm):
     def _fit(self, x: np.ndarray, y: np.ndarray) -> GaussianProcessRegressor:
         """A GP fitted to (x, y) by maximum likelihood, the kernel's hyper-parameters searched
         from the last fit's (they move little between suggestions) and from one random start."""
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
         kernel = self._kernel
         if kernel is None:
             matern = Matern(length_scale=np.full(x.shape[1], 0.3), length_scale_bounds=(1e-2, 1e1), nu=2.5)
