@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -154,19 +155,45 @@ def assert_one_line(lines: list[str], signal_name: str, storage: str, fuse: tupl
     )
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, tuple[str, str]]:
-    """The uninterrupted runs, unfused and fused (started on first use): storage and output."""
-    runs: dict[str, tuple[str, str]] = {}
+class Uninterrupted:
+    """The uninterrupted run of the study, started in the background (while a case cuts its
+    own runs, which wait mostly on the paced steps) and waited for by `result`."""
 
-    def get(fuse: tuple[str, ...]) -> tuple[str, str]:
+    def __init__(self, storage: str, fuse: tuple[str, ...]):
+        self.storage = storage
+        self.process = subprocess.Popen(
+            command(storage, *fuse), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.output: str | None = None
+
+    def result(self) -> tuple[str, str]:
+        """Its storage and output, once it ended (it must end well)."""
+        if self.output is None:
+            stdout, stderr = self.process.communicate(timeout=600)
+            assert self.process.returncode == 0, stdout[-2000:] + stderr[-4000:]
+            self.output = stdout
+        return self.storage, self.output
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Iterator[Callable[[tuple[str, ...]], Uninterrupted]]:
+    """The uninterrupted runs, unfused and fused, each started on first use."""
+    runs: dict[str, Uninterrupted] = {}
+
+    def get(fuse: tuple[str, ...]) -> Uninterrupted:
         key = " ".join(fuse)
         if key not in runs:
-            storage = str(tmp_path_factory.mktemp("uninterrupted") / "runs")
-            runs[key] = (storage, run_to_the_end(storage, *fuse))
+            runs[key] = Uninterrupted(str(tmp_path_factory.mktemp("uninterrupted") / "runs"), fuse)
         return runs[key]
 
-    return get
+    yield get
+    for run in runs.values():
+        run.stop()
 
 
 # Each case is one storage cut once or more, each time by `dagtune run`'s own command run
@@ -188,7 +215,7 @@ CUTS = [
 
 @pytest.mark.parametrize(("cuts", "fuse"), CUTS)
 def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(tmp_path, uninterrupted, cuts, fuse):
-    reference, reference_output = uninterrupted(fuse)
+    started = uninterrupted(fuse)  # runs while this case cuts its own
     storage = str(tmp_path / "runs")
     for number, when in cuts:
         code, lines = run_and_cut(storage, number, when, *fuse)
@@ -200,6 +227,7 @@ def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(tmp_path
             assert not any("Traceback" in line for line in lines)
             assert_storage_agrees(storage)  # a killed process leaves results as they were last written
     output = run_to_the_end(storage, *fuse)
+    reference, reference_output = started.result()
     assert_same_results(storage, reference)
     assert best_lines(output) == best_lines(reference_output)
 
