@@ -224,6 +224,9 @@ class Persistence:
         self._lease_version: int | None = None  # the coordinator's kept points last written
         self._left_at_whole = 0  # the kept points' `left` at the lease's last whole write
         self._refreshed = self._results_at = clock()
+        #: before these times (`clock`, `time.monotonic`) a tick has nothing to do but check the
+        #: study's lease: no refresh, results or checkpoint lease is due (`tick`)
+        self._quiet_until = self._lease_quiet_until = -float("inf")
         self._changed = ChangedTrials()  # the trials to write at the next results write
 
     def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
@@ -334,10 +337,16 @@ class Persistence:
         `force`; the journals commit on their own within `commit_seconds` otherwise)."""
         self.lease.ensure()  # a session that lost its lease stops here, whatever is due
         now = self.clock()
+        if not force and now < self._quiet_until and time.monotonic() < self._lease_quiet_until:
+            return  # most ticks: a study's loop ticks at every event batch
         if force or now - self._refreshed >= self.refresh_seconds:
             self._refreshed = now
             coordinator.absorb(self.plan_journal.refresh())
         self._renew_lease(coordinator, force)
+        leases = self.leases  # before this, no lease write is due, whatever changes (`_renew_lease`)
+        self._lease_quiet_until = leases.renewed + min(
+            max(1.0, leases.took / LEASE_SHARE), leases.ttl_seconds / 4
+        )
         results_due = force or now - self._results_at >= self.results_seconds
         if results_due:
             self._results_at = now
@@ -346,6 +355,9 @@ class Persistence:
             self.flush()
         if results_due:  # last: the journals never wait for the results
             self._write_results(coordinator, force)
+        self._quiet_until = min(
+            self._refreshed + self.refresh_seconds, self._results_at + self.results_seconds
+        )
 
     def _write_results(self, coordinator: Coordinator, everything: bool) -> None:
         """Write the results of the trials that changed since the last write (`everything`:
