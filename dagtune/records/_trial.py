@@ -3,12 +3,13 @@ and storage and every view show."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from dagtune.config import Config
+from dagtune.records._point import MetricsPoint
 
 __all__ = [
     "CAUSES",
@@ -56,13 +57,18 @@ class _Reached:
         return self.steps if self.status == COMPLETED else self.reported
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, repr=False)
 class Trial(_Reached):
     """One trial: a config trained for `steps` steps, and what came back.
 
     `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
     algorithm may extend it), ``stopped``, ``failed`` (see `error`, and `cause`, one of
     `CAUSES`) or ``diverged`` (a metric became NaN or infinite).
+
+    `metrics` (its last metrics, a dict, or None) and `curve` (``(step, metrics)`` pairs by
+    step, a list) are built on each access from what the trial keeps compact, the
+    `MetricsPoint`s `last` and `points` it shares with the search plan (issue 24: a dict per
+    point was most of a study's memory per trial); assigning either stores it so.
     """
 
     id: int
@@ -71,9 +77,9 @@ class Trial(_Reached):
     tag: Any = None
     status: str = PENDING
     node: str = ""
-    metrics: dict[str, float] | None = None
+    last: MetricsPoint | None = None
     reported: int = 0
-    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    points: list[MetricsPoint] = field(default_factory=list)
     error: str | None = None
     cause: str | None = None
     submitted_at: float = 0.0
@@ -81,8 +87,34 @@ class Trial(_Reached):
     salt: str = ""
     segments: list[tuple[str, int, int]] = field(default_factory=list)
 
+    @property
+    def metrics(self) -> dict[str, float] | None:
+        """The last metrics the trial received (a new dict each time), or None."""
+        return None if self.last is None else self.last.as_dict()
+
+    @metrics.setter
+    def metrics(self, metrics: Mapping[str, float] | None) -> None:
+        self.last = None if metrics is None else MetricsPoint.of(self.reported, metrics)
+
+    @property
+    def curve(self) -> list[tuple[int, dict[str, float]]]:
+        """The metrics received, as ``(step, metrics)`` pairs by step (a new list of new dicts
+        each time)."""
+        return [(point[0], point.as_dict()) for point in self.points]
+
+    @curve.setter
+    def curve(self, curve: Iterable[tuple[int, Mapping[str, float]]]) -> None:
+        self.points = [MetricsPoint.of(step, metrics) for step, metrics in curve]
+
+    def __repr__(self) -> str:
+        """As a dataclass shows itself, with `metrics` and `curve` in place of the compact
+        fields they are read from."""
+        shown = (_SHOWN.get(f.name, f.name) for f in fields(self))
+        return f"{type(self).__qualname__}({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
+
     def snapshot(self) -> TrialSnapshot:
         """The trial as it is now, frozen: what a view reads while the study goes on."""
+        metrics = self.metrics
         return TrialSnapshot(
             id=self.id,
             config=self.config,
@@ -90,7 +122,7 @@ class Trial(_Reached):
             tag=self.tag,
             status=self.status,
             node=self.node,
-            metrics=None if self.metrics is None else MappingProxyType(dict(self.metrics)),
+            metrics=None if metrics is None else MappingProxyType(metrics),
             reported=self.reported,
             curve=tuple(self.curve),
             error=self.error,
@@ -100,6 +132,10 @@ class Trial(_Reached):
             salt=self.salt,
             segments=tuple(self.segments),
         )
+
+
+#: the compact fields of a `Trial` its repr shows as what they are read as
+_SHOWN = {"last": "metrics", "points": "curve"}
 
 
 @dataclass(frozen=True, eq=False)
