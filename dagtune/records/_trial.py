@@ -107,10 +107,7 @@ class Trial(_Reached):
         self.points = [MetricsPoint.of(step, metrics) for step, metrics in curve]
 
     def __repr__(self) -> str:
-        """As a dataclass shows itself, with `metrics` and `curve` in place of the compact
-        fields they are read from."""
-        shown = (_SHOWN.get(f.name, f.name) for f in fields(self))
-        return f"{type(self).__qualname__}({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
+        return _shown(self)
 
     def snapshot(self) -> TrialSnapshot:
         """The trial as it is now, frozen: what a view reads while the study goes on."""
@@ -124,7 +121,7 @@ class Trial(_Reached):
             node=self.node,
             metrics=None if metrics is None else MappingProxyType(metrics),
             reported=self.reported,
-            curve=tuple(self.curve),
+            points=tuple(self.points),
             error=self.error,
             cause=self.cause,
             submitted_at=self.submitted_at,
@@ -134,14 +131,23 @@ class Trial(_Reached):
         )
 
 
-#: the compact fields of a `Trial` its repr shows as what they are read as
+#: the compact fields of a `Trial` (and a snapshot) its repr shows as what they are read as
 _SHOWN = {"last": "metrics", "points": "curve"}
 
 
-@dataclass(frozen=True, eq=False)
+def _shown(record: Trial | TrialSnapshot) -> str:
+    """`record` as a dataclass shows itself, with `metrics` and `curve` in place of the
+    compact fields they are read from."""
+    shown = (_SHOWN.get(f.name, f.name) for f in fields(record))
+    return f"{type(record).__qualname__}({', '.join(f'{name}={getattr(record, name)!r}' for name in shown)})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class TrialSnapshot(_Reached):
     """A `Trial` frozen when a view of its study was taken (`Trial.snapshot`): the same fields,
-    which the study's later events leave as they were. Every view reads trials as these."""
+    which the study's later events leave as they were. Every view reads trials as these.
+    Its `curve` (a tuple of ``(step, metrics)`` pairs) is built on access from `points`, the
+    trial's compact points (a view of every trial copies no metrics it does not read)."""
 
     id: int
     config: Config
@@ -151,10 +157,18 @@ class TrialSnapshot(_Reached):
     node: str
     metrics: Mapping[str, float] | None
     reported: int
-    curve: tuple[tuple[int, Mapping[str, float]], ...]
+    points: tuple[MetricsPoint, ...]
     error: str | None
     cause: str | None
     submitted_at: float
     finished_at: float | None
     salt: str
     segments: tuple[tuple[str, int, int], ...]
+
+    @property
+    def curve(self) -> tuple[tuple[int, Mapping[str, float]], ...]:
+        """The metrics received, as ``(step, metrics)`` pairs by step (new dicts each time)."""
+        return tuple((point[0], point.as_dict()) for point in self.points)
+
+    def __repr__(self) -> str:
+        return _shown(self)
