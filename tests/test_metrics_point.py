@@ -44,6 +44,11 @@ def test_a_trials_metrics_and_curve_read_as_dicts_and_lists():
         (1, {"loss": 1.0}),
         (2, {"loss": 0.5}),
     )
+    assert snapshot.points == tuple(trial.points) and snapshot.points[0] is trial.points[0]  # nothing copied
+    assert (
+        "metrics=mappingproxy({'loss': 0.5}), reported=2, curve=((1, {'loss': 1.0}), (2, {'loss': 0.5}))"
+        in repr(snapshot)
+    )
 
 
 def test_trials_keep_the_plans_points_and_read_what_was_reported():
