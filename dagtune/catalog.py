@@ -270,13 +270,16 @@ def _trials(states: Iterable[FoldedTrial], plan: SearchPlan) -> list[Trial]:
         )
         trial.node = plan.locate(state.config, state.steps, salt=state.salt) or ""  # reading writes nothing
         trial.segments = plan.segments(trial.node, trial.steps) if trial.node else []
-        known = plan.curve(trial.node, trial.steps) if trial.node else []
+        known = plan.points_along(trial.segments)
         reached = state.reached
         if state.status == PENDING:  # as far as the plan has metrics, without a gap
-            reached = next((i for i, (step, _) in enumerate(known) if step != i + 1), len(known))
-        trial.curve = [(step, metrics) for step, metrics in known if step <= reached]
+            reached = next((i for i, point in enumerate(known) if point[0] != i + 1), len(known))
+        trial.points = [point for point in known if point[0] <= reached]
         trial.reported = reached
-        trial.metrics = state.metrics or (trial.curve[-1][1] if trial.curve else None)
+        if state.metrics:
+            trial.metrics = state.metrics
+        else:
+            trial.last = trial.points[-1] if trial.points else None
         trials.append(trial)
     return trials
 

@@ -73,7 +73,9 @@ __all__ = [
 
 log = logging.getLogger("dagtune")
 
-FORMAT = "dagtune-resume/2"
+#: 3: the search plan keeps each point's metrics as a `dagtune.records.MetricsPoint`, not a dict
+#: (a state of format 2 is foreign: the journals are read)
+FORMAT = "dagtune-resume/3"
 #: bytes appended since the state, as a share of the bytes it covers, past which it is written again
 REWRITE_SHARE = 0.125
 #: the builtins a state may hold beside plain values; with the classes of `_MODULES`, all

@@ -59,7 +59,7 @@ def pick_metric(names: Iterable[str]) -> tuple[str | None, str]:
 
 def metric_of(trials: Iterable[Trial]) -> tuple[str | None, str]:
     """`pick_metric` over every metric the trials reported."""
-    return pick_metric(name for trial in trials for _, metrics in trial.curve for name in metrics)
+    return pick_metric(name for trial in trials for point in trial.points for name in point.names)
 
 
 def _finite(value: Any) -> bool:

@@ -14,7 +14,7 @@ from dagtune.config import normalize_config
 from dagtune.coordinator._ids import IdsByNode
 from dagtune.coordinator._kept import HeldPoints, LatestCheckpoints
 from dagtune.plan import SearchPlan
-from dagtune.records import CheckpointInfo
+from dagtune.records import CheckpointInfo, MetricsPoint
 from dagtune.sequences import Constant
 
 
@@ -32,10 +32,12 @@ def test_empty_node_tables_are_one_shared_mapping_that_pickles_as_itself():
     assert first.requests is second.requests  # emptied: the shared one again
     plan.record_checkpoint(a, 2, CheckpointInfo(10, "ab"))
     plan.record_metrics(a, 2, {"loss": 1.5})
-    assert first.checkpoints == {2: CheckpointInfo(10, "ab")} and first.metrics == {2: {"loss": 1.5}}
+    assert first.checkpoints == {2: CheckpointInfo(10, "ab")} and first.metrics == {
+        2: MetricsPoint.of(2, {"loss": 1.5})
+    }
     copy = pickle.loads(pickle.dumps(second))
     assert copy.children is second.children and copy.checkpoints is second.checkpoints
-    assert pickle.loads(pickle.dumps(first)).metrics == {2: {"loss": 1.5}}
+    assert pickle.loads(pickle.dumps(first)).metrics == {2: MetricsPoint.of(2, {"loss": 1.5})}
     plan.drop_checkpoint(a, 2)
     assert first.checkpoints is second.checkpoints
     assert not plan.drop_checkpoint(a, 2)  # dropping what is not there changes nothing

@@ -26,6 +26,7 @@ from dagtune.events import (
     from_wire,
     to_wire,
 )
+from dagtune.records import MetricsPoint
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, run_alone
 
@@ -116,7 +117,9 @@ def test_the_dispatcher_answers_events_with_values():
     dispatcher = study.coordinator.dispatcher
     node = study.plan.locate(normalize_config(BASE), 2, create=True)
     metrics = {"val_loss": 1.0}
-    assert dispatcher.handle(MetricsReported("t", "a", node, 1, metrics)) == [MetricsKnown(node, 1, metrics)]
+    known = dispatcher.handle(MetricsReported("t", "a", node, 1, metrics))
+    assert known == [MetricsKnown(node, 1, MetricsPoint.of(1, metrics))]  # the point the plan keeps
+    assert known[0].metrics is study.plan.point_at(node, 1) and known[0].metrics.as_dict() == metrics
     assert dispatcher.handle(MetricsReported("t", "a", node, 1, metrics)) == []  # known already
     assert dispatcher.handle(StepDone("t", "a", node, 1, 0.5, {})) == []  # a step only counts
     assert dispatcher.executed_steps == 1

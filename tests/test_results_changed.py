@@ -15,7 +15,7 @@ from results_helpers import count_stored_keys, curve_of, expected_table, read_cu
 import dagtune as dt
 from dagtune.algos import ASHA
 from dagtune.checkpoints import CheckpointStore
-from dagtune.records import Trial
+from dagtune.records import MetricsPoint, Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 
@@ -33,7 +33,7 @@ def _trials(n: int) -> dict[int, Trial]:
 
 def _move(trials: dict[int, Trial], ids: list[int], step: int) -> None:
     for i in ids:
-        trials[i].curve.append((step, {"loss": 0.5 / (i + step)}))
+        trials[i].points.append(MetricsPoint.of(step, {"loss": 0.5 / (i + step)}))
         trials[i].reported = step
 
 
@@ -108,7 +108,7 @@ def test_a_resumed_group_is_written_by_what_differs_from_it(tmp_path, stored_key
     first.compact()
     _move(trials, [9], 2)
     first.write(trials)  # in the log
-    trials[7].curve.pop()  # the restored trial lacks a point stored (its journal ended before it)
+    trials[7].points.pop()  # the restored trial lacks a point stored (its journal ended before it)
     trials[7].reported = 1
     _move(trials, [1234], 2)
     trials[5_000] = Trial(5_000, {"lr": dt.Constant(0.5)}, 4)

@@ -14,7 +14,7 @@ import zarr.storage
 from results_helpers import count_stored_keys, curve_of, expected_table, read_curve
 
 import dagtune as dt
-from dagtune.records import Trial
+from dagtune.records import MetricsPoint, Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
 
 pytestmark = pytest.mark.skipif(int(zarr.__version__.split(".")[0]) < 3, reason="counts zarr 3's store")
@@ -39,7 +39,7 @@ def _advance(trials: dict[int, Trial], ids: list[int], step: int) -> None:
     """Trials `ids` report step `step` (the last of them completes) and two are added."""
     for i in ids:
         trial = trials[i]
-        trial.curve.append((step, {"loss": 0.5 / (i + step)}))
+        trial.points.append(MetricsPoint.of(step, {"loss": 0.5 / (i + step)}))
         trial.reported = step
     last = trials[ids[-1]]
     last.status, last.metrics = "completed", dict(last.curve[-1][1])

@@ -20,7 +20,7 @@ from forwarder import Forwarder
 import dagtune as dt
 from dagtune import storage_retry
 from dagtune.checkpoints import CheckpointStore
-from dagtune.records import Trial
+from dagtune.records import MetricsPoint, Trial
 from dagtune.results import ResultsWriter, open_results
 from dagtune.sim import SyntheticTrainer
 from dagtune.storage_retry import RetryingFileSystem, StorageRetry, StorageUnavailableError, is_transient
@@ -224,7 +224,7 @@ def test_results_written_during_an_outage_are_written_when_storage_is_back(cutta
     trial.curve = [(s, {"loss": 1.0 / s}) for s in (1, 2, 3)]
     trial.metrics, trial.reported = {"loss": 1 / 3}, 3
     writer.write({0: trial})  # the group exists; the outage comes with the next write
-    trial.curve.append((4, {"loss": 0.25}))
+    trial.points.append(MetricsPoint.of(4, {"loss": 0.25}))
     trial.steps, trial.reported, trial.metrics = 4, 4, {"loss": 0.25}
     forwarder.cut()
     threading.Timer(4, forwarder.restore).start()  # outlasts three retries (0.5, 1.5, 3.5 s in)

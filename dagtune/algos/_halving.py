@@ -350,9 +350,10 @@ class ASHA(Algorithm):
             self._ranked[rung].remove((-old, trial_id))
             self._waiting[rung].discard((-old, trial_id))
         self.results[rung][trial_id] = score
-        self._ranked[rung].add((-score, trial_id))
+        key = (-score, trial_id)  # one tuple for both lists (a trial never promoted keeps both)
+        self._ranked[rung].add(key)
         if trial_id not in self.promoted[rung]:
-            self._waiting[rung].add((-score, trial_id))
+            self._waiting[rung].add(key)
 
     def on_end(self, trial: Trial) -> list[Decision]:
         self.check_ended(trial)

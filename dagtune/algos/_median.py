@@ -84,18 +84,18 @@ class MedianStopping(Algorithm):
         if len(others) < self.min_samples:
             return []
         median = statistics.median(self.running_average(t, step) for t in others)
-        best = max(self._score(m) for s, m in trial.curve if s <= step)
+        best = max(self._score(p.as_dict()) for p in trial.points if p.step <= step)
         return [Stop(trial.id)] if best < median else []
 
     def peers(self, trial: Trial, step: int) -> list[Trial]:
         """The trials whose running averages at `step` the median is taken of."""
         if self.median_of == "completed":
             return [t for t in self.trials if t.status == COMPLETED and t is not trial]
-        return [t for t in self.trials if t is not trial and t.curve and t.curve[-1][0] >= step]
+        return [t for t in self.trials if t is not trial and t.points and t.points[-1].step >= step]
 
     def running_average(self, trial: Trial, step: int) -> float:
         """The mean score (the metric, negated for ``min``) over the trial's steps ``<= step``."""
-        return statistics.fmean(self._score(m) for s, m in trial.curve if s <= step)
+        return statistics.fmean(self._score(p.as_dict()) for p in trial.points if p.step <= step)
 
     def _score(self, metrics: dict[str, float]) -> float:
         score = self.score(metrics)

@@ -15,7 +15,7 @@ from dagtune.coordinator._report import report_figures
 from dagtune.events import TaskEvent
 from dagtune.execution import Executor
 from dagtune.plan import SearchPlan
-from dagtune.records import Trial, TrialState
+from dagtune.records import MetricsPoint, Trial, TrialState
 from dagtune.scheduling import SchedulingPolicy
 from dagtune.tasks import TrainerSpec
 
@@ -154,9 +154,9 @@ class Coordinator:
         plan): its metrics serve waiting trials, its checkpoints change the stage tree."""
         for event in events:
             if event["e"] == "metrics":
-                node, step = event["node"], event["step"]  # trials share the plan's copy
-                metrics = self.plan.metrics_at(node, step) or event["metrics"]
-                self.ledger.metrics_known(MetricsKnown(node, step, metrics))
+                node, step = event["node"], event["step"]  # trials share the plan's point
+                point = self.plan.point_at(node, step) or MetricsPoint.of(step, event["metrics"])
+                self.ledger.metrics_known(MetricsKnown(node, step, point))
             self.dispatcher.dirty = True
         self.settle()
 

@@ -40,7 +40,7 @@ from dagtune.execution import Executor
 from dagtune.notices import Notices
 from dagtune.plan import SearchPlan, Stage, build_stage_tree
 from dagtune.planner import IncrementalPlanner
-from dagtune.records import CheckpointInfo
+from dagtune.records import CheckpointInfo, MetricsPoint
 from dagtune.scheduling import CostModel, SchedulingPolicy, critical_path_priorities
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
@@ -174,8 +174,9 @@ class Dispatcher:
                     self._progressed(event.task, running)
             case MetricsReported():
                 node, step = event.node, event.step
-                if self.plan.record_metrics(node, step, event.metrics):  # trials share the plan's copy
-                    return [MetricsKnown(node, step, self.plan.metrics_at(node, step) or event.metrics)]
+                if self.plan.record_metrics(node, step, event.metrics):  # trials share the plan's point
+                    point = self.plan.point_at(node, step)
+                    return [MetricsKnown(node, step, point or MetricsPoint.of(step, event.metrics))]
             case CheckpointSaved():
                 if self.plan.record_checkpoint(
                     event.node, event.step, CheckpointInfo(event.nbytes, event.sha256)

@@ -29,6 +29,7 @@ from dagtune.records import (
     FAILED,
     PENDING,
     STOPPED,
+    MetricsPoint,
     Trial,
     TrialState,
     check_steps,
@@ -142,8 +143,8 @@ class TrialLedger:
                 node = self.plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
             trial.node = node
             trial.segments = self.plan.segments(node, trial.steps)
-            known = self.plan.curve_along(trial.segments)
-            trial.curve = [(step, metrics) for step, metrics in known if step <= state.reached]
+            known = self.plan.points_along(trial.segments)
+            trial.points = [point for point in known if point[0] <= state.reached]
             trial.reported, trial.metrics = state.reached, state.metrics
             trial.status, trial.error, trial.cause = state.status, state.error, state.cause
             trial.finished_at = trial.submitted_at
@@ -302,15 +303,17 @@ class TrialLedger:
             self._watchers.discard(node, trial.id)
         self.changed = True
 
-    def _deliver(self, trial: Trial, step: int, metrics: dict[str, float]) -> bool:
-        """Report one result to the trial's listeners; False if it ended the trial."""
-        trial.reported, trial.metrics = step, metrics
-        trial.curve.append((step, metrics))
-        if not all(math.isfinite(v) for v in metrics.values()):
+    def _deliver(self, trial: Trial, step: int, point: MetricsPoint) -> bool:
+        """Report one result (the plan's point, which the trial keeps) to the trial's
+        listeners, as one dict they share; False if it ended the trial."""
+        trial.reported, trial.last = step, point
+        trial.points.append(point)
+        if not all(math.isfinite(v) for v in point.values()):
             if trial.status == PENDING and (trial.node, trial.steps) in self.plan.active:
                 self._forget_request(trial)
             self._finish(trial, DIVERGED)
             return False
+        metrics = point.as_dict()
         for listener in list(self.listeners):
             listener.on_result(trial, step, metrics)
         return trial.status == PENDING
@@ -337,7 +340,7 @@ class TrialLedger:
         self._queue.append(("end", trial, status))
 
     def _replay(self, trial: Trial, listener: TrialListener) -> None:
-        for step, metrics in list(trial.curve):
+        for step, metrics in trial.curve:
             listener.on_result(trial, step, metrics)
         if trial.status == COMPLETED:
             listener.on_complete(trial)

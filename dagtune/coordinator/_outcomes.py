@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dagtune.records import MetricsPoint
+
 __all__ = ["MetricsKnown", "Outcome", "PointFailed"]
 
 
 @dataclass(frozen=True)
 class MetricsKnown:
     """The metrics at point ``(node, step)`` became known (a task reported them, or another
-    study recorded them): the trials passing there get them."""
+    study recorded them): the trials passing there get them, as the point the plan keeps."""
 
     node: str
     step: int
-    metrics: dict[str, float]
+    metrics: MetricsPoint
 
 
 @dataclass(frozen=True)

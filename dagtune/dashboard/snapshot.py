@@ -129,9 +129,9 @@ def compose(
     so_far, ended = merge_rate_so_far(trials)
     failed = failures(trials)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
-    drawn = [t for t in trials if any(metric in m and _finite(m[metric]) for _, m in t.curve)]
+    drawn = [t for t in trials if any(_finite(p.get(metric)) for p in t.points)]
     for trial in sorted(_curves_sent(drawn, metric, mode), key=lambda t: t.id):
-        points = [(s, m[metric]) for s, m in trial.curve if metric in m and _finite(m[metric])]
+        points = [(p.step, p.get(metric)) for p in trial.points if _finite(p.get(metric))]
         curves["trial"].append(trial.id)
         curves["status"].append(trial.status)
         curves["final"].append(points[-1][1])
@@ -194,7 +194,7 @@ def _curves_sent(trials: list[Trial], metric: str | None, mode: str) -> list[Tri
         return trials
 
     def last(trial: Trial) -> float:
-        value = [m[metric] for _, m in trial.curve if metric in m and _finite(m[metric])][-1]
+        value = [p.get(metric) for p in trial.points if _finite(p.get(metric))][-1]
         return -value if mode == "max" else value
 
     best = sorted(trials, key=lambda t: (last(t), t.id))[: CURVES_SENT // 2]

@@ -89,9 +89,9 @@ class Logging:
         if not state.seen:
             state.seen = True
             self._queue.put(("start", TrialInfo(self.study, trial.id, trial.config, trial.steps)))
-        for k, metrics in trial.curve[state.sent :]:
-            self._queue.put(("log", trial.id, k - 1, dict(metrics)))
-        state.sent = len(trial.curve)
+        for point in trial.points[state.sent :]:
+            self._queue.put(("log", trial.id, point.step - 1, point.as_dict()))
+        state.sent = len(trial.points)
 
     def on_result(self, trial: Trial, step: int, metrics: dict[str, float]) -> None:
         self._send(trial)

@@ -31,7 +31,7 @@ from dagtune.config import (
     normalize_config,
     value_key,
 )
-from dagtune.records import CheckpointInfo, node_id
+from dagtune.records import CheckpointInfo, MetricsPoint, node_id
 from dagtune.validation import check_int
 
 __all__ = ["NO_ENTRIES", "Node", "SearchPlan"]
@@ -89,7 +89,7 @@ class Node:
     children: Mapping[int, dict[tuple, str | list[str]]] = field(default_factory=_nothing)  # see `_add_id`
     requests: Mapping[int, set[Hashable]] = field(default_factory=_nothing)
     checkpoints: Mapping[int, CheckpointInfo] = field(default_factory=_nothing)
-    metrics: Mapping[int, dict[str, float]] = field(default_factory=_nothing)
+    metrics: Mapping[int, MetricsPoint] = field(default_factory=_nothing)
 
 
 def _own(node: Node, name: str) -> dict:
@@ -162,9 +162,10 @@ class SearchPlan:
                 if not node.checkpoints:
                     node.checkpoints = NO_ENTRIES
         elif kind == "metrics":
-            node = self.nodes[event["node"]]
-            changed = node.metrics.get(event["step"]) != event["metrics"]
-            _own(node, "metrics")[event["step"]] = dict(event["metrics"])
+            node, step = self.nodes[event["node"]], event["step"]
+            known = node.metrics.get(step)
+            changed = known is None or not known.same(event["metrics"])
+            _own(node, "metrics")[step] = MetricsPoint.of(step, event["metrics"])
         else:
             raise ValueError(f"unknown search plan event {kind!r}")
         if changed:
@@ -333,6 +334,12 @@ class SearchPlan:
         return list(tuple((i, self.nodes[i].start, end) for i, end in zip(ids, bounds)))
 
     def metrics_at(self, node: str, step: int) -> dict[str, float] | None:
+        """The metrics recorded at point ``(node, step)`` (a new dict), or None."""
+        point = self.point_at(node, step)
+        return None if point is None else point.as_dict()
+
+    def point_at(self, node: str, step: int) -> MetricsPoint | None:
+        """`metrics_at` as the plan keeps it, the point its trials share."""
         owner = self.owner(node, step)
         return None if owner is None else self.nodes[owner].metrics.get(step)
 
@@ -356,18 +363,18 @@ class SearchPlan:
     def curve(self, node: str, steps: int) -> list[tuple[int, dict[str, float]]]:
         """The metrics recorded after steps 1 .. `steps` along the path, as ``(step, metrics)``
         pairs by step: as long as the points recorded, whatever `steps` is."""
-        return self.curve_along(self.segments(node, steps))
+        return [(point[0], point.as_dict()) for point in self.points_along(self.segments(node, steps))]
 
-    def curve_along(self, segments: Iterable[tuple[str, int, int]]) -> list[tuple[int, dict[str, float]]]:
+    def points_along(self, segments: Iterable[tuple[str, int, int]]) -> list[MetricsPoint]:
         """`curve` of the path whose `segments` are given (a trial keeps them: not walked
-        again)."""
-        curve: list[tuple[int, dict[str, float]]] = []
+        again), as the points the plan keeps (its trials share them)."""
+        points: list[MetricsPoint] = []
         nodes = self.nodes
         for owner, start, end in segments:
             metrics = nodes[owner].metrics
             if metrics:
-                curve.extend((s, metrics[s]) for s in sorted(s for s in metrics if start < s <= end))
-        return curve
+                points.extend(metrics[s] for s in sorted(s for s in metrics if start < s <= end))
+        return points
 
     def record_metrics(self, node: str, step: int, metrics: dict[str, float]) -> bool:
         owner = self.owner(node, step)

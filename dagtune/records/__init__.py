@@ -33,7 +33,7 @@ they do not authenticate it (checkpoints themselves are verified against their c
 marker and loaded with ``weights_only=True``).
 
 The records layer holds plain records and nothing that drives them: the `Trial` and its
-statuses (`_trial`), the checks every parser shares (`_checks`), a study's trial records
+statuses (`_trial`), one step's metrics kept compact (`_point`), the checks every parser shares (`_checks`), a study's trial records
 (`_trial_records`), the search plan's node ids, checkpoint info and events
 (`_plan_events`), and the read model every view reads a study through (`_views`: a frozen
 `StudyView` of trials, report, running spans and the critical path). It uses only the value layer (configs and sequences); every layer above
@@ -51,6 +51,7 @@ from dagtune.records._checks import (
     parsed_configs_shared,
 )
 from dagtune.records._plan_events import CheckpointInfo, PlanEvent, node_id, parse_plan_event
+from dagtune.records._point import MetricsPoint
 from dagtune.records._trial import (
     CAUSES,
     COMPLETED,
@@ -96,6 +97,7 @@ __all__ = [
     "Ended",
     "Extended",
     "FoldedTrial",
+    "MetricsPoint",
     "Opened",
     "PlanEvent",
     "RecordError",

@@ -3,12 +3,13 @@ and storage and every view show."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from dagtune.config import Config
+from dagtune.records._point import MetricsPoint
 
 __all__ = [
     "CAUSES",
@@ -56,13 +57,18 @@ class _Reached:
         return self.steps if self.status == COMPLETED else self.reported
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, repr=False)
 class Trial(_Reached):
     """One trial: a config trained for `steps` steps, and what came back.
 
     `status` is ``pending`` (waiting for its results), ``completed`` (reached `steps`; an
     algorithm may extend it), ``stopped``, ``failed`` (see `error`, and `cause`, one of
     `CAUSES`) or ``diverged`` (a metric became NaN or infinite).
+
+    `metrics` (its last metrics, a dict, or None) and `curve` (``(step, metrics)`` pairs by
+    step, a list) are built on each access from what the trial keeps compact, the
+    `MetricsPoint`s `last` and `points` it shares with the search plan (issue 24: a dict per
+    point was most of a study's memory per trial); assigning either stores it so.
     """
 
     id: int
@@ -71,9 +77,9 @@ class Trial(_Reached):
     tag: Any = None
     status: str = PENDING
     node: str = ""
-    metrics: dict[str, float] | None = None
+    last: MetricsPoint | None = None
     reported: int = 0
-    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    points: list[MetricsPoint] = field(default_factory=list)
     error: str | None = None
     cause: str | None = None
     submitted_at: float = 0.0
@@ -81,8 +87,31 @@ class Trial(_Reached):
     salt: str = ""
     segments: list[tuple[str, int, int]] = field(default_factory=list)
 
+    @property
+    def metrics(self) -> dict[str, float] | None:
+        """The last metrics the trial received (a new dict each time), or None."""
+        return None if self.last is None else self.last.as_dict()
+
+    @metrics.setter
+    def metrics(self, metrics: Mapping[str, float] | None) -> None:
+        self.last = None if metrics is None else MetricsPoint.of(self.reported, metrics)
+
+    @property
+    def curve(self) -> list[tuple[int, dict[str, float]]]:
+        """The metrics received, as ``(step, metrics)`` pairs by step (a new list of new dicts
+        each time)."""
+        return [(point[0], point.as_dict()) for point in self.points]
+
+    @curve.setter
+    def curve(self, curve: Iterable[tuple[int, Mapping[str, float]]]) -> None:
+        self.points = [MetricsPoint.of(step, metrics) for step, metrics in curve]
+
+    def __repr__(self) -> str:
+        return _shown(self)
+
     def snapshot(self) -> TrialSnapshot:
         """The trial as it is now, frozen: what a view reads while the study goes on."""
+        metrics = self.metrics
         return TrialSnapshot(
             id=self.id,
             config=self.config,
@@ -90,9 +119,9 @@ class Trial(_Reached):
             tag=self.tag,
             status=self.status,
             node=self.node,
-            metrics=None if self.metrics is None else MappingProxyType(dict(self.metrics)),
+            metrics=None if metrics is None else MappingProxyType(metrics),
             reported=self.reported,
-            curve=tuple(self.curve),
+            points=tuple(self.points),
             error=self.error,
             cause=self.cause,
             submitted_at=self.submitted_at,
@@ -102,10 +131,23 @@ class Trial(_Reached):
         )
 
 
-@dataclass(frozen=True, eq=False)
+#: the compact fields of a `Trial` (and a snapshot) its repr shows as what they are read as
+_SHOWN = {"last": "metrics", "points": "curve"}
+
+
+def _shown(record: Trial | TrialSnapshot) -> str:
+    """`record` as a dataclass shows itself, with `metrics` and `curve` in place of the
+    compact fields they are read from."""
+    shown = (_SHOWN.get(f.name, f.name) for f in fields(record))
+    return f"{type(record).__qualname__}({', '.join(f'{name}={getattr(record, name)!r}' for name in shown)})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class TrialSnapshot(_Reached):
     """A `Trial` frozen when a view of its study was taken (`Trial.snapshot`): the same fields,
-    which the study's later events leave as they were. Every view reads trials as these."""
+    which the study's later events leave as they were. Every view reads trials as these.
+    Its `curve` (a tuple of ``(step, metrics)`` pairs) is built on access from `points`, the
+    trial's compact points (a view of every trial copies no metrics it does not read)."""
 
     id: int
     config: Config
@@ -115,10 +157,18 @@ class TrialSnapshot(_Reached):
     node: str
     metrics: Mapping[str, float] | None
     reported: int
-    curve: tuple[tuple[int, Mapping[str, float]], ...]
+    points: tuple[MetricsPoint, ...]
     error: str | None
     cause: str | None
     submitted_at: float
     finished_at: float | None
     salt: str
     segments: tuple[tuple[str, int, int], ...]
+
+    @property
+    def curve(self) -> tuple[tuple[int, Mapping[str, float]], ...]:
+        """The metrics received, as ``(step, metrics)`` pairs by step (new dicts each time)."""
+        return tuple((point[0], point.as_dict()) for point in self.points)
+
+    def __repr__(self) -> str:
+        return _shown(self)

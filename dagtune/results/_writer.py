@@ -205,14 +205,14 @@ class ResultsWriter:
                 self._unwritten.add(i)
             else:
                 self._written[i] = _snapshot(trials[i])
-                self._points[i] = len(trials[i].curve)
+                self._points[i] = len(trials[i].points)
         self._group = group  # last: a failure above leaves the group to take again
 
     def _log(self, trials: Mapping[int, Trial], moved: list[int], fresh: list[int]) -> None:
         """Store the rows of the trials `moved` (sorted ids; `fresh`: those new to the
         group) and their new curve points as one entry of the change log, then commit it."""
         group, entries = self._group, self._entries
-        metrics = set(self._keys) | {m for i in moved for _, ms in trials[i].curve for m in ms}
+        metrics = set(self._keys) | {m for i in moved for point in trials[i].points for m in point.names}
         keys = names_added(self._keys, metrics)
         hyper_keys = names_added(
             self._hyper_keys, set(self._hyper_keys) | {n for i in fresh for n in trials[i].config}
@@ -228,7 +228,7 @@ class ResultsWriter:
         steps = max(
             self._steps,
             max((trials[i].reached for i in moved), default=0),
-            max((s for i in moved for s, _ in trials[i].curve), default=0),
+            max((point.step for i in moved for point in trials[i].points), default=0),
         )
         text = entry_text(new, rows, points)
         if "log" in group:
@@ -244,7 +244,7 @@ class ResultsWriter:
             self._rows[i] = len(self._rows)
         for i in moved:
             self._written[i] = _snapshot(trials[i])
-            self._points[i] = len(trials[i].curve)
+            self._points[i] = len(trials[i].points)
         self._cleared, self._unwritten = {}, set()
         self._entries, self._steps, self._keys, self._hyper_keys = entries + 1, steps, keys, hyper_keys
         self._logged += len(moved) + sum(len(p[0]) for p in points.values())
@@ -256,11 +256,12 @@ class ResultsWriter:
         for metric, key in keys.items():
             ids, steps, values = (list(part) for part in self._cleared.get(key, ([], [], [])))
             for i in moved:
-                for step, reported in trials[i].curve[self._points.get(i, 0) :]:
-                    if metric in reported:
+                for point in trials[i].points[self._points.get(i, 0) :]:
+                    value = point.get(metric)
+                    if value is not None:
                         ids.append(i)
-                        steps.append(step - 1)
-                        values.append(float(reported[metric]))
+                        steps.append(point.step - 1)
+                        values.append(float(value))
             if ids:
                 points[key] = (ids, steps, values)
         return points
@@ -345,7 +346,7 @@ class ResultsWriter:
 
 
 def _snapshot(trial: Trial) -> tuple:
-    return (trial.status, trial.steps, trial.reported, len(trial.curve), trial.error)
+    return (trial.status, trial.steps, trial.reported, len(trial.points), trial.error)
 
 
 def _rows_that_differ(
@@ -363,7 +364,9 @@ def _rows_that_differ(
             differ.add(row)
             continue
         metrics = t.metrics or {}
-        if not set(metrics) <= finals.keys() or any(m not in finals for _, ms in t.curve for m in ms):
+        if not set(metrics) <= finals.keys() or any(
+            m not in finals for point in t.points for m in point.names
+        ):
             differ.add(row)
             continue
         for metric, values in finals.items():
@@ -384,11 +387,12 @@ def _curve_differences(
     curve = stored.curve(key)
     rows, steps, values = [], [], []
     for row, i in enumerate(ids):
-        for step, reported in trials[i].curve:
-            if metric in reported:
+        for point in trials[i].points:
+            value = point.get(metric)
+            if value is not None:
                 rows.append(row)
-                steps.append(step - 1)
-                values.append(float(reported[metric]))
+                steps.append(point.step - 1)
+                values.append(float(value))
     at, columns_at, want = np.array(rows, dtype=np.int64), np.array(steps, dtype=np.int64), np.array(values)
     inside = columns_at < curve.shape[1]
     have = np.full(len(want), np.nan)

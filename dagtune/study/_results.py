@@ -192,7 +192,7 @@ class Result:
         """A DataFrame of `metric`: one row per trial, one column per step from 0 (column
         ``s``: the metric evaluated right after step ``s``; NaN where it was not), as
         ``dt.open_results(...).curve(metric)``."""
-        known = {m for t in self._trials for _, ms in t.curve for m in ms}
+        known = {m for t in self._trials for point in t.points for m in point.names}
         if metric not in known:
             raise KeyError(f"no metric {metric!r} in these results; there are {sorted(known)}")
         return curves_table({t.id: t.curve for t in self._trials}, metric)
