@@ -149,7 +149,14 @@ def missing_cell(name: str) -> Any:
 
 
 def _final(metric: str) -> Callable[[Trial], float]:
-    return lambda t: np.nan if not t.metrics else float(t.metrics.get(metric, np.nan))
+    """A trial's final value of `metric` (NaN without one), read off its last point (its
+    `metrics` would build a dict per cell)."""
+
+    def value(t: Trial) -> float:
+        found = None if t.last is None else t.last.get(metric)
+        return np.nan if found is None else float(found)
+
+    return value
 
 
 def _hyper(name: str, cell: Callable[[Any], Any], missing: Any) -> Callable[[Trial], Any]:
