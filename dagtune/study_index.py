@@ -40,11 +40,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dagtune.catalog import StoredStudy, check_study_name, figures_of, load_study, stored_study
+from dagtune.catalog import StoredStudy, check_study_name, load_study, stored_study
 from dagtune.checkpoints import CheckpointStore
 from dagtune.collector_pause import collector_paused
 from dagtune.config import config_dumps, config_from_json
-from dagtune.dashboard.snapshot import importance_inputs, scored_importance, stored_snapshot
+from dagtune.dashboard.snapshot import (
+    importance_inputs,
+    scored_importance,
+    stored_rate_so_far,
+    stored_snapshot,
+)
 from dagtune.durable import Persistence, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
@@ -85,8 +90,7 @@ def status_figures(stored: StoredStudy, metric: str | None = None, mode: str | N
         mode = mode or guessed
     mode = mode or "max"
     report = stored.report()
-    ended = [t for t in trials if t.done and t.reached > 0]
-    so_far = figures_of(ended, stored.plan)["merge_rate"] if ended else None  # summary.merge_rate_so_far
+    so_far, ended = stored_rate_so_far(stored)
     best = best_of(trials, metric, mode)
     link = stored.describe.get("link")
     return {
@@ -94,7 +98,7 @@ def status_figures(stored: StoredStudy, metric: str | None = None, mode: str | N
         "mode": mode,
         "hp": sorted({name for t in trials for name in t.config}),
         "report": report,
-        "counters": {**status_counts(trials), **report, "merge_rate_ended": so_far, "ended": len(ended)},
+        "counters": {**status_counts(trials), **report, "merge_rate_ended": so_far, "ended": ended},
         "best": None
         if best is None
         else {

@@ -169,3 +169,37 @@ def test_closing_decodes_no_journal_line_however_many_trials_the_study_holds(tmp
         counts[n] = decoded[0]
         assert stored_index(CheckpointStore(path), "s")["trials"] == n
     assert counts == {4: 0, 16: 0}
+
+
+def test_closing_builds_no_counting_plan_of_the_ended_trials(tmp_path, monkeypatch):
+    """The page snapshot's merge rate so far is read off the plan's paths at close, not from a
+    counting plan of every ended trial's config built again (`unique_steps`): the configs
+    counted at close stay 0 however many trials the study holds (they were 4 and 16)."""
+    import dagtune.summary
+
+    counted = [0]
+    unique_steps = dagtune.summary.unique_steps
+
+    def counting(trials):
+        trials = list(trials)
+        counted[0] += len(trials)
+        return unique_steps(trials)
+
+    monkeypatch.setattr(dagtune.summary, "unique_steps", counting)
+    counts = {}
+    for n in (4, 16):
+        path = str(tmp_path / f"runs{n}")
+        study = opened(path)
+        study.run(
+            GridSearch([{"lr": 0.01 * (k + 1)} for k in range(n)], metric="val_loss", mode="min", steps=3)
+        )
+        counted[0] = 0
+        study.close()
+        counts[n] = counted[0]
+        index = assert_as_rebuilt(path)
+        assert (
+            index["snapshot"]["counters"]["merge_rate_ended"]
+            == index["status"]["counters"]["merge_rate_ended"]
+        )
+        assert index["snapshot"]["counters"]["ended"] == n
+    assert counts == {4: 0, 16: 0}
