@@ -32,7 +32,9 @@ prefixes (constant; step decays by 10x at a quarter, half or three quarters of t
 at half and three quarters; cosine decay over the second half), momentum 0.9, batches of 64.
 
 Timed: Ray Tune's `Tuner.fit` (its trial actors start, and import torch, inside it, as they
-do in every Ray Tune study); dagtune's `SurrogateStudy` from construction to its trained
+do in every Ray Tune study), in a Python process of its own that exits after it (Ray's driver
+leaves threads, signal handlers and environment variables in the process that ran it, and
+dagtune's arm and the Dask scheduler run in the benchmark's process); dagtune's `SurrogateStudy` from construction to its trained
 target, each run with its own empty storage. Not timed: ``ray.init`` and the Dask cluster's
 start (both reported), and one untimed warm-up surrogate study of 2 configs x 1 epoch on the
 Dask workers (imports, first fused calls), as a long-lived cluster has them done. The two
@@ -281,6 +283,44 @@ def run_ray(configs: list[dict], size: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# the child imports this module by its name, as the in-process arm did, so that Ray's workers
+# import `ScaledCNN` from it rather than receiving a copy of a ``__main__`` class
+_CHILD = "import sys; from perf import all_three; all_three._ray_arm_main(sys.argv[1:])"
+
+
+def run_ray_apart(mode: str, configs: list[dict]) -> dict[str, Any]:
+    """`run_ray` in a fresh Python process of this interpreter, which exits when it returns:
+    Ray's driver leaves its state in the process that ran it (a dozen idle threads, its
+    signal handlers and excepthook, ``RAY_*`` environment variables), and that process is
+    the one that then runs dagtune's study and the Dask scheduler; apart, each arm runs in a
+    process that only it used."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="dagtune-all-three-ray-") as folder:
+        out = Path(folder) / "ray.json"
+        subprocess.run(
+            [sys.executable, "-c", _CHILD, "--ray-arm", mode, "--out", str(out)],
+            cwd=ROOT,
+            check=True,
+        )
+        ran = json.loads(out.read_text())
+    by_text = {config_dumps(c): c for c in configs}
+    return {**ran, "config": by_text[ran["config"]]}
+
+
+def _ray_arm_main(argv: list[str]) -> None:
+    """The child side of `run_ray_apart`: Ray Tune's arm of `mode`, its result as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=_ray_arm_main.__doc__)
+    parser.add_argument("--ray-arm", required=True, choices=("smoke", "quick", "full"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    size = sizes(args.ray_arm)
+    ran = run_ray(raytune.distinct(search_space(size), size["epochs"]), size)
+    Path(args.out).write_text(json.dumps({**ran, "config": config_dumps(ran["config"])}))
+
+
 def run_dagtune(client: Any, configs: list[dict], size: dict[str, Any], storage: str) -> dict[str, Any]:
     """dagtune with a surrogate at S = 8, fusion and prefix sharing, on `client`'s cluster."""
     began, began_clock = time.perf_counter(), time.time()
@@ -385,7 +425,7 @@ def benchmark(mode: str = "quick") -> dict[str, Any]:
         for index, arm in enumerate(order):
             load = os.getloadavg()[0]
             if arm == "ray":
-                runs["ray"].append(run_ray(configs, size))
+                runs["ray"].append(run_ray_apart(mode, configs))
             else:
                 runs["dagtune"].append(run_dagtune(client, configs, size, f"{root}/{index}"))
             runs[arm][-1]["load"] = (load, os.getloadavg()[0])
