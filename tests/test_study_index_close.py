@@ -160,15 +160,19 @@ def test_closing_decodes_no_journal_line_however_many_trials_the_study_holds(tmp
     counts = {}
     for n in (4, 16):
         path = str(tmp_path / f"runs{n}")
-        study = opened(path)
-        study.run(
-            GridSearch([{"lr": 0.01 * (k + 1)} for k in range(n)], metric="val_loss", mode="min", steps=3)
-        )
-        decoded[0] = 0
-        study.close()
-        counts[n] = decoded[0]
+        counts[n] = closed_grid_counting(path, n, decoded)
         assert stored_index(CheckpointStore(path), "s")["trials"] == n
     assert counts == {4: 0, 16: 0}
+
+
+def closed_grid_counting(path: str, n: int, counter: list[int]) -> int:
+    """Run an `n`-trial grid in a study at `path`, then close it: what `counter` counted
+    while it closed."""
+    study = opened(path)
+    study.run(GridSearch([{"lr": 0.01 * (k + 1)} for k in range(n)], metric="val_loss", mode="min", steps=3))
+    counter[0] = 0
+    study.close()
+    return counter[0]
 
 
 def test_closing_builds_no_counting_plan_of_the_ended_trials(tmp_path, monkeypatch):
@@ -189,13 +193,7 @@ def test_closing_builds_no_counting_plan_of_the_ended_trials(tmp_path, monkeypat
     counts = {}
     for n in (4, 16):
         path = str(tmp_path / f"runs{n}")
-        study = opened(path)
-        study.run(
-            GridSearch([{"lr": 0.01 * (k + 1)} for k in range(n)], metric="val_loss", mode="min", steps=3)
-        )
-        counted[0] = 0
-        study.close()
-        counts[n] = counted[0]
+        counts[n] = closed_grid_counting(path, n, counted)
         index = assert_as_rebuilt(path)
         assert (
             index["snapshot"]["counters"]["merge_rate_ended"]
