@@ -57,7 +57,7 @@ class _Reached:
         return self.steps if self.status == COMPLETED else self.reported
 
 
-@dataclass(eq=False, slots=True, repr=False)
+@dataclass(eq=False, slots=True, repr=False, init=False)
 class Trial(_Reached):
     """One trial: a config trained for `steps` steps, and what came back.
 
@@ -86,6 +86,34 @@ class Trial(_Reached):
     finished_at: float | None = None
     salt: str = ""
     segments: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def __init__(
+        self,
+        id: int,
+        config: Config,
+        steps: int,
+        tag: Any = None,
+        status: str = PENDING,
+        node: str = "",
+        metrics: Mapping[str, float] | None = None,
+        reported: int = 0,
+        curve: Iterable[tuple[int, Mapping[str, float]]] = (),
+        error: str | None = None,
+        cause: str | None = None,
+        submitted_at: float = 0.0,
+        finished_at: float | None = None,
+        salt: str = "",
+        segments: list[tuple[str, int, int]] | None = None,
+    ) -> None:
+        """The fields in their order, as before the compact points: `metrics` and `curve`
+        are taken as dicts and stored as points."""
+        self.id, self.config, self.steps, self.tag = id, config, steps, tag
+        self.status, self.node, self.reported = status, node, reported
+        self.error, self.cause, self.salt = error, cause, salt
+        self.submitted_at, self.finished_at = submitted_at, finished_at
+        self.segments = [] if segments is None else segments
+        self.metrics = metrics
+        self.curve = curve
 
     @property
     def metrics(self) -> dict[str, float] | None:
