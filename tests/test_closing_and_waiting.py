@@ -16,12 +16,13 @@ import time
 import dask
 import psutil
 import pytest
-from clusters import dask_command, scheduler_address
+from clusters import dask_command, local_client, scheduler_address
 from distributed import Client
 from durable_helpers import SlowTrainer
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.events import TaskFailed
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import NoWorkersError, Study, TrialError, run_alone
 from dagtune.study._workers import WorkerWatch
@@ -203,32 +204,83 @@ class HangingTrainer(SyntheticTrainer):
         return super().train()
 
 
+def cancels_arrive_late(client, seconds: float) -> None:
+    """Hold `client`'s cancels `seconds` before they leave for the scheduler (its batched
+    stream lagging behind its calls, as on a loaded machine)."""
+    send = client._send_to_scheduler
+
+    def late(message: dict) -> None:
+        if message.get("op") == "cancel-keys":
+            client.loop.call_later(seconds, send, message)
+        else:
+            send(message)
+
+    client._send_to_scheduler = late
+
+
+def executing(client) -> dict[str, int]:
+    """How many tasks each worker's threads run now (cancelled ones included)."""
+    return client.run(lambda dask_worker: dask_worker.state.executing_count)
+
+
 @pytest.mark.slow
-def test_a_hanging_step_fails_after_step_timeout_and_its_worker_is_replaced(client, tmp_path):
-    before = client.run(os.getpid)
-    with Study(
-        HangingTrainer,
-        name="hang",
-        storage=str(tmp_path / "runs"),
-        client=client,
-        resources={"GPU": 1},
-        step_timeout=10,
-        max_retries=0,
-    ) as study:
-        hung = study.submit({"lr": 1.0, "batch_size": 128}, 6)
-        with pytest.raises(TrialError) as failed:
-            hung.result(timeout=300)
-        assert "StepTimeoutError: step 2 did not finish within step_timeout=10 s" in str(failed.value)
-        assert "time.sleep(3600)" in str(failed.value)  # where it hung
-        assert hung.trial.cause == "timeout"
-        deadline = time.monotonic() + 120
-        while set(before.values()) <= pids_now(client):
-            assert time.monotonic() < deadline, "the worker was not replaced"
-            time.sleep(0.2)
-        client.wait_for_workers(2, timeout=120)
-        fine = study.submit({"lr": 0.1, "batch_size": 128}, 6)  # the workers train on
-        assert fine.result(timeout=300) == run_alone(HangingTrainer, {"lr": 0.1, "batch_size": 128}, 6)[-1]
-    assert len(pids_now(client) - set(before.values())) == 1  # one replaced
+def test_a_hanging_step_fails_after_step_timeout_and_its_worker_is_replaced(tmp_path):
+    # its own cluster: the test restarts a worker, which no other test should inherit
+    with local_client(warm_up=False, resources={"GPU": 1}) as client:
+        before = client.run(os.getpid)
+        # the cancel of the hung task reaches the scheduler after the restart could: a worker
+        # that left with the task still running there would have it rescheduled elsewhere
+        cancels_arrive_late(client, 3.0)
+        with Study(
+            HangingTrainer,
+            name="hang",
+            storage=str(tmp_path / "runs"),
+            client=client,
+            resources={"GPU": 1},
+            step_timeout=10,
+            max_retries=0,
+        ) as study:
+            hung = study.submit({"lr": 1.0, "batch_size": 128}, 6)
+            with pytest.raises(TrialError) as failed:
+                hung.result(timeout=300)
+            assert "StepTimeoutError: step 2 did not finish within step_timeout=10 s" in str(failed.value)
+            assert "time.sleep(3600)" in str(failed.value)  # where it hung
+            assert hung.trial.cause == "timeout"
+            deadline = time.monotonic() + 120
+            while set(before.values()) <= pids_now(client):
+                assert time.monotonic() < deadline, "the worker was not replaced"
+                time.sleep(0.2)
+            client.wait_for_workers(2, timeout=120)
+            # the hung task was not run again on the other worker, whose thread it would hold
+            assert set(executing(client).values()) == {0}
+            fine = study.submit({"lr": 0.1, "batch_size": 128}, 6)  # the workers train on
+            assert (
+                fine.result(timeout=300) == run_alone(HangingTrainer, {"lr": 0.1, "batch_size": 128}, 6)[-1]
+            )
+        assert len(pids_now(client) - set(before.values())) == 1  # one replaced
+
+
+class AbandonRecorder(SimulatedExecutor):
+    """A simulated executor that records which tasks and workers it was asked to abandon."""
+
+    def __init__(self, slots: int):
+        super().__init__(slots)
+        self.abandoned: list[tuple[str, str | None]] = []
+
+    def abandon(self, key: str, worker: str | None) -> None:
+        self.abandoned.append((key, worker))
+
+
+def test_a_hang_in_a_task_that_already_ended_replaces_its_worker_too():
+    # Dask may run a task again on another worker after the study gave it up: that run's
+    # timeout is reported for a task the study no longer runs, and its worker is as stuck
+    executor = AbandonRecorder(1)
+    with Study(SyntheticTrainer, name="x", storage="memory://abandon", executor=executor, step_timeout=5) as study:
+        hung = TaskFailed("t-gone", "a", None, 2, 1.0, "StepTimeoutError", cause="timeout", worker="tcp://w2")
+        broken = TaskFailed("t-other", "a", None, 2, 1.0, "ValueError", worker="tcp://w1")
+        assert study.coordinator.dispatcher.handle(hung) == []
+        assert study.coordinator.dispatcher.handle(broken) == []
+    assert executor.abandoned == [("t-gone", "tcp://w2")]
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), True, "5"])

@@ -206,6 +206,10 @@ class Dispatcher:
             case TaskFailed() if running is not None:
                 self._retire(event.task, running, event.time)
                 return self._failed(event.task, running, event)
+            case TaskFailed(cause="timeout") if event.worker is not None:
+                # a run of a task already ended here (Dask ran it again elsewhere) hangs: that
+                # worker's thread is as lost as the first one's
+                self.executor.abandon(event.task, event.worker)
             case FusionChecked():  # a fused task checked the trainer (`dagtune.coordinator._fusion`)
                 self.fusion.verdict(event)
                 self.dirty = True

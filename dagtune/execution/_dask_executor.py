@@ -38,6 +38,8 @@ __all__ = ["DaskExecutor"]
 
 log = logging.getLogger(__name__)
 
+CANCEL_SECONDS = 30.0  # how long a step-timed-out task's cancel may take to reach the scheduler
+
 
 class DaskExecutor(Executor):
     """Runs path tasks as futures of `client`, `resources` per task (e.g. ``{"GPU": 1}``),
@@ -155,11 +157,16 @@ class DaskExecutor(Executor):
             return
         self._replacing.add(worker)
         threading.Thread(
-            target=self._replace, args=(worker,), name="dagtune-replace-worker", daemon=True
+            target=self._replace, args=(worker, group), name="dagtune-replace-worker", daemon=True
         ).start()
 
-    def _replace(self, worker: str) -> None:
+    def _replace(self, worker: str, key: str) -> None:
+        """Restart `worker` once the scheduler has dropped task `key`: the cancel travels in
+        the client's batched stream and the restart by a call of its own, and a worker that
+        leaves while the scheduler still runs the task there has the task rescheduled, hung
+        step and all, onto another worker that then looks idle to Dask."""
         try:
+            self._await_dropped(key)
             outcome = self.client.restart_workers([worker], timeout=60, raise_for_error=False)
             if outcome.get(worker) != "OK":
                 log.warning(
@@ -175,6 +182,16 @@ class DaskExecutor(Executor):
             )
         finally:
             self._replacing.discard(worker)
+
+    def _await_dropped(self, key: str, timeout: float = CANCEL_SECONDS) -> None:
+        """Until no worker processes `key` by the scheduler's account (at most `timeout`
+        seconds, then the restart goes ahead with a warning)."""
+        deadline = time.monotonic() + timeout
+        while any(key in keys for keys in self.client.processing().values()):
+            if time.monotonic() > deadline:
+                log.warning("dagtune: the scheduler still runs %s %g s after its cancel", key, timeout)
+                return
+            time.sleep(0.05)
 
     def direct(self, key: str, directive: Directive) -> None:
         with self._directives_lock:
