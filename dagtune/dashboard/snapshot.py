@@ -63,6 +63,15 @@ def _label(config: Config | None, parent: Config | None) -> str:
 # --------------------------------------------------------------------------- the snapshot
 
 
+def _spans_by_node(spans: Iterable[tuple[str, int, int]]) -> dict[str, list[tuple[int, int]]]:
+    """``(node, start, end)`` spans grouped by node: a piece of the tree looks up its own node's
+    (a scan of every span for every piece was quadratic: 26 s at 10,000 trials mid-run)."""
+    by_node: dict[str, list[tuple[int, int]]] = {}
+    for node, start, end in spans:
+        by_node.setdefault(node, []).append((start, end))
+    return by_node
+
+
 def compose(
     *,
     study: str,
@@ -103,13 +112,14 @@ def compose(
     if metric is None:
         metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
+    running_on, queued_on = _spans_by_node(running), _spans_by_node(queued)
 
     def state(node: str, start: int, end: int) -> str:
         if end <= trained.get(node, -1):
             return DONE
-        if any(n == node and a < end and start < b for n, a, b in running):
+        if any(a < end and start < b for a, b in running_on.get(node, ())):
             return RUNNING
-        if any(n == node and a < end and start < b for n, a, b in queued):
+        if any(a < end and start < b for a, b in queued_on.get(node, ())):
             return QUEUED
         return UNTRAINED
 
