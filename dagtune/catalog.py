@@ -32,7 +32,7 @@ from dagtune.records import (
     is_study_name,
     parsed_configs_shared,
 )
-from dagtune.summary import metric_of, trained_from_trials, trained_to
+from dagtune.summary import metric_of, trained_to
 
 __all__ = [
     "NotDagtuneStorageError",
@@ -42,7 +42,6 @@ __all__ = [
     "StudyNameError",
     "check_study_name",
     "collect_garbage",
-    "figures_of",
     "list_studies",
     "load_study",
     "open_storage",
@@ -128,7 +127,7 @@ class StoredStudy:
         trained = sum(trained_to(n) - n.start for n in self.plan.nodes.values())
         checkpoints = [i for n in self.plan.nodes.values() for i in n.checkpoints.values()]
         return {
-            **figures_of(self.trials, self.plan),
+            **trial_figures(self.trials),
             "plan_steps": trained,
             "checkpoints": len(checkpoints),
             "checkpoint_bytes": sum(i.nbytes for i in checkpoints),
@@ -160,26 +159,6 @@ def _opened_studies(store: CheckpointStore) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return any(store.fs.isdir(f"{path.rstrip('/')}/lease") for path in paths)
-
-
-def figures_of(trials: list[Trial], plan: SearchPlan) -> dict[str, Any]:
-    """``trials``, ``trial_steps``, ``unique_steps`` and ``merge_rate`` of stored `trials`,
-    exactly as `dagtune.coordinator.trial_figures` gives them, read off the paths the plan
-    gave the trials (each node counts to the furthest step a trial reached on it: the union
-    of their paths) rather than by building a plan of their configs again; that is a walk
-    of their segments. Trials with a private path (trial-based studies) or none (the plan
-    lacks their node events) are counted as `trial_figures` counts them."""
-    reached = [t for t in trials if t.reached > 0]
-    if any(t.salt or not t.segments for t in reached):
-        return trial_figures(trials)
-    trial_steps = sum(t.reached for t in reached)
-    unique = sum(end - plan.nodes[node].start for node, end in trained_from_trials(reached).items())
-    return {
-        "trials": len(trials),
-        "trial_steps": trial_steps,
-        "unique_steps": unique,
-        "merge_rate": trial_steps / unique if unique else 1.0,
-    }
 
 
 def load_plan(store: CheckpointStore, identity: str) -> PlanJournal:

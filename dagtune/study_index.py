@@ -47,14 +47,13 @@ from dagtune.config import config_dumps, config_from_json
 from dagtune.dashboard.snapshot import (
     importance_inputs,
     scored_importance,
-    stored_rate_so_far,
     stored_snapshot,
 )
 from dagtune.durable import Persistence, index_path, put_whole
 from dagtune.frames import TrialRow, row_of
 from dagtune.plan import Journal
 from dagtune.records import PENDING, Trial
-from dagtune.summary import best_of, failures, metric_of, status_counts
+from dagtune.summary import best_of, failures, merge_rate_so_far, metric_of, status_counts
 
 __all__ = [
     "INDEX_FORMAT",
@@ -90,7 +89,7 @@ def status_figures(stored: StoredStudy, metric: str | None = None, mode: str | N
         mode = mode or guessed
     mode = mode or "max"
     report = stored.report()
-    so_far, ended = stored_rate_so_far(stored)
+    so_far, ended = merge_rate_so_far(trials)
     best = best_of(trials, metric, mode)
     link = stored.describe.get("link")
     return {

@@ -14,8 +14,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dagtune.coordinator import trial_figures
 from dagtune.frames import readable, row_of, trials_table
-from dagtune.plan import unique_steps
 from dagtune.records import COMPLETED, FAILED, PENDING, STATUSES, Trial
 
 __all__ = [
@@ -95,11 +95,12 @@ def merge_rate_so_far(trials: Iterable[Trial]) -> tuple[float | None, int]:
     while none has. A pending trial counts once it ends: shared prefixes are trained first,
     so the steps pending trials have reached are mostly shared ones, and a rate over them
     starts high and falls as branches are trained (9.0 early in the digits grid, 2.22 at its
-    end). Once every trial has ended it is the report's merge rate."""
-    ended = [(t.config, t.reached) for t in trials if t.done and t.reached > 0]
+    end). Once every trial has ended it is the report's merge rate (both are
+    `dagtune.coordinator.trial_figures`)."""
+    ended = [t for t in trials if t.done and t.reached > 0]
     if not ended:
         return None, 0
-    return sum(steps for _, steps in ended) / unique_steps(ended), len(ended)
+    return trial_figures(ended)["merge_rate"], len(ended)
 
 
 def seconds_label(gpus: float | None) -> str:

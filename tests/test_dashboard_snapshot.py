@@ -207,3 +207,17 @@ def test_a_snapshot_carries_a_bounded_number_of_curves(monkeypatch):
     assert shown["curves_total"] == 40 and len(curves["trial"]) == 10
     assert {18, 19, 20, 21, 22} <= set(curves["trial"])  # the best five (lowest val_loss)
     assert curves["trial"] == sorted(curves["trial"]) and len(set(curves["trial"])) == 10
+
+
+def test_a_publisher_spends_at_most_a_tenth_of_the_time_publishing():
+    """A large study's snapshot takes longer than the publisher's second (0.5 s of CPU at 10,000
+    trials): the publisher then waits nine times as long as its round took."""
+    from types import SimpleNamespace
+
+    from dagtune.execution.dask import Publisher
+
+    publisher = Publisher(SimpleNamespace(name="big"), [], interval=1.0)
+    assert publisher.pause_after(0.02) == 1.0  # a small study's page: every second
+    for busy in (0.5, 2.0, 20.0):
+        pause = publisher.pause_after(busy)
+        assert busy / (busy + pause) == pytest.approx(0.1)

@@ -176,20 +176,21 @@ def closed_grid_counting(path: str, n: int, counter: list[int]) -> int:
 
 
 def test_closing_builds_no_counting_plan_of_the_ended_trials(tmp_path, monkeypatch):
-    """The page snapshot's merge rate so far is read off the plan's paths at close, not from a
-    counting plan of every ended trial's config built again (`unique_steps`): the configs
-    counted at close stay 0 however many trials the study holds (they were 4 and 16)."""
-    import dagtune.summary
+    """The report's unique steps and the page snapshot's merge rate so far are read off the
+    plan's paths at close, not from a counting plan of every ended trial's config built again
+    (`unique_steps`): the configs counted at close stay 0 however many trials the study holds
+    (they were 4 and 16 for the snapshot alone)."""
+    import dagtune.coordinator._report as report
 
     counted = [0]
-    unique_steps = dagtune.summary.unique_steps
+    unique_steps = report.unique_steps
 
     def counting(trials):
         trials = list(trials)
         counted[0] += len(trials)
         return unique_steps(trials)
 
-    monkeypatch.setattr(dagtune.summary, "unique_steps", counting)
+    monkeypatch.setattr(report, "unique_steps", counting)
     counts = {}
     for n in (4, 16):
         path = str(tmp_path / f"runs{n}")

@@ -3,7 +3,7 @@
 The coordinator runs in the client process, the dashboard in the scheduler's. A study's
 `SnapshotFeed` sends a snapshot (`dagtune.dashboard.snapshot`) whenever something changed,
 when the study's publisher asks it (`dagtune.execution.dask.Publisher`, at most once a
-second), into the scheduler's metadata under
+second and a tenth of the time), into the scheduler's metadata under
 ``["dagtune", "dashboard", "<name>-<token>"]``: the scheduler holds one snapshot per study,
 the latest (never a log that grows with the study), and two studies of the same name stay
 apart. It publishes only where the page is served. `DashboardPlugin`, a scheduler plugin,

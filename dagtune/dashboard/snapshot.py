@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagtune.catalog import StoredStudy, figures_of
+from dagtune.catalog import StoredStudy
 from dagtune.config import Config
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
 from dagtune.importance import importance_columns, method_of_columns, score_columns
@@ -63,6 +63,15 @@ def _label(config: Config | None, parent: Config | None) -> str:
 # --------------------------------------------------------------------------- the snapshot
 
 
+def _spans_by_node(spans: Iterable[tuple[str, int, int]]) -> dict[str, list[tuple[int, int]]]:
+    """``(node, start, end)`` spans grouped by node: a piece of the tree looks up its own node's
+    (a scan of every span for every piece was quadratic: 26 s at 10,000 trials mid-run)."""
+    by_node: dict[str, list[tuple[int, int]]] = {}
+    for node, start, end in spans:
+        by_node.setdefault(node, []).append((start, end))
+    return by_node
+
+
 def compose(
     *,
     study: str,
@@ -80,7 +89,6 @@ def compose(
     link: Any = None,
     importance: bool = True,
     gpus: float | None = None,
-    so_far: tuple[float | None, int] | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
@@ -92,9 +100,7 @@ def compose(
     how many have one), so a page of a 100,000-trial study stays small.
 
     Besides `counters` it holds the live merge rate (``counters["merge_rate_ended"]``, over
-    the ``counters["ended"]`` trials that ended: `dagtune.summary.merge_rate_so_far`, or
-    `so_far` where the source counts it more cheaply, as a stored study does off its plan's
-    paths instead of building a plan of the ended trials' configs again), the
+    the ``counters["ended"]`` trials that ended: `dagtune.summary.merge_rate_so_far`), the
     failed trials (``failures``: how many, and the first one's id and error line) and where
     the best value comes from (``best["note"]``: a running trial says so).
 
@@ -106,13 +112,14 @@ def compose(
     if metric is None:
         metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
+    running_on, queued_on = _spans_by_node(running), _spans_by_node(queued)
 
     def state(node: str, start: int, end: int) -> str:
         if end <= trained.get(node, -1):
             return DONE
-        if any(n == node and a < end and start < b for n, a, b in running):
+        if any(a < end and start < b for a, b in running_on.get(node, ())):
             return RUNNING
-        if any(n == node and a < end and start < b for n, a, b in queued):
+        if any(a < end and start < b for a, b in queued_on.get(node, ())):
             return QUEUED
         return UNTRAINED
 
@@ -129,7 +136,7 @@ def compose(
     }
     best = best_of(trials, metric, mode)
     finished = importance and not any(t.status == PENDING for t in trials)
-    so_far, ended = merge_rate_so_far(trials) if so_far is None else so_far
+    so_far, ended = merge_rate_so_far(trials)
     failed = failures(trials)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
     drawn = [t for t in trials if any(_finite(p.get(metric)) for p in t.points)]
@@ -329,19 +336,7 @@ def stored_snapshot(
         link=study.describe.get("link"),
         importance=importance,
         gpus=study.describe.get("gpus"),
-        so_far=stored_rate_so_far(study),
     )
-
-
-def stored_rate_so_far(study: StoredStudy) -> tuple[float | None, int]:
-    """`dagtune.summary.merge_rate_so_far` of a stored study, the same figures read off the
-    paths its plan gave the ended trials (`dagtune.catalog.figures_of`: a walk of their
-    segments) rather than by building a counting plan of their configs: that rebuild was
-    most of closing a large study's snapshot (perf/RESULTS.md 9h)."""
-    ended = [t for t in study.trials if t.done and t.reached > 0]
-    if not ended:
-        return None, 0
-    return figures_of(ended, study.plan)["merge_rate"], len(ended)
 
 
 def live_snapshot(study: Any) -> dict:
