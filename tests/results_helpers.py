@@ -1,5 +1,6 @@
 """What the results-writer tests share: the table and curve a study's trials should read back
-as, what `open_results` reads, and a count of the keys the zarr store is asked to set."""
+as, what `open_results` reads, and a count of the keys the zarr store is asked to set or
+get."""
 
 from __future__ import annotations
 
@@ -38,4 +39,18 @@ def count_stored_keys(monkeypatch) -> list[str]:
         return await original(self, key, value)
 
     monkeypatch.setattr(zarr.storage.LocalStore, "set", counting)
+    return keys
+
+
+def count_read_keys(monkeypatch) -> list[str]:
+    """The keys the zarr store is asked to get from now on (metadata and chunks), in a list
+    that grows as they are read."""
+    keys: list[str] = []
+    original = zarr.storage.LocalStore.get
+
+    async def counting(self, key, *args, **kwargs):
+        keys.append(key)
+        return await original(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "get", counting)
     return keys

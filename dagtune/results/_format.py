@@ -38,7 +38,15 @@ __all__ = [
 FORMAT = "dagtune-results/5"  # the change log: one entry of packed rows per write
 FORMAT_4 = "dagtune-results/4"  # the change log: one array per column
 FORMAT_3 = "dagtune-results/3"  # no change log: its arrays whole
-CHUNK_ROWS = 1024  # rows of a per-trial array written together
+#: rows of a per-trial array in one chunk. Reading a chunk costs zarr a fixed overhead
+#: beyond its bytes (two hand-offs to its thread pool, for the read and the decode; more
+#: CPU still when a core is free for its threads to contend for the GIL): at 1024 rows the
+#: 14 arrays of a 100,000-trial table were 1,372 chunks, 0.44 of the trials frame's 0.82 s
+#: of CPU (up to 0.83 of 1.21 with a core free); at 8192 they are 182, 0.21 s (perf/RESULTS.md
+#: section 12). A
+#: compaction rewrites the chunks it touches whole: about 0.05 s more when a few scattered
+#: rows changed at 100,000 trials. Groups written with other chunks read as before.
+CHUNK_ROWS = 8192
 #: a curve's chunk, [trial, step]: many trials by few steps, since a write's new points are
 #: the recent steps of the trials that ran (a band of steps over many trials), and a chunk
 #: a write touches is read, changed and written whole. (64 trials by 256 steps made each
