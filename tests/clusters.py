@@ -37,6 +37,25 @@ def local_client(warm_up: bool = True, **cluster_kwargs: Any) -> Iterator[Client
         yield client
 
 
+def leftover_work(client: Client, workers: int, settle: float) -> str:
+    """What keeps `client`'s cluster from being as a test found it, `settle` seconds after the
+    test (a task that still runs on a worker thread, cancelled or not; fewer than `workers`
+    workers), or "" once it is idle."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            running = client.run(lambda dask_worker: dask_worker.state.executing_count)
+            left = {address: count for address, count in running.items() if count}
+            found = f"tasks running: {left}" if left else ""
+            if len(running) < workers:
+                found = f"{len(running)} of {workers} workers"
+        except Exception as error:  # a worker leaving while asked
+            found = f"{type(error).__name__}: {error}"
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def dask_command(*args: str) -> list[str]:
     """The `dask` console script of this environment (``python -m dask`` if it has none)."""
     script = Path(sys.executable).with_name("dask")

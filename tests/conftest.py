@@ -6,6 +6,7 @@ any Dask worker process is spawned, so workers can import the trainers too.
 
 import os
 import sys
+import warnings
 
 import dask
 import pytest
@@ -34,12 +35,28 @@ dask.config.set({DASK_TRIM: None})
 
 
 @pytest.fixture(scope="session")
-def client():
+def shared_cluster():
     """One real 2-worker LocalCluster (each worker offers GPU=1) shared by the integration tests."""
     from clusters import local_client
 
     with local_client(resources={"GPU": 1}) as client:
         yield client
+
+
+@pytest.fixture
+def client(shared_cluster, request):
+    """The shared cluster's client; a test that leaves it busy (a task still running, a worker
+    short) gets a warning, and its workers are restarted so that no later test inherits it."""
+    from clusters import leftover_work
+
+    yield shared_cluster
+    left = leftover_work(shared_cluster, workers=2, settle=30)
+    if left:
+        shared_cluster.restart(wait_for_workers=True, timeout=120)
+        warnings.warn(
+            f"{request.node.nodeid} left the shared cluster busy ({left}): its workers restarted",
+            stacklevel=2,
+        )
 
 
 # --------------------------------------------------------------------------- durability storage

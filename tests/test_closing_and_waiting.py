@@ -275,7 +275,9 @@ def test_a_hang_in_a_task_that_already_ended_replaces_its_worker_too():
     # Dask may run a task again on another worker after the study gave it up: that run's
     # timeout is reported for a task the study no longer runs, and its worker is as stuck
     executor = AbandonRecorder(1)
-    with Study(SyntheticTrainer, name="x", storage="memory://abandon", executor=executor, step_timeout=5) as study:
+    with Study(
+        SyntheticTrainer, name="x", storage="memory://abandon", executor=executor, step_timeout=5
+    ) as study:
         hung = TaskFailed("t-gone", "a", None, 2, 1.0, "StepTimeoutError", cause="timeout", worker="tcp://w2")
         broken = TaskFailed("t-other", "a", None, 2, 1.0, "ValueError", worker="tcp://w1")
         assert study.coordinator.dispatcher.handle(hung) == []
