@@ -379,33 +379,3 @@ def test_a_journals_header_line_is_encoded_once_however_many_groups_it_commits(t
     assert reader.incidents == []
     if where == "segments":
         fs.rm(directory.rsplit("/", 1)[0], recursive=True)
-
-
-@pytest.mark.parametrize("durable", [True, False])
-def test_a_trial_and_its_node_make_its_configs_json_once(tmp_path, monkeypatch, durable):
-    """Counted (issue 24): a grid trial's config is made JSON once, on either path. Durable,
-    by its submit record, whose form the node event it adds carries too (were two: the
-    record's and the node's); without storage, by the node event alone (no record). The
-    trials and their records are as before (the study's own tests say so)."""
-    import dagtune.coordinator._ledger as ledger_module
-    import dagtune.plan._plan as plan_module
-    from dagtune.config import config_to_json
-
-    made = {"ledger": 0, "plan": 0}
-
-    def counting(where: str):
-        def counted(config):
-            made[where] += 1
-            return config_to_json(config)
-
-        return counted
-
-    monkeypatch.setattr(ledger_module, "config_to_json", counting("ledger"))
-    monkeypatch.setattr(plan_module, "config_to_json", counting("plan"))
-    configs = [{"lr": 0.001 * (i + 1)} for i in range(30)]
-    storage = str(tmp_path / "runs")  # kept only with a CheckpointStore: the simulator's own keeps nothing
-    executor = SimulatedExecutor(4, store=CheckpointStore(storage) if durable else None)
-    with dt.Study(SyntheticTrainer, name="grid", storage=storage, executor=executor) as study:
-        study.run(GridSearch(configs, metric="val_loss", mode="min", steps=2), progress=False)
-        assert len(study.trials) == 30 and all(t.status == "completed" for t in study.trials)
-    assert made == ({"ledger": 30, "plan": 0} if durable else {"ledger": 0, "plan": 30})

@@ -50,8 +50,8 @@ class TrialListener(Protocol):
         """`free` worker slots have nothing to run (optional): time to ask for more work."""
 
 
-#: what `settle` delivers: ("request", trial, its config's JSON form or None), ("end",
-#: trial, status) or ("replay", trial, listener)
+#: what `settle` delivers: ("request", trial), ("end", trial, status) or ("replay", trial,
+#: listener)
 _Queued = tuple
 
 
@@ -93,20 +93,18 @@ class TrialLedger:
         if not self.share:
             trial.salt = f"{self.name}/{trial.id}"
         self.trials[trial.id] = trial
-        as_json = None  # no storage, no record: its config's JSON form is not made
-        if self.recorders:
-            as_json = config_to_json(config)  # the record's, and its node's event if it adds one
+        if self.recorders:  # no storage, no record: its config's JSON form is not made
             record = {
                 "r": "submit",
                 "trial": trial.id,
-                "config": as_json,
+                "config": config_to_json(config),
                 "steps": steps,
                 "tag": _jsonable(tag),
             }
             if trial.salt:  # a trial-based trial's private path: found again when it resumes
                 record["salt"] = trial.salt
             self._record(record)
-        self._request(trial, as_json)
+        self._request(trial)
         return trial
 
     def restore(
@@ -227,7 +225,7 @@ class TrialLedger:
             if kind == "request":
                 if trial.id in self._queued:
                     self._queued.discard(trial.id)
-                    self._place(trial, item[2])
+                    self._place(trial)
             elif kind == "end":
                 for listener in list(self.listeners):
                     if item[2] == COMPLETED:
@@ -268,17 +266,15 @@ class TrialLedger:
         for recorder in self.recorders:
             recorder(record)
 
-    def _request(self, trial: Trial, as_json: dict | None = None) -> None:
-        """Queue placing `trial`'s request (its known results are delivered then); `as_json`
-        is its config's JSON form if its submit record made it."""
+    def _request(self, trial: Trial) -> None:
+        """Queue placing `trial`'s request (its known results are delivered then)."""
         self._queued.add(trial.id)
-        self._queue.append(("request", trial, as_json))
+        self._queue.append(("request", trial))
 
-    def _place(self, trial: Trial, as_json: dict | None) -> None:
-        """Deliver `trial`'s known results; request the rest in the plan (a node it adds
-        takes `as_json`, its config's JSON form, when made already)."""
+    def _place(self, trial: Trial) -> None:
+        """Deliver `trial`'s known results; request the rest in the plan."""
         plan = self.plan
-        trial.node = plan.locate(trial.config, trial.steps, create=True, salt=trial.salt, as_json=as_json)
+        trial.node = plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
         trial.segments = plan.segments(trial.node, trial.steps)
         for node, start, end in trial.segments:
             metrics = plan.nodes[node].metrics

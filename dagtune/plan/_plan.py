@@ -213,33 +213,23 @@ class SearchPlan:
 
     # ------------------------------------------------------------------ trials
 
-    def locate(
-        self,
-        config: Config,
-        steps: int,
-        *,
-        create: bool = False,
-        salt: str = "",
-        as_json: dict | None = None,
-    ) -> str | None:
+    def locate(self, config: Config, steps: int, *, create: bool = False, salt: str = "") -> str | None:
         """The node holding step ``steps - 1`` of the trial `config`, or None if the plan has
         no such path (and `create` is false). With `create`, the missing node is added.
 
         A non-empty `salt` makes a private root that nothing else shares (trial-based runs).
-        A config with a value that is not finite before `steps` is a ValueError. `as_json`
-        is the config's `config_to_json`, when the caller made it already (a durable study's
-        submit record has it): a node added carries it in its event, not made again.
+        A config with a value that is not finite before `steps` is a ValueError.
         """
         check_config_finite(config, steps)
         if salt:
-            private = node_id(None, 0, config, salt, as_json)
+            private = node_id(None, 0, config, salt)
             if private in self.nodes:
                 return private
-            return self._create(None, 0, config, salt, as_json) if create else None
+            return self._create(None, 0, config, salt) if create else None
         candidates = _ids(self._roots.get(value_key(config, 0)))
         node = self._best_match(candidates, config, steps)
         if node is None:
-            return self._create(None, 0, config, as_json=as_json) if create else None
+            return self._create(None, 0, config) if create else None
         while True:
             diverge = _agreement(node, config, steps)
             if diverge >= steps:
@@ -247,7 +237,7 @@ class SearchPlan:
             branches = _ids(node.children.get(diverge, {}).get(value_key(config, diverge)))
             child = self._best_match(branches, config, steps)
             if child is None:
-                return self._create(node.id, diverge, config, as_json=as_json) if create else None
+                return self._create(node.id, diverge, config) if create else None
             node = child
 
     def _best_match(self, ids: Sequence[str], config: Config, steps: int) -> Node | None:
@@ -260,11 +250,8 @@ class SearchPlan:
         nodes = [self.nodes[i] for i in ids]
         return max(nodes, key=lambda n: _agreement(n, config, steps))
 
-    def _create(
-        self, parent: str | None, start: int, config: Config, salt: str = "", as_json: dict | None = None
-    ) -> str:
-        if as_json is None:  # hashed into the id and written in the event
-            as_json = config_to_json(config)
+    def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
+        as_json = config_to_json(config)  # hashed into the id and written in the event
         identifier = node_id(parent, start, config, salt, as_json)
         event = {
             "e": "node",
@@ -451,9 +438,7 @@ class _CountingPlan(SearchPlan):
     their order instead of a content hash (an id no one else reads need not be agreed on:
     hashing each config's JSON text was most of a study report's cost), with no JSON event."""
 
-    def _create(
-        self, parent: str | None, start: int, config: Config, salt: str = "", as_json: dict | None = None
-    ) -> str:
+    def _create(self, parent: str | None, start: int, config: Config, salt: str = "") -> str:
         identifier = str(len(self.order))
         self.apply({"e": "node", "id": identifier, "parent": parent, "start": start}, live_config=config)
         return identifier
