@@ -340,3 +340,42 @@ def test_a_line_is_encoded_as_the_reference_encoder_encodes_it():
         )
     with pytest.raises(TypeError):
         encode_line({"t": 1.0, "x": object()})
+
+
+@pytest.mark.parametrize("where", ["local", "segments"])
+def test_a_journals_header_line_is_encoded_once_however_many_groups_it_commits(tmp_path, monkeypatch, where):
+    """Counted (issue 24): a commit encodes no line of its own, only the records appended
+    (the header line is encoded when the journal is made): 50 groups, 51 lines encoded. Every
+    file still starts with the header (a local file once; on an object store, each segment),
+    and reads back."""
+    import fsspec
+
+    import dagtune.plan._journal as journal_module
+
+    encoded: list[dict] = []
+    encode = journal_module.encode_line
+
+    def counted(record: dict) -> bytes:
+        encoded.append(record)
+        return encode(record)
+
+    monkeypatch.setattr(journal_module, "encode_line", counted)
+    if where == "local":
+        fs, directory = dt.CheckpointStore(str(tmp_path)).fs, str(tmp_path / "j")
+    else:
+        fs, directory = fsspec.filesystem("memory"), f"/i24-header-{os.getpid()}/j"
+    header = {"journal": "study", "name": "s"}
+    journal = Journal(fs, directory, header=header, commit=GroupCommit(3600))
+    for i in range(50):
+        journal.append({"r": "x", "i": i}, sync=True)
+    journal.commit.close()
+    assert len(encoded) == 51 and sum("h" in record for record in encoded) == 1
+    files = sorted(fs.ls(directory, detail=False))
+    assert len(files) == (1 if where == "local" else 50)
+    for path in files:
+        assert fs.cat_file(path).startswith(encode({"h": header}))
+    reader = Journal(fs, directory, header=header)
+    assert [entry.record["i"] for entry in reader.read_new()] == list(range(50))
+    assert reader.incidents == []
+    if where == "segments":
+        fs.rm(directory.rsplit("/", 1)[0], recursive=True)

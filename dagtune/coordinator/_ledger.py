@@ -348,8 +348,14 @@ class TrialLedger:
             listener.on_end(trial)
 
 
+#: the types whose values JSON always takes as they are (exactly these: not subclasses)
+_PLAIN = frozenset({str, int, float, bool})
+
+
 def _jsonable(value: Any) -> Any:
     """`value` if it survives JSON (a trial tag to record), else its repr."""
+    if value is None or type(value) in _PLAIN:  # the usual tags: nothing to check
+        return value
     try:
         json.dumps(value)
     except (TypeError, ValueError):

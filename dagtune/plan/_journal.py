@@ -305,7 +305,9 @@ class Journal:
         commit: GroupCommit | None = None,
     ):
         self.fs = fs
-        self.header = header
+        self._header = header
+        #: the header line every file of this writer starts with, encoded once
+        self._heading = encode_line({"h": header}) if header is not None else b""
         self.guard = guard
         self.directory = directory.rstrip("/")
         self.writer = writer or uuid.uuid4().hex
@@ -327,6 +329,11 @@ class Journal:
         self._commit = commit
         if commit is not None:
             commit.join(self)
+
+    @property
+    def header(self) -> dict | None:
+        """The journal's header (fixed: its line is encoded once, for every file written)."""
+        return self._header
 
     # ------------------------------------------------------------------ writing
 
@@ -358,7 +365,7 @@ class Journal:
         if not lines:
             return
         data = b"".join(lines)
-        heading = encode_line({"h": self.header}) if self.header is not None else b""
+        heading = self._heading
         if self.guard is not None:
             self.guard()
         if self._local:
