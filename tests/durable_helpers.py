@@ -102,3 +102,20 @@ def count_lines(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(journal_module, "decode_line", counted)
     return decoded
+
+
+def count_counting_plans(monkeypatch) -> list[int]:
+    """How many trial configs are put through a counting plan (`dagtune.plan.unique_steps`, as
+    the report's figures call it) from now on (one element, growing)."""
+    import dagtune.coordinator._report as report
+
+    counted = [0]
+    unique_steps = report.unique_steps
+
+    def counting(trials):
+        trials = list(trials)
+        counted[0] += len(trials)
+        return unique_steps(trials)
+
+    monkeypatch.setattr(report, "unique_steps", counting)
+    return counted

@@ -7,6 +7,7 @@ view and every second's page snapshot)."""
 from __future__ import annotations
 
 import pytest
+from durable_helpers import count_counting_plans
 
 import dagtune as dt
 from dagtune.algos import ASHA
@@ -73,17 +74,7 @@ def test_asha_promotions_count_as_defined():
 
 
 def test_a_view_of_a_running_study_builds_no_counting_plan(monkeypatch):
-    import dagtune.coordinator._report as report
-
-    counted = [0]
-    counting_plan = report.unique_steps
-
-    def counting(trials):
-        trials = list(trials)
-        counted[0] += len(trials)
-        return counting_plan(trials)
-
-    monkeypatch.setattr(report, "unique_steps", counting)
+    counted = count_counting_plans(monkeypatch)
     study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(2))
     for config in SPACE:
         study.submit(config, 8)

@@ -12,7 +12,7 @@ import json
 import zlib
 
 import pytest
-from durable_helpers import SlowTrainer, count_lines
+from durable_helpers import SlowTrainer, count_counting_plans, count_lines
 
 import dagtune as dt
 from dagtune.algos import GridSearch, SuccessiveHalving
@@ -180,17 +180,7 @@ def test_closing_builds_no_counting_plan_of_the_ended_trials(tmp_path, monkeypat
     plan's paths at close, not from a counting plan of every ended trial's config built again
     (`unique_steps`): the configs counted at close stay 0 however many trials the study holds
     (they were 4 and 16 for the snapshot alone)."""
-    import dagtune.coordinator._report as report
-
-    counted = [0]
-    unique_steps = report.unique_steps
-
-    def counting(trials):
-        trials = list(trials)
-        counted[0] += len(trials)
-        return unique_steps(trials)
-
-    monkeypatch.setattr(report, "unique_steps", counting)
+    counted = count_counting_plans(monkeypatch)
     counts = {}
     for n in (4, 16):
         path = str(tmp_path / f"runs{n}")
