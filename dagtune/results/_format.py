@@ -43,9 +43,8 @@ FORMAT_3 = "dagtune-results/3"  # no change log: its arrays whole
 #: CPU still when a core is free for its threads to contend for the GIL): at 1024 rows the
 #: 14 arrays of a 100,000-trial table were 1,372 chunks, 0.44 of the trials frame's 0.82 s
 #: of CPU (up to 0.83 of 1.21 with a core free); at 8192 they are 182, 0.21 s (perf/RESULTS.md
-#: section 12). A
-#: compaction rewrites the chunks it touches whole: about 0.05 s more when a few scattered
-#: rows changed at 100,000 trials. Groups written with other chunks read as before.
+#: section 12). A compaction rewrites the chunks it touches whole: about 0.05 s more when a
+#: few scattered rows changed at 100,000 trials. Groups written with other chunks read as before.
 CHUNK_ROWS = 8192
 #: a curve's chunk, [trial, step]: many trials by few steps, since a write's new points are
 #: the recent steps of the trials that ran (a band of steps over many trials), and a chunk
