@@ -173,7 +173,8 @@ class DaskExecutor(Executor):
                     "dagtune: restarting worker %s after a step timeout: %s", worker, outcome.get(worker)
                 )
         except Exception as error:
-            log.warning(
+            # a study that closed meanwhile took its cluster (or its client) with it: nothing to say
+            (log.debug if self._closed else log.warning)(
                 "dagtune: worker %s could not be restarted after a step timeout (%s: %s); it stays busy until "
                 "the step returns",
                 worker,
