@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagtune.coordinator import trial_figures
+from dagtune.coordinator import reached_along_paths, trial_figures
 from dagtune.frames import readable, row_of, trials_table
 from dagtune.records import COMPLETED, FAILED, PENDING, STATUSES, Trial
 
@@ -165,13 +165,7 @@ def trained_from_plan(plan: Any, nodes: Iterable[str]) -> dict[str, int]:
 
 def trained_from_trials(trials: Iterable[Trial]) -> dict[str, int]:
     """The last step known trained on each node, from what the trials reached."""
-    trained: dict[str, int] = {}
-    for trial in trials:
-        reached = trial.reached
-        for node, start, end in trial.segments:
-            if reached > start:
-                trained[node] = max(trained.get(node, start), min(end, reached))
-    return trained
+    return {node: step for node, (_, step) in reached_along_paths(trials).items()}
 
 
 def saved_seconds(report: Mapping[str, Any]) -> float:

@@ -47,15 +47,23 @@ if TYPE_CHECKING:
     from dagtune.coordinator._coordinator import Coordinator
     from dagtune.coordinator._fusion import check_fuse
     from dagtune.coordinator._ledger import TrialListener
-    from dagtune.coordinator._report import report_figures, trial_figures
+    from dagtune.coordinator._report import reached_along_paths, report_figures, trial_figures
 
-__all__ = ["Coordinator", "TrialListener", "check_fuse", "report_figures", "trial_figures"]
+__all__ = [
+    "Coordinator",
+    "TrialListener",
+    "check_fuse",
+    "reached_along_paths",
+    "report_figures",
+    "trial_figures",
+]
 
 #: Each public name -> the part that defines it.
 _WHERE = {
     "Coordinator": "._coordinator",
     "check_fuse": "._fusion",
     "TrialListener": "._ledger",
+    "reached_along_paths": "._report",
     "report_figures": "._report",
     "trial_figures": "._report",
 }

@@ -12,19 +12,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dagtune.plan import unique_steps
 from dagtune.records import Trial
 
-__all__ = ["fused_figures", "report_figures", "trial_figures", "unique_along_paths"]
+__all__ = ["fused_figures", "reached_along_paths", "report_figures", "trial_figures"]
 
 
 def trial_figures(trials: Sequence[Trial]) -> dict:
     """``trials``, ``trial_steps``, ``unique_steps`` and ``merge_rate`` of `trials`, as
     `report_figures` defines them. The unique steps are read off the paths the plan gave the
-    trials (`unique_along_paths`) where every trial that reached a step has one; otherwise
+    trials (`reached_along_paths`) where every trial that reached a step has one; otherwise
     (a trial-based study's private paths, a trial not placed yet) they are counted from the
     configs (`dagtune.plan.unique_steps`), as the definition says."""
     reached = [t for t in trials if t.reached > 0]
     trial_steps = sum(t.reached for t in reached)
     if all(t.segments and not t.salt for t in reached):
-        unique = unique_along_paths(reached)
+        unique = sum(step - start for start, step in reached_along_paths(reached).values())
     else:
         unique = unique_steps([(t.config, t.reached) for t in reached]) if reached else 0
     return {
@@ -35,14 +35,14 @@ def trial_figures(trials: Sequence[Trial]) -> dict:
     }
 
 
-def unique_along_paths(trials: Iterable[Trial]) -> int:
-    """The distinct points the trials reached, off their paths (``segments``: the plan's
-    nodes, where trials with the same values up to a step share the node): each node counts
-    from its start to the furthest step a trial reached on it. The same number as
-    `dagtune.plan.unique_steps` of their configs and reached steps, without building a plan
-    of them again (that rebuild was most of a large study's report, taken under the study's
-    lock for every view: perf/RESULTS.md 9l). One walk of the trials' segments."""
-    furthest: dict[str, tuple[int, int]] = {}  # node -> (its start, furthest step reached)
+def reached_along_paths(trials: Iterable[Trial]) -> dict[str, tuple[int, int]]:
+    """Each node on the trials' paths (``segments``: the plan's nodes, where trials with the
+    same values up to a step share the node) -> its start and the furthest step a trial
+    reached on it. One walk of the trials' segments; the unique steps are the sum of the
+    spans (the same number as `dagtune.plan.unique_steps` of their configs and reached steps,
+    without building a plan of them again: that rebuild was most of a large study's report,
+    taken under the study's lock for every view, perf/RESULTS.md 9l)."""
+    furthest: dict[str, tuple[int, int]] = {}
     for trial in trials:
         reached = trial.reached
         for node, start, end in trial.segments:
@@ -52,7 +52,7 @@ def unique_along_paths(trials: Iterable[Trial]) -> int:
             step = min(end, reached)
             if known is None or step > known[1]:
                 furthest[node] = (start, step)
-    return sum(step - start for start, step in furthest.values())
+    return furthest
 
 
 def report_figures(
