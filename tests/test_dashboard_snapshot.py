@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import pytest
 
@@ -10,7 +11,7 @@ import dagtune as dt
 from dagtune import catalog
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
-from dagtune.dashboard.snapshot import live_snapshot, result_snapshot, stored_snapshot
+from dagtune.dashboard.snapshot import compose, live_snapshot, result_snapshot, stored_snapshot
 from dagtune.dashboard.tree import DONE, TrialPath, layout
 from dagtune.gc import GcPolicy
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
@@ -221,3 +222,48 @@ def test_a_publisher_spends_at_most_a_tenth_of_the_time_publishing():
     for busy in (0.5, 2.0, 20.0):
         pause = publisher.pause_after(busy)
         assert busy / (busy + pause) == pytest.approx(0.1)
+
+
+class CountedSpan(tuple):
+    """A ``(node, start, end)`` span that counts how often it is read (unpacked)."""
+
+    reads: ClassVar[list[int]] = [0]
+
+    def __iter__(self):
+        CountedSpan.reads[0] += 1
+        return super().__iter__()
+
+
+def test_the_tree_reads_each_running_and_queued_span_a_fixed_number_of_times():
+    """The layout's pieces look up their node's spans: however many pieces the tree has, a
+    span is read twice (grouped by node, and for the pieces' boundaries); it was read once
+    for every piece."""
+    from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+    reads = {}
+    for width in (4, 16):
+        study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(2))
+        for k in range(width):
+            study.submit({"lr": dt.Steps([0.1, 0.01 * (k + 1)], [3]), "batch_size": 32}, 8)
+        study.coordinator.pump()
+        view = study.view(schedule=True)
+        running = [CountedSpan(span) for span in view.schedule.running]
+        queued = [CountedSpan(span) for span in view.schedule.queued]
+        CountedSpan.reads[0] = 0
+        snapshot = compose(
+            study="s",
+            identity="i",
+            source="live",
+            trials=list(view.trials),
+            metric="val_loss",
+            mode="min",
+            counters={},
+            configs=view.configs,
+            trained=view.trained,
+            running=running,
+            queued=queued,
+            importance=False,
+        )
+        assert len(snapshot["tree"]["node"]) > width  # a piece per trial at least
+        reads[width] = (CountedSpan.reads[0], len(running) + len(queued))
+    assert all(n > 0 and count == 2 * n for count, n in reads.values()), reads
