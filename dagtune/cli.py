@@ -715,7 +715,8 @@ def _print_top(console: Any, rows: list[TrialRow], snapshot: dict) -> None:
     from rich.table import Table
 
     metric = snapshot["metric"]
-    frame = trials_table(rows).reset_index()
+    # the table is in trial id order: put it back in the order of `rows`, best first
+    frame = trials_table(rows).loc[[row.id for row in rows]].reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")
