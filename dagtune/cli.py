@@ -56,6 +56,7 @@ from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
     UNKNOWN_FROM_STORAGE,
     best_of,
+    divergence_line,
     error_line,
     metric_of,
     reuse_text,
@@ -528,15 +529,17 @@ def _completed(study: Any) -> str:
 
 
 def _print_result(result: Any) -> bool:
-    """The run's best trial and figures, then its failed trials; whether any failed."""
+    """The run's best trial and figures, then its failed and diverged trials; whether any
+    failed."""
     from rich.table import Table
 
     console = _console()
     report = result.report
     best = result.best
     if best is not None:
+        ended = "" if best.status == COMPLETED else f" ({best.status})"  # none completed
         table = Table(
-            title=f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps"
+            title=f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps{ended}"
         )
         table.add_column("hyper-parameter")
         table.add_column("sequence")
@@ -557,10 +560,26 @@ def _print_result(result: Any) -> bool:
             console.print(
                 f"  and {len(failed) - _FAILURES_SHOWN} more (`dagtune status STORAGE --study NAME`)"
             )
+    _print_diverged(console, result.diverged, report["trials"])
     return bool(failed)
 
 
-_FAILURES_SHOWN = 10  # failed trials listed after a run
+def _print_diverged(console: Any, diverged: list, trials: int) -> None:
+    """The trials a NaN or infinite metric ended (a result of the search, not a failure)."""
+    if not diverged:
+        return
+    console.print(
+        f"[yellow]{len(diverged)} of {trials} trials diverged (a NaN or infinite metric ends its trial):[/]"
+    )
+    for trial in diverged[:_FAILURES_SHOWN]:
+        console.print(f"  trial {trial.id} {_escape(divergence_line(trial.steps, trial.metrics))}")
+    if len(diverged) > _FAILURES_SHOWN:
+        console.print(
+            f"  and {len(diverged) - _FAILURES_SHOWN} more (their status in `dagtune status STORAGE --study NAME`)"
+        )
+
+
+_FAILURES_SHOWN = 10  # failed (and diverged) trials listed after a run
 
 
 def _print_target(result: Any) -> None:
