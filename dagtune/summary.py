@@ -128,10 +128,10 @@ def error_line(error: str | None, limit: int = 300) -> str:
 
 
 def divergence_line(steps: int, metrics: Mapping[str, Any]) -> str:
-    """Where and why a diverged trial ended: ``after step 3: loss=nan`` (its last step,
-    counted from 0 as curves count, and its metrics there that are NaN or infinite)."""
+    """Where and why a diverged trial ended: ``after 4 steps: loss=nan`` (the steps it
+    trained, and its metrics there that are NaN or infinite)."""
     bad = ", ".join(f"{name}={value}" for name, value in metrics.items() if not _finite(value))
-    return f"after step {steps - 1}: {bad}"
+    return f"after {steps} step{'' if steps == 1 else 's'}: {bad}"
 
 
 def _error_line(error: str | None) -> str:

@@ -75,7 +75,7 @@ def test_a_run_with_diverged_trials_warns_and_names_them(recwarn):
     (warning,) = [w for w in caught if w.category is TrialsDivergedWarning]
     assert str(warning.message) == (
         "1 of 3 trials diverged (a NaN or infinite metric ends its trial): the first, trial 1, "
-        "after step 0: loss=nan (Result.diverged has them)"
+        "after 1 step: loss=nan (Result.diverged has them)"
     )
     assert warning.filename == __file__  # it points at the caller's line
 
@@ -109,7 +109,7 @@ def test_dagtune_run_lists_the_diverged_trials_and_exits_0(tmp_path):
     out = CliRunner().invoke(main, ["run", str(tmp_path / "nan.py"), "--storage", str(tmp_path / "runs")])
     assert out.exit_code == 0, out.output
     assert "1 of 3 trials diverged (a NaN or infinite metric ends its trial):" in out.output
-    assert "trial 1 after step 0: loss=nan" in out.output
+    assert "trial 1 after 1 step: loss=nan" in out.output
 
 
 FAILING_SCRIPT = textwrap.dedent(
