@@ -246,6 +246,46 @@ def _terminate_as_interrupt(command: Callable) -> Callable:
     return wrapper
 
 
+class _PatientClose:
+    """While a study runs, the first Ctrl-C (SIGINT) or SIGTERM interrupts it as usual (the
+    run withdraws its trials' work and writes what it left, then the study closes: the last
+    journal lines, results, index and lease, then the loggers and the embedded cluster); a
+    second one meanwhile (an impatient user, a repeated key) says so once and is otherwise
+    ignored, so that none of that is cut short (a close cut short leaves the cluster to
+    Dask's exit handlers, with their timeouts and tracebacks). SIGKILL still ends it at once.
+    The handlers there were before are back on exit. Only in the main thread (signals
+    reach no other)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.told = False
+
+    def __enter__(self) -> _PatientClose:
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self.previous[number] = signal.signal(number, self._first)
+        return self
+
+    def _first(self, signum: int, frame: Any) -> None:
+        for number in self.previous:
+            signal.signal(number, self._again)
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def _again(self, signum: int, frame: Any) -> None:
+        if not self.told:
+            self.told = True
+            click.echo(
+                "dagtune: closing the study (writing what it left, stopping its cluster); a few seconds, "
+                "please. Further interrupts are ignored until it has closed (SIGKILL ends it at once, "
+                "losing at most its last 50 ms of records)",
+                err=True,
+            )
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+
+
 def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoReturn:
     """Print the one line an interrupted run ends with (what storage keeps, the command that
     resumes), then exit with 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as a shell
@@ -442,7 +482,8 @@ def run(
             str,
             "see the workers' logs for why they died; the same command continues the pending trials",
         )
-        with study, contextlib.ExitStack() as watching, expired, lost:
+        # a second Ctrl-C while the study closes must not cut its close short
+        with _PatientClose(), study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             result = study.run(algorithm, timeout=timeout)
