@@ -27,6 +27,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -486,7 +487,10 @@ def run(
         with _PatientClose(), study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
-            result = study.run(algorithm, timeout=timeout)
+            with warnings.catch_warnings():  # listed after the summary (`_print_result`), not twice
+                warnings.simplefilter("ignore", dt.TrialsFailedWarning)
+                warnings.simplefilter("ignore", dt.TrialsDivergedWarning)
+                result = study.run(algorithm, timeout=timeout)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`_terminate_as_interrupt`)
         _interrupted(shown, storage, interrupt)
     finally:
