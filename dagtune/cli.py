@@ -661,7 +661,9 @@ def _names(storage: str, study: str | None) -> tuple[CheckpointStore, list[str]]
 @click.option("--study", help="Only this study, with its best trials.")
 @click.option("--metric", help="Metric to rank by (default: the first val_* metric).")
 @click.option("--mode", type=click.Choice(["max", "min"]), help="Whether higher or lower is better.")
-@click.option("--top", default=5, show_default=True, help="Best trials listed with --study.")
+@click.option(
+    "--top", default=5, show_default=True, type=click.IntRange(min=0), help="Best trials listed with --study."
+)
 @_user_errors
 def status(storage: str, study: str | None, metric: str | None, mode: str | None, top: int) -> None:
     """Trials, best so far and reuse of the studies in STORAGE."""
@@ -678,6 +680,8 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             snapshots[name], detail = indexed
         elif study or metric or mode:  # another metric, or no current index: the journals
             stored = load_study(store, name, plans)
+            if study and metric:
+                _check_reported(name, metric, stored.trials)
             snapshots[name] = status_figures(stored, metric, mode)
             rows = top_rows(stored.trials, snapshots[name]["metric"], snapshots[name]["mode"], top)
             detail = StudyDetail(stored.identity, rows, stored.describe.get("gpus"), stored.incidents)
@@ -743,6 +747,17 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
         _print_writer(console, store, study)
         for incident in detail.incidents:
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
+
+
+def _check_reported(name: str, metric: str, trials: list) -> None:
+    """Refuse `metric` if trials of study `name` reported metrics, but not it (a misspelled
+    --metric would show an empty table without a word; a study with no result yet is shown)."""
+    reported = sorted({m for t in trials for m in (t.metrics or {})})
+    if reported and metric not in reported:
+        raise UserError(
+            f"no trial of study {name!r} reported {metric!r} (its metrics: {', '.join(reported)})",
+            "give --metric one of them",
+        )
 
 
 def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:

@@ -517,3 +517,14 @@ def test_status_lists_the_best_trials_best_first(storage, args, title, mode):
     values = _listed_values(out.output, title)
     assert len(values) == 3
     assert values == sorted(values, reverse=mode == "max"), out.output
+
+
+def test_status_refuses_a_metric_no_trial_reported_and_a_negative_top(storage):
+    out = CliRunner().invoke(main, ["status", storage, "--study", "sim", "--metric", "val_accuracy"])
+    assert out.exit_code == 2, out.output
+    assert (
+        "Error: no trial of study 'sim' reported 'val_accuracy' (its metrics: loss, val_acc, val_loss)"
+        in (out.output)
+    )
+    out = CliRunner().invoke(main, ["status", storage, "--study", "sim", "--top", "-1"])
+    assert out.exit_code == 2 and "--top" in out.output
