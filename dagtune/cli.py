@@ -583,9 +583,11 @@ def _print_result(result: Any) -> bool:
     best = result.best
     if best is not None:
         ended = "" if best.status == COMPLETED else f" ({best.status})"  # none completed
-        table = Table(
-            title=f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps{ended}"
+        # the headline on a line of its own: as the table's title it wrapped to the table's width
+        console.print(
+            f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps{ended}"
         )
+        table = Table()
         table.add_column("hyper-parameter")
         table.add_column("sequence")
         for hp, sequence in best.config.items():
