@@ -123,6 +123,11 @@ class Study:
     dagtune evaluates); 0 turns it off. The global random generators and every module's
     training mode need no check: dagtune puts them back after every evaluation.
 
+    `checkpoint_every` (steps; None: no more than that) makes every stage also save a
+    checkpoint every that many steps, besides where it ends and where trials branch: what an
+    interrupt, a lost worker or a killed coordinator trains again is then at most that many
+    steps per stage (without it, a whole stage without branches).
+
     `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
     trainer loaded from the checkpoint trains the next step beside the trainer that saved
     it, and a difference fails the trial with ``resuming from a checkpoint changes
