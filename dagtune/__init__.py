@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dagtune.notices import (
         NondeterministicTrainingWarning,
         ResumeCheckSkippedWarning,
+        TrialsDivergedWarning,
         TrialsFailedWarning,
         UnreadHyperparameterWarning,
     )
@@ -110,6 +111,7 @@ __all__ = [
     "TrialError",
     "TrialHandle",
     "TrialResult",
+    "TrialsDivergedWarning",
     "TrialsFailedWarning",
     "UnguardedMainError",
     "UnreadHyperparameterWarning",
@@ -161,6 +163,7 @@ _WHERE = {
     "UnguardedMainError": "dagtune.mainguard",
     "NondeterministicTrainingWarning": "dagtune.notices",
     "ResumeCheckSkippedWarning": "dagtune.notices",
+    "TrialsDivergedWarning": "dagtune.notices",
     "TrialsFailedWarning": "dagtune.notices",
     "UnreadHyperparameterWarning": "dagtune.notices",
     "merge_rate": "dagtune.plan",

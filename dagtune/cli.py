@@ -27,6 +27,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -56,6 +57,7 @@ from dagtune.study_lease import StudyInUseError, writer_status
 from dagtune.summary import (
     UNKNOWN_FROM_STORAGE,
     best_of,
+    divergence_line,
     error_line,
     metric_of,
     reuse_text,
@@ -243,6 +245,46 @@ def _terminate_as_interrupt(command: Callable) -> Callable:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
     return wrapper
+
+
+class _PatientClose:
+    """While a study runs, the first Ctrl-C (SIGINT) or SIGTERM interrupts it as usual (the
+    run withdraws its trials' work and writes what it left, then the study closes: the last
+    journal lines, results, index and lease, then the loggers and the embedded cluster); a
+    second one meanwhile (an impatient user, a repeated key) says so once and is otherwise
+    ignored, so that none of that is cut short (a close cut short leaves the cluster to
+    Dask's exit handlers, with their timeouts and tracebacks). SIGKILL still ends it at once.
+    The handlers there were before are back on exit. Only in the main thread (signals
+    reach no other)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.told = False
+
+    def __enter__(self) -> _PatientClose:
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self.previous[number] = signal.signal(number, self._first)
+        return self
+
+    def _first(self, signum: int, frame: Any) -> None:
+        for number in self.previous:
+            signal.signal(number, self._again)
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def _again(self, signum: int, frame: Any) -> None:
+        if not self.told:
+            self.told = True
+            click.echo(
+                "dagtune: closing the study (writing what it left, stopping its cluster); a few seconds, "
+                "please. Further interrupts are ignored until it has closed (SIGKILL ends it at once, "
+                "losing at most its last 50 ms of records)",
+                err=True,
+            )
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
 def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoReturn:
@@ -441,10 +483,14 @@ def run(
             str,
             "see the workers' logs for why they died; the same command continues the pending trials",
         )
-        with study, contextlib.ExitStack() as watching, expired, lost:
+        # a second Ctrl-C while the study closes must not cut its close short
+        with _PatientClose(), study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
-            result = study.run(algorithm, timeout=timeout)
+            with warnings.catch_warnings():  # listed after the summary (`_print_result`), not twice
+                warnings.simplefilter("ignore", dt.TrialsFailedWarning)
+                warnings.simplefilter("ignore", dt.TrialsDivergedWarning)
+                result = study.run(algorithm, timeout=timeout)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`_terminate_as_interrupt`)
         _interrupted(shown, storage, interrupt)
     finally:
@@ -528,16 +574,20 @@ def _completed(study: Any) -> str:
 
 
 def _print_result(result: Any) -> bool:
-    """The run's best trial and figures, then its failed trials; whether any failed."""
+    """The run's best trial and figures, then its failed and diverged trials; whether any
+    failed."""
     from rich.table import Table
 
     console = _console()
     report = result.report
     best = result.best
     if best is not None:
-        table = Table(
-            title=f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps"
+        ended = "" if best.status == COMPLETED else f" ({best.status})"  # none completed
+        # the headline on a line of its own: as the table's title it wrapped to the table's width
+        console.print(
+            f"best: {_escape(result.metric)} = {best.metrics[result.metric]:.4g} after {best.steps} steps{ended}"
         )
+        table = Table()
         table.add_column("hyper-parameter")
         table.add_column("sequence")
         for hp, sequence in best.config.items():
@@ -557,10 +607,26 @@ def _print_result(result: Any) -> bool:
             console.print(
                 f"  and {len(failed) - _FAILURES_SHOWN} more (`dagtune status STORAGE --study NAME`)"
             )
+    _print_diverged(console, result.diverged, report["trials"])
     return bool(failed)
 
 
-_FAILURES_SHOWN = 10  # failed trials listed after a run
+def _print_diverged(console: Any, diverged: list, trials: int) -> None:
+    """The trials a NaN or infinite metric ended (a result of the search, not a failure)."""
+    if not diverged:
+        return
+    console.print(
+        f"[yellow]{len(diverged)} of {trials} trials diverged (a NaN or infinite metric ends its trial):[/]"
+    )
+    for trial in diverged[:_FAILURES_SHOWN]:
+        console.print(f"  trial {trial.id} {_escape(divergence_line(trial.steps, trial.metrics))}")
+    if len(diverged) > _FAILURES_SHOWN:
+        console.print(
+            f"  and {len(diverged) - _FAILURES_SHOWN} more (their status in `dagtune status STORAGE --study NAME`)"
+        )
+
+
+_FAILURES_SHOWN = 10  # failed (and diverged) trials listed after a run
 
 
 def _print_target(result: Any) -> None:
@@ -597,7 +663,9 @@ def _names(storage: str, study: str | None) -> tuple[CheckpointStore, list[str]]
 @click.option("--study", help="Only this study, with its best trials.")
 @click.option("--metric", help="Metric to rank by (default: the first val_* metric).")
 @click.option("--mode", type=click.Choice(["max", "min"]), help="Whether higher or lower is better.")
-@click.option("--top", default=5, show_default=True, help="Best trials listed with --study.")
+@click.option(
+    "--top", default=5, show_default=True, type=click.IntRange(min=0), help="Best trials listed with --study."
+)
 @_user_errors
 def status(storage: str, study: str | None, metric: str | None, mode: str | None, top: int) -> None:
     """Trials, best so far and reuse of the studies in STORAGE."""
@@ -614,6 +682,8 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             snapshots[name], detail = indexed
         elif study or metric or mode:  # another metric, or no current index: the journals
             stored = load_study(store, name, plans)
+            if study and metric:
+                _check_reported(name, metric, stored.trials)
             snapshots[name] = status_figures(stored, metric, mode)
             rows = top_rows(stored.trials, snapshots[name]["metric"], snapshots[name]["mode"], top)
             detail = StudyDetail(stored.identity, rows, stored.describe.get("gpus"), stored.incidents)
@@ -681,6 +751,17 @@ def status(storage: str, study: str | None, metric: str | None, mode: str | None
             console.print(f"[yellow]incident:[/] {_escape(incident)}")
 
 
+def _check_reported(name: str, metric: str, trials: list) -> None:
+    """Refuse `metric` if trials of study `name` reported metrics, but not it (a misspelled
+    --metric would show an empty table without a word; a study with no result yet is shown)."""
+    reported = sorted({m for t in trials for m in (t.metrics or {})})
+    if reported and metric not in reported:
+        raise UserError(
+            f"no trial of study {name!r} reported {metric!r} (its metrics: {', '.join(reported)})",
+            "give --metric one of them",
+        )
+
+
 def _print_writer(console: Any, store: CheckpointStore, name: str) -> None:
     """Which process has the study open, from its writer lease (`dagtune.study_lease`)."""
     try:
@@ -715,7 +796,8 @@ def _print_top(console: Any, rows: list[TrialRow], snapshot: dict) -> None:
     from rich.table import Table
 
     metric = snapshot["metric"]
-    frame = trials_table(rows).reset_index()
+    # the table is in trial id order: put it back in the order of `rows`, best first
+    frame = trials_table(rows).loc[[row.id for row in rows]].reset_index()
     if metric is None or metric not in frame or frame.empty:
         return
     table = Table(title=f"best {len(frame)} trials by {_escape(metric)}")

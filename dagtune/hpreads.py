@@ -9,26 +9,77 @@ notes the keys read from it (``hp["lr"]``, ``hp.get``, ``pop``, iterating it, ``
 ``hp`` and reads it while training counts as reading it). Testing ``"lr" in hp`` is not
 reading. The keys never read, with the absent keys the trainer asked for, become a warning
 (`dagtune.notices`).
+
+Every ``setup()`` is handed a `SetupValues` (the first one of a task a `RecordingValues`): a
+``dict`` whose missing key raises `MissingHyperparameterError` saying why it is missing.
+``setup()`` gets only the values that changed before the step it prepares, so a trainer that
+reads ``hp["lr"]`` every time fails where only the batch size changes; a bare
+``KeyError: 'lr'`` about a config that has ``lr`` would send its author looking elsewhere.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["RecordingValues", "unread_message"]
+from dagtune.errors import DagtuneError
+
+__all__ = ["MissingHyperparameterError", "RecordingValues", "SetupValues", "unread_message"]
 
 _MISSING = object()
 
 
-class RecordingValues(dict):
-    """A dict of hyper-parameter values that records which keys are read while `recording`,
-    and the keys asked for that it does not hold. It pickles (and so is saved in a checkpoint,
+class MissingHyperparameterError(DagtuneError, KeyError):
+    """``setup()`` read a hyper-parameter the values it was handed do not hold: one that did
+    not change before this step, or one the config does not have. A `KeyError`, as before."""
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0])
+
+
+class SetupValues(dict):
+    """The values one ``setup()`` call is handed, among the config's `names`, before step
+    `step` (counted from 0; None: not known): a dict whose missing key raises
+    `MissingHyperparameterError` saying why. It pickles (and so is saved in a checkpoint,
     and copied) as an ``OrderedDict``."""
 
-    def __init__(self, values: dict[str, Any]):
+    def __init__(self, values: dict[str, Any], names: Iterable[str] | None = None, step: int | None = None):
         super().__init__(values)
+        self.names = sorted(values if names is None else names)
+        self.step = step
+
+    def __missing__(self, key: Any) -> Any:
+        raise MissingHyperparameterError(missing_message(key, self.names, self.step))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # as an OrderedDict: what ``torch.load(weights_only=True)`` reads back, should a
+        # trainer keep ``hp`` and put it in its state
+        return OrderedDict, (), None, None, iter(dict.items(self))
+
+
+def missing_message(key: Any, names: list[str], step: int | None) -> str:
+    """Why ``hp[key]`` is missing from the values handed to ``setup()`` before `step`."""
+    if key in names:
+        before = "this step" if step is None else f"step {step}"
+        return (
+            f"setup() read hyper-parameter {key!r}, which did not change before {before}: setup() is "
+            "handed only the values that changed before the step it prepares (every value at a start "
+            f"or a resume), so test {key!r} in hp (or use hp.get) first"
+        )
+    return (
+        f"setup() read hyper-parameter {key!r}, which the config does not have (it has "
+        f"{', '.join(map(repr, names)) or 'none'}): a misspelled name? Use hp.get({key!r}, default) "
+        "for one the config may leave out"
+    )
+
+
+class RecordingValues(SetupValues):
+    """The values of a task's first ``setup()`` (a `SetupValues`), recording which keys are
+    read while `recording`, and the keys asked for that it does not hold."""
+
+    def __init__(self, values: dict[str, Any], names: Iterable[str] | None = None, step: int | None = None):
+        super().__init__(values, names, step)
         self.read: set[str] = set()
         self.asked: list[str] = []  # absent keys asked for, in order
         self.recording = True
@@ -96,11 +147,6 @@ class RecordingValues(dict):
         if self.recording:
             self.read.add(item[0])
         return item
-
-    def __reduce_ex__(self, protocol: Any) -> tuple:
-        # as an OrderedDict: what ``torch.load(weights_only=True)`` reads back, should a
-        # trainer keep ``hp`` and put it in its state
-        return OrderedDict, (), None, None, iter(dict.items(self))
 
     def unread(self) -> list[str]:
         """The keys held and never read while recording, in order."""

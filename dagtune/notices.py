@@ -21,6 +21,7 @@ __all__ = [
     "NondeterministicTrainingWarning",
     "Notices",
     "ResumeCheckSkippedWarning",
+    "TrialsDivergedWarning",
     "TrialsFailedWarning",
     "UnreadHyperparameterWarning",
     "warning_event",
@@ -44,6 +45,11 @@ class ResumeCheckSkippedWarning(DagtuneWarning):
 
 class TrialsFailedWarning(DagtuneWarning):
     """Trials of a `Study.run` failed (their trainer raised); `Result.failed` has them."""
+
+
+class TrialsDivergedWarning(DagtuneWarning):
+    """Trials of a `Study.run` diverged: a metric was NaN or infinite at some step, which ends
+    a trial there; `Result.diverged` has them."""
 
 
 _CATEGORIES: dict[str, type[UserWarning]] = {

@@ -62,11 +62,12 @@ class ResumeChangedTrainingError(DagtuneError, RuntimeError):
     def __init__(self, step: int, keys: list[str], causes: list[str], checks: int):
         self.step, self.keys, self.causes = step, keys, causes
         shown = ", ".join(keys[:_SHOWN]) + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
-        likely = " ".join(f"Likely cause: {cause}" for cause in causes)
+        # the likely cause first: a failed trial is shown by the first 300 characters of this line
+        likely = "".join(f" Likely cause: {cause}" for cause in causes)
         super().__init__(
-            f"resuming from a checkpoint changes training: after step {step + 1}, a trainer loaded "
-            f"from the checkpoint at step {step} differs from the trainer that saved it and trained "
-            f"on: {shown}. {likely + ' ' if likely else ''}dagtune resumes every branch from a "
+            f"resuming from a checkpoint changes training.{likely} After step {step + 1}, a trainer "
+            f"loaded from the checkpoint at step {step} differs from the trainer that saved it and "
+            f"trained on: {shown}. dagtune resumes every branch from a "
             "checkpoint, so trials would differ from training them alone (run_alone): state_dict() "
             "must hold everything later steps depend on, and load_state_dict() must restore it. "
             f"(Each worker checks resuming at its first {_count(checks, 'checkpoint')} of a model; "

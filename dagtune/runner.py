@@ -59,7 +59,7 @@ from dagtune.events import (
     TaskStarted,
     TrainerWarned,
 )
-from dagtune.hpreads import RecordingValues, unread_message
+from dagtune.hpreads import RecordingValues, SetupValues, unread_message
 from dagtune.notices import (
     NondeterministicTrainingWarning,
     ResumeCheckSkippedWarning,
@@ -623,10 +623,10 @@ class PathRunner:
             first = path.values is None
             changes = path.changes(segment, t)
             if first:
-                recording = RecordingValues(changes)
+                recording = RecordingValues(changes, path.values, t)
                 trainer.setup(recording)
             elif changes:
-                trainer.setup(changes)
+                trainer.setup(SetupValues(changes, path.values, t))
             began = self.clock()
             train_metrics = to_metrics(trainer.train(), "Trainer.train()")
             seconds = self.step_seconds() if self.step_seconds is not None else self.clock() - began
@@ -749,7 +749,7 @@ class PathRunner:
                 fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
                 fresh.load_state_dict(trainer_state)
                 restore_rng(rng_state)
-                fresh.setup(dict(values))
+                fresh.setup(SetupValues(values))
                 return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
             except Exception as error:  # the resumed trainer's failure is what it computed
                 if out_of_memory(error):
@@ -787,7 +787,7 @@ class PathRunner:
         with isolated_rng():
             try:
                 if changes:
-                    trainer.setup(changes)
+                    trainer.setup(SetupValues(changes, probe.values, probe.step))
                 live = trainer_outcome(trainer, to_metrics(trainer.train(), "Trainer.train()"))
             except Exception as error:
                 if out_of_memory(error):

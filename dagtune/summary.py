@@ -22,6 +22,7 @@ __all__ = [
     "UNKNOWN_FROM_STORAGE",
     "best_note",
     "best_of",
+    "divergence_line",
     "error_line",
     "failures",
     "merge_rate_so_far",
@@ -124,6 +125,13 @@ def error_line(error: str | None, limit: int = 300) -> str:
     `limit` characters (the whole error is the trial's ``error``)."""
     line = _error_line(error)
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def divergence_line(steps: int, metrics: Mapping[str, Any]) -> str:
+    """Where and why a diverged trial ended: ``after 4 steps: loss=nan`` (the steps it
+    trained, and its metrics there that are NaN or infinite)."""
+    bad = ", ".join(f"{name}={value}" for name, value in metrics.items() if not _finite(value))
+    return f"after {steps} step{'' if steps == 1 else 's'}: {bad}"
 
 
 def _error_line(error: str | None) -> str:

@@ -493,3 +493,38 @@ def test_the_page_on_every_interface_accepts_browsers_at_this_machines_addresses
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def _listed_values(output: str, title: str) -> list[float]:
+    """The metric column of the ``best N trials by METRIC`` table in `output`, top to bottom."""
+    lines = output[output.index(title) :].splitlines()
+    rows = [line.split("│") for line in lines if line.startswith("│")]
+    return [float(cells[4]) for cells in rows]
+
+
+@pytest.mark.parametrize(
+    "args, title, mode",
+    [
+        ((), "trials by val_acc", "max"),  # from the study's index
+        (("--metric", "val_loss", "--mode", "min"), "trials by val_loss", "min"),  # from the journals
+        (("--metric", "val_loss", "--mode", "max"), "trials by val_loss", "max"),
+    ],
+)
+def test_status_lists_the_best_trials_best_first(storage, args, title, mode):
+    """`status --study` lists its best trials in the order of the metric, not of trial ids."""
+    out = invoke("status", storage, "--study", "sim", "--top", "3", *args)
+    assert out.exit_code == 0, out.output
+    values = _listed_values(out.output, title)
+    assert len(values) == 3
+    assert values == sorted(values, reverse=mode == "max"), out.output
+
+
+def test_status_refuses_a_metric_no_trial_reported_and_a_negative_top(storage):
+    out = CliRunner().invoke(main, ["status", storage, "--study", "sim", "--metric", "val_accuracy"])
+    assert out.exit_code == 2, out.output
+    assert (
+        "Error: no trial of study 'sim' reported 'val_accuracy' (its metrics: loss, val_acc, val_loss)"
+        in (out.output)
+    )
+    out = CliRunner().invoke(main, ["status", storage, "--study", "sim", "--top", "-1"])
+    assert out.exit_code == 2 and "--top" in out.output

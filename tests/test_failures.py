@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from user_trainers import FailsAtStep, MnistStyle
+from user_trainers import DivergesAtHighLr, FailsAtStep, MnistStyle
 
 import dagtune as dt
 from dagtune.algos import GridSearch
@@ -21,7 +21,7 @@ from dagtune.catalog import load_study, open_storage
 from dagtune.cli import main
 from dagtune.dashboard.figures import counters_html
 from dagtune.dashboard.snapshot import result_snapshot, stored_snapshot
-from dagtune.notices import TrialsFailedWarning
+from dagtune.notices import TrialsDivergedWarning, TrialsFailedWarning
 from dagtune.progress import read_state
 from dagtune.sim import SimulatedExecutor
 from dagtune.summary import error_line
@@ -59,6 +59,85 @@ def test_a_run_without_failures_warns_about_nothing(recwarn):
     study = dt.Study(MnistStyle, executor=SimulatedExecutor(1))
     result = study.run(GridSearch([{"lr": 0.05}], metric="val_loss", mode="min", steps=2))
     assert result.failed == [] and not [w for w in recwarn if w.category is TrialsFailedWarning]
+
+
+DIVERGING = [{"lr": 0.05}, {"lr": 5.0}, {"lr": 0.02}]
+
+
+def test_a_run_with_diverged_trials_warns_and_names_them(recwarn):
+    """A NaN or infinite metric ends its trial as diverged: the run says so (a trial cut
+    short by a metric nobody looked at must not pass silently)."""
+    study = dt.Study(DivergesAtHighLr, executor=SimulatedExecutor(2))
+    with pytest.warns(TrialsDivergedWarning) as caught:
+        result = study.run(GridSearch(DIVERGING, metric="val_loss", mode="min", steps=3))
+    assert [t.id for t in result.diverged] == [1] and result.diverged[0].status == "diverged"
+    assert result.failed == [] and not [w for w in recwarn if w.category is TrialsFailedWarning]
+    (warning,) = [w for w in caught if w.category is TrialsDivergedWarning]
+    assert str(warning.message) == (
+        "1 of 3 trials diverged (a NaN or infinite metric ends its trial): the first, trial 1, "
+        "after 1 step: loss=nan (Result.diverged has them)"
+    )
+    assert warning.filename == __file__  # it points at the caller's line
+
+
+def test_a_run_without_divergence_warns_about_nothing(recwarn):
+    study = dt.Study(DivergesAtHighLr, executor=SimulatedExecutor(1))
+    result = study.run(GridSearch([{"lr": 0.05}], metric="val_loss", mode="min", steps=2))
+    assert result.diverged == [] and not [w for w in recwarn if w.category is TrialsDivergedWarning]
+
+
+DIVERGING_SCRIPT = textwrap.dedent(
+    """
+    from user_trainers import DivergesAtHighLr
+
+    from dagtune.algos import GridSearch
+    from dagtune.launch import StudySetup
+    from dagtune.sim import SimulatedExecutor
+
+    def study_setup():
+        space = [{"lr": 0.05}, {"lr": 5.0}, {"lr": 0.02}]
+        return StudySetup(trainer=DivergesAtHighLr, algorithm=GridSearch(space, "val_loss", "min", steps=3),
+                          name="nan", options={"executor": SimulatedExecutor(2)})
+    """
+)
+
+
+def test_dagtune_run_lists_the_diverged_trials_and_exits_0(tmp_path, recwarn):
+    """Diverging is a result of the search, not a failure (exit 0), but `dagtune run` names
+    the trials it cut short and why (once: not again as a Python warning)."""
+    (tmp_path / "nan.py").write_text(DIVERGING_SCRIPT)
+    out = CliRunner().invoke(main, ["run", str(tmp_path / "nan.py"), "--storage", str(tmp_path / "runs")])
+    assert out.exit_code == 0, out.output
+    assert "1 of 3 trials diverged (a NaN or infinite metric ends its trial):" in out.output
+    assert "trial 1 after 1 step: loss=nan" in out.output
+    assert not [w for w in recwarn if w.category is TrialsDivergedWarning]
+
+
+FAILING_SCRIPT = textwrap.dedent(
+    """
+    from user_trainers import FailsAtStep
+
+    from dagtune.algos import GridSearch
+    from dagtune.launch import StudySetup
+    from dagtune.sim import SimulatedExecutor
+
+    def study_setup():
+        space = [{"lr": 0.05}, {"lr": 0.02}]
+        return StudySetup(trainer=FailsAtStep, algorithm=GridSearch(space, "val_loss", "min", steps=4),
+                          name="fails", options={"executor": SimulatedExecutor(2), "max_retries": 0})
+    """
+)
+
+
+def test_dagtune_run_says_its_best_trial_failed(tmp_path, recwarn):
+    """With every trial failed, the best is the best a failed trial reached: the run's
+    headline says it failed, as the progress line does. The failures are listed once, not
+    again as a Python warning pointing into dagtune's command."""
+    (tmp_path / "fails.py").write_text(FAILING_SCRIPT)
+    out = CliRunner().invoke(main, ["run", str(tmp_path / "fails.py"), "--storage", str(tmp_path / "runs")])
+    assert out.exit_code == 1, out.output
+    assert not [w for w in recwarn if w.category is TrialsFailedWarning]
+    assert "after 2 steps (failed)" in " ".join(out.output.split()), out.output
 
 
 def test_status_has_a_failed_column_and_the_error_lines(tmp_path):

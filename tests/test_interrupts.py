@@ -12,6 +12,7 @@ every 2, paced so that a run lasts seconds after the cluster starts.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shlex
@@ -36,6 +37,7 @@ from dagtune.cli import main
 from dagtune.config import config_dumps
 from dagtune.records import PENDING
 from dagtune.study import Study, run_alone
+from dagtune.study_lease import writer_status
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +62,12 @@ def run_to_the_end(storage: str, *extra: str) -> str:
     return done.stdout
 
 
-def run_and_cut(storage: str, number: int, when, *extra: str) -> tuple[int, list[str]]:
+def run_and_cut(
+    storage: str, number: int, when, *extra: str, again: float | None = None
+) -> tuple[int, list[str]]:
     """Start the run as a process group of its own, send it signal `number` once
-    ``when(storage, lines)`` holds, and return its exit code and output lines."""
+    ``when(storage, lines)`` holds (and, with `again`, once more that many seconds later, if
+    it still runs), and return its exit code and output lines."""
     process = subprocess.Popen(
         command(storage, *extra),
         stdout=subprocess.PIPE,
@@ -80,6 +85,10 @@ def run_and_cut(storage: str, number: int, when, *extra: str) -> tuple[int, list
             assert time.monotonic() < deadline, "the cut never came:\n" + "".join(lines)[-4000:]
             time.sleep(0.02)
         os.killpg(process.pid, number)
+        if again is not None:
+            time.sleep(again)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, number)
         code = process.wait(timeout=180)
     finally:
         if process.poll() is None:
@@ -227,6 +236,25 @@ def test_cut_then_the_same_command_again_gives_the_uninterrupted_result(tmp_path
             assert not any("Traceback" in line for line in lines)
             assert_storage_agrees(storage)  # a killed process leaves results as they were last written
     output = run_to_the_end(storage, *fuse)
+    reference, reference_output = started.result()
+    assert_same_results(storage, reference)
+    assert best_lines(output) == best_lines(reference_output)
+
+
+def test_ctrl_c_twice_lets_the_study_close_and_the_same_command_continues(tmp_path, uninterrupted):
+    """Ctrl-C pressed again while the study closes (an impatient user) is ignored with one
+    notice: the close is not cut short (no traceback from Dask's exit handlers, the lease
+    released), and the same command again gives the uninterrupted result."""
+    started = uninterrupted(())
+    storage = str(tmp_path / "runs")
+    code, lines = run_and_cut(storage, signal.SIGINT, after_commits(5), again=0.1)
+    assert code == 128 + signal.SIGINT, "\n".join(lines)
+    assert_one_line(lines, "Ctrl-C", storage, ())
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert sum("dagtune: closing the study" in line for line in lines) == 1, "\n".join(lines)
+    assert writer_status(open_storage(storage), NAME).startswith("none (last closed by session")
+    assert_storage_agrees(storage)
+    output = run_to_the_end(storage)
     reference, reference_output = started.result()
     assert_same_results(storage, reference)
     assert best_lines(output) == best_lines(reference_output)

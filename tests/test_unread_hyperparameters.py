@@ -14,10 +14,11 @@ from user_trainers import MnistStyle, Typo
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.checkpoints import serialize_state
-from dagtune.hpreads import RecordingValues
+from dagtune.hpreads import RecordingValues, SetupValues
 from dagtune.notices import UnreadHyperparameterWarning
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.study import Study, run_alone
+from dagtune.summary import error_line
 
 
 class ReadsOnlyLr(MnistStyle):
@@ -111,3 +112,50 @@ def test_a_warning_from_a_dask_worker_reaches_the_study(client, tmp_path):
         pytest.warns(UnreadHyperparameterWarning, match="never read hyper-parameter 'lr'"),
     ):
         study.submit({"lr": 0.05}, 2).result(timeout=120)
+
+
+class ReadsEveryValueEveryTime(MnistStyle):
+    """Reads ``hp["lr"]`` in every ``setup()``, as if it were handed every value each time."""
+
+    def setup(self, hp):
+        for group in self.optimizer.param_groups:
+            group["lr"] = hp["lr"]
+        self.batch_size = hp["batch_size"]
+
+
+def test_reading_a_value_that_did_not_change_says_why_it_is_missing():
+    """setup() is handed only the values that changed: a trainer that reads ``hp["lr"]``
+    unconditionally fails where only the batch size changes, and the error says so instead
+    of a bare ``KeyError: 'lr'`` about a config that has ``lr``."""
+    study = Study(ReadsEveryValueEveryTime, executor=SimulatedExecutor(1))
+    with pytest.warns(dt.TrialsFailedWarning):
+        result = study.run(
+            GridSearch([{"lr": 0.05, "batch_size": dt.Steps([32, 64], [2])}], "val_loss", "min", steps=3)
+        )
+    (failed,) = result.failed
+    assert failed.steps == 2  # steps 0 and 1 trained; the setup() before step 2 failed
+    assert error_line(failed.error) == (
+        "dagtune.hpreads.MissingHyperparameterError: setup() read hyper-parameter 'lr', which did not "
+        "change before step 2: setup() is handed only the values that changed before the step it "
+        "prepares (every value at a start or a resume), so test 'lr' in hp (or use hp.get) first"
+    )
+
+
+def test_reading_a_value_the_config_does_not_have_names_what_it_has():
+    with pytest.raises(dt.TrialError) as failure:
+        run_alone(ReadsEveryValueEveryTime, {"learning_rate": 0.05, "batch_size": 32}, 2)
+    assert error_line(str(failure.value)) == (
+        "dagtune.hpreads.MissingHyperparameterError: setup() read hyper-parameter 'lr', which the "
+        "config does not have (it has 'batch_size', 'learning_rate'): a misspelled name? Use "
+        "hp.get('lr', default) for one the config may leave out"
+    )
+
+
+def test_a_missing_value_is_a_key_error_and_the_values_save_as_a_dict():
+    values = SetupValues({"lr": 0.1}, ["lr", "momentum"], 3)
+    with pytest.raises(KeyError, match="'momentum', which did not change before step 3") as missing:
+        values["momentum"]
+    assert isinstance(missing.value, dt.DagtuneError)
+    assert values.get("momentum", 0.9) == 0.9 and "momentum" not in values  # only [] raises
+    data = serialize_state({"hp": values})
+    assert dict(torch.load(io.BytesIO(data), weights_only=True)["hp"]) == {"lr": 0.1}

@@ -15,6 +15,7 @@ see conftest).
 from __future__ import annotations
 
 import inspect
+import math
 import os
 
 import torch
@@ -176,6 +177,19 @@ class FailsAtStep(MnistStyle):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.steps = state["steps"]
+
+
+class DivergesAtHighLr(MnistStyle):
+    """Its training loss is NaN when ``lr`` is above 1, as a learning rate far too high makes it."""
+
+    def setup(self, hp):
+        super().setup(hp)
+        if "lr" in hp:
+            self.lr = hp["lr"]
+
+    def train(self):
+        metrics = super().train()
+        return {"loss": math.nan} if self.lr > 1 else metrics
 
 
 class TooBigForTwo(MnistStyle):

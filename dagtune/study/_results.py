@@ -11,7 +11,7 @@ from dagtune.config import Config
 from dagtune.errors import DagtuneError
 from dagtune.frames import curves_table
 from dagtune.importance import hyperparameter_importance
-from dagtune.records import COMPLETED, FAILED, Trial, TrialSnapshot
+from dagtune.records import COMPLETED, DIVERGED, FAILED, Trial, TrialSnapshot
 from dagtune.restore import Restorer, TrialPath
 from dagtune.summary import best_of, trials_frame
 from dagtune.trainer import Trainer
@@ -163,6 +163,16 @@ class Result:
             _as_result(t, self._models)
             for t in sorted(self._trials, key=lambda t: t.id)
             if t.status == FAILED
+        ]
+
+    @property
+    def diverged(self) -> list[TrialResult]:
+        """The trials that diverged (a metric was NaN or infinite at their last step, which
+        ended them there), in trial order."""
+        return [
+            _as_result(t, self._models)
+            for t in sorted(self._trials, key=lambda t: t.id)
+            if t.status == DIVERGED
         ]
 
     @property

@@ -37,7 +37,7 @@ from dagtune.gc import GcPolicy, collect
 from dagtune.identity import model_identity, stored_kwargs, trainer_name
 from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.mainguard import check_main_guard
-from dagtune.notices import TrialsFailedWarning
+from dagtune.notices import TrialsDivergedWarning, TrialsFailedWarning
 from dagtune.plan import SearchPlan
 from dagtune.progress import watch
 from dagtune.records import FAILED, PENDING, Activity, StudyLink, StudyView, Trial, check_steps, is_study_name
@@ -52,7 +52,7 @@ from dagtune.study._session import Session
 from dagtune.study._workers import WorkerWatch
 from dagtune.study_index import write_study_index
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
-from dagtune.summary import error_line, trained_from_plan
+from dagtune.summary import divergence_line, error_line, trained_from_plan
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
 from dagtune.validation import check_int, check_number
@@ -122,6 +122,11 @@ class Study:
     changed the training state: <keys>`` if they differ (results would depend on where
     dagtune evaluates); 0 turns it off. The global random generators and every module's
     training mode need no check: dagtune puts them back after every evaluation.
+
+    `checkpoint_every` (steps; None: no more than that) makes every stage also save a
+    checkpoint every that many steps, besides where it ends and where trials branch: what an
+    interrupt, a lost worker or a killed coordinator trains again is then at most that many
+    steps per stage (without it, a whole stage without branches).
 
     `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
     trainer loaded from the checkpoint trains the next step beside the trainer that saved
@@ -550,6 +555,7 @@ class Study:
             gpus=float((self.resources or {}).get("GPU", 0)),
         )
         _warn_failures(result, len(trials))
+        _warn_divergence(result, len(trials))
         return result
 
     def _model_of(self, trial_id: int) -> tuple[Restorer, TrialPath]:
@@ -736,6 +742,21 @@ def _warn_failures(result: Result, trials: int) -> None:
             f"{len(failed)} of {trials} trials failed; the first, trial {first.id}: "
             f"{error_line(first.error)} (Result.failed has them, with their tracebacks)",
             TrialsFailedWarning,
+            stacklevel=3,
+        )
+
+
+def _warn_divergence(result: Result, trials: int) -> None:
+    """End a run whose trials diverged with a warning saying how many and where the first
+    did: a NaN or infinite metric ends a trial early, whichever metric it is, so a trial cut
+    short by a metric nobody looks at is not passed over in silence."""
+    diverged = result.diverged
+    if diverged:
+        first = diverged[0]
+        warnings.warn(
+            f"{len(diverged)} of {trials} trials diverged (a NaN or infinite metric ends its trial): the "
+            f"first, trial {first.id}, {divergence_line(first.steps, first.metrics)} (Result.diverged has them)",
+            TrialsDivergedWarning,
             stacklevel=3,
         )
 
