@@ -209,11 +209,14 @@ _NONE = object()  # no cell made yet
 def _json(value: Any) -> str:
     """A hyper-parameter's value (a JSON scalar, NaN or None) as JSON text that reads back
     the same value of the same type. A finite float or a plain int is written as `json`
-    writes it (its repr) without the encoder's setup, which cost more than the text: a
-    write makes one such cell per hyper-parameter of every trial that changed."""
+    writes it (its repr), and None as ``null``, without the encoder's setup, which cost more
+    than the text: a write makes one such cell per hyper-parameter of every trial that
+    changed."""
     kind = type(value)
     if (kind is float and math.isfinite(value)) or kind is int:
         return repr(value)
+    if value is None:  # the last value of a trial that reached no step yet
+        return "null"
     return json.dumps(value.item() if isinstance(value, np.generic) else value)
 
 
