@@ -91,7 +91,7 @@ class ResultsWriter:
         self._group: Any = None
         self._forget()
         # zarr imported now, when the study opens, not inside its first results write: its
-        # import (about 0.3 s of CPU) would stall the event loop in the middle of the run
+        # import (about 0.1 s of CPU) would stall the event loop in the middle of the run
         importlib.import_module("zarr")
         #: trials the last write compared with what it had written (the others: unchanged)
         self.visited = 0
