@@ -137,8 +137,9 @@ def test_study_run_updates_its_live_view_in_a_real_kernel(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_notebook_runs_top_to_bottom():
+def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook's storage: a temporary directory
     notebook = nbformat.read(os.path.join(EXAMPLES, "quickstart.ipynb"), as_version=4)
     outputs = _execute(notebook, EXAMPLES)
     assert not [o for o in outputs if o.output_type == "error"]

@@ -133,13 +133,14 @@ class SnapshotFeed:
         self.client = client
         self.key = f"{study.name}-{study.activity().token}"
         self._sent: tuple | None = None
+        self._labels: dict[tuple[str, str | None], str] = {}  # the tree's labels so far (they never change)
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
         state = self.study.activity().changes
         if state == self._sent and not force:
             return False
-        snapshot = live_snapshot(self.study)
+        snapshot = live_snapshot(self.study, self._labels)
         snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
