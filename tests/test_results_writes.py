@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import zarr
 import zarr.storage
-from results_helpers import count_stored_keys, curve_of, expected_table, read_curve
+from results_helpers import count_read_keys, count_stored_keys, curve_of, expected_table, read_curve
 
 import dagtune as dt
 from dagtune.records import MetricsPoint, Trial
@@ -134,6 +134,38 @@ def test_the_log_reads_the_same_before_and_after_it_is_applied(tmp_path):
     compacted = open_results(str(tmp_path), "s")
     pd.testing.assert_frame_equal(compacted.trials, frame)
     pd.testing.assert_frame_equal(compacted.curve("loss"), curve)
+    assert read_curve(tmp_path) == curve_of(trials)
+
+
+def test_writes_neither_reread_arrays_nor_resize_the_log_each_time(tmp_path, stored_keys, monkeypatch):
+    """64 writes (the first, then one trial moving on at each), then writes and compactions:
+    the writer opens each array once (no metadata read after it made or opened it) and the
+    change log has room that doubles when full, so its metadata is stored 3 times (made with
+    room for 16 entries, grown to 32 and 64), not at every write (main stored it at every
+    write and read 4 metadata documents per write: the log's and the step coordinate's,
+    each looked up, then opened). Everything reads back exactly."""
+    read_keys = count_read_keys(monkeypatch)
+    url = str(tmp_path / "studies" / "s" / "results.zarr")
+    writer = ResultsWriter(url, None, study="s", identity="x", compact_min=10**9)
+    trials = _trials(100)
+    writer.write(trials)
+    first_reads = len(read_keys)
+    for step in range(2, 65):
+        _advance(trials, [step], step)
+        assert writer.write(trials)
+    metadata_reads = [k for k in read_keys[first_reads:] if k.endswith("zarr.json")]
+    assert metadata_reads == []
+    assert stored_keys.count("log/zarr.json") == 3
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+    assert read_curve(tmp_path) == curve_of(trials)
+    assert writer.compact()  # makes the base arrays
+    read_keys.clear()
+    for step in range(65, 70):
+        _advance(trials, [step], step)
+        assert writer.write(trials)
+    assert writer.compact()  # applies the log to the arrays it made
+    assert [k for k in read_keys if k.endswith("zarr.json")] == []
+    pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
     assert read_curve(tmp_path) == curve_of(trials)
 
 

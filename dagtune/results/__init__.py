@@ -39,8 +39,9 @@ an entry holding all the cells of the trials new to the group and the changing c
 (status, steps, error, final metrics, hyper-parameters' last values) of every trial the
 write stored, and the curves' new points. The attributes ``rows`` (base rows), ``steps``
 (curve columns), ``based`` (``metrics`` and ``hyperparameters``: the array names the base
-holds) and ``log`` (committed entries) say how much of each array counts, and are written
-last, in one store write: that commits the write. Readers take the base's rows, then the
+holds) and ``log`` (committed entries) say how much of each array counts (the ``log``
+array has room for more entries than are committed: it doubles when full and never
+shrinks), and are written last, in one store write: that commits the write. Readers take the base's rows, then the
 trials new in the log in the order they came, and apply the log's cells in order (the last
 entry of a trial, or of a curve cell, wins). Once the log reaches a quarter of the table,
 and when the study closes, the writer applies it to the base and empties it, so after a

@@ -5,6 +5,7 @@ zarr calls that differ between zarr 3 (Python >= 3.11) and zarr 2.18 (Python 3.1
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -207,7 +208,15 @@ _NONE = object()  # no cell made yet
 
 def _json(value: Any) -> str:
     """A hyper-parameter's value (a JSON scalar, NaN or None) as JSON text that reads back
-    the same value of the same type."""
+    the same value of the same type. A finite float or a plain int is written as `json`
+    writes it (its repr), and None as ``null``, without the encoder's setup, which cost more
+    than the text: a write makes one such cell per hyper-parameter of every trial that
+    changed."""
+    kind = type(value)
+    if (kind is float and math.isfinite(value)) or kind is int:
+        return repr(value)
+    if value is None:  # the last value of a trial that reached no step yet
+        return "null"
     return json.dumps(value.item() if isinstance(value, np.generic) else value)
 
 
@@ -231,14 +240,16 @@ def names_added(names: Mapping[str, str], metrics: set[str]) -> dict[str, str]:
     return names
 
 
-def put_steps(group: Any, steps: int) -> None:
+def put_steps(group: Any, steps: int, array: Any = None) -> Any:
     """The ``step`` coordinate 0 .. `steps` - 1, writing only what it lacks, a block at a
-    time (its length follows the steps trained, never the steps a trial asked for)."""
-    if "step" in group:
+    time (its length follows the steps trained, never the steps a trial asked for); returns
+    the array. `array`: the group's ``step`` array as the caller holds it (None: looked up)."""
+    if array is None and "step" in group:
         array = group["step"]
+    if array is not None:
         have = array.shape[0]
         if have == steps:
-            return
+            return array
         array.resize((steps,))
     else:
         array = create_array(group, "step", shape=(steps,), dtype="int64", chunks=(_CHUNK_VALUES,))
@@ -246,3 +257,4 @@ def put_steps(group: Any, steps: int) -> None:
     for begin in range(have, steps, _STEP_BLOCK):
         end = min(begin + _STEP_BLOCK, steps)
         array[begin:end] = np.arange(begin, end, dtype=np.int64)
+    return array

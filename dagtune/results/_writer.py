@@ -3,6 +3,7 @@ costing what changed since the last one (format ``dagtune-results/5``, `dagtune.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -31,6 +32,9 @@ __all__ = ["COMPACT_FRACTION", "COMPACT_MIN", "ResultsWriter"]
 
 COMPACT_FRACTION = 0.25  # the change log applied to the base once it reaches this part of it
 COMPACT_MIN = 4096  # ... and at least this many rows and points
+#: entries the change log has room for when made; it doubles when full and never shrinks
+#: (readers read its committed entries, attribute ``log``), so a write resizes it seldom
+_LOG_ROOM = 16
 
 #: a curve's points to store: metric array name -> (trial ids, steps from 0, values)
 _Points = dict[str, tuple[list[int], list[int], list[float]]]
@@ -86,6 +90,9 @@ class ResultsWriter:
         self.compact_fraction, self.compact_min = compact_fraction, compact_min
         self._group: Any = None
         self._forget()
+        # zarr imported now, when the study opens, not inside its first results write: its
+        # import (about 0.1 s of CPU) would stall the event loop in the middle of the run
+        importlib.import_module("zarr")
         #: trials the last write compared with what it had written (the others: unchanged)
         self.visited = 0
 
@@ -104,6 +111,9 @@ class ResultsWriter:
         self._based_points = 0  # points applied to the base curves
         self._cleared: _Points = {}  # stored points the trials lack: written NaN next
         self._unwritten: set[int] = set()  # trials whose stored rows differ: written next
+        #: the group's arrays opened (or made) so far, by name: opening one reads and parses
+        #: its metadata, which every write and compaction did again for each array it touched
+        self._arrays: dict[str, Any] = {}
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return f"ResultsWriter({self.url!r})"
@@ -231,14 +241,15 @@ class ResultsWriter:
             max((point.step for i in moved for point in trials[i].points), default=0),
         )
         text = entry_text(new, rows, points)
-        if "log" in group:
-            log = group["log"]
-            if log.shape != (entries + 1,):
-                log.resize((entries + 1,))
-        else:
-            log = create_array(group, "log", shape=(entries + 1,), dtype="text", chunks=(1,))
+        log = self._array("log")
+        if log is None:
+            log = self._arrays["log"] = create_array(
+                group, "log", shape=(_LOG_ROOM,), dtype="text", chunks=(1,)
+            )
+        elif log.shape[0] <= entries:  # room for more entries: readers read the committed ones
+            log.resize((max(entries + 1, 2 * log.shape[0]),))
         log[entries : entries + 1] = text_array([text])
-        put_steps(group, steps)
+        self._arrays["step"] = put_steps(group, steps, self._array("step"))
         self._commit(keys, hyper_keys, self._base_rows, steps, entries + 1, self._based)
         for i in fresh:
             self._rows[i] = len(self._rows)
@@ -252,18 +263,22 @@ class ResultsWriter:
     def _new_points(self, trials: Mapping[int, Trial], moved: list[int], keys: Mapping[str, str]) -> _Points:
         """The curve points of the trials `moved` not written yet (and the stored points the
         trials lack, as NaN), per metric array name."""
-        points: _Points = {}
-        for metric, key in keys.items():
-            ids, steps, values = (list(part) for part in self._cleared.get(key, ([], [], [])))
-            for i in moved:
-                for point in trials[i].points[self._points.get(i, 0) :]:
-                    value = point.get(metric)
+        found: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        written = self._points
+        for i in moved:  # one pass over the new points (a point: step, names, *values)
+            for point in trials[i].points[written.get(i, 0) :]:
+                step = point[0] - 1
+                for metric, value in zip(point[1], point[2:]):
                     if value is not None:
+                        ids, steps, values = found.get(metric) or found.setdefault(metric, ([], [], []))
                         ids.append(i)
-                        steps.append(point.step - 1)
+                        steps.append(step)
                         values.append(float(value))
-            if ids:
-                points[key] = (ids, steps, values)
+        points: _Points = {}
+        for metric, key in keys.items():  # the stored points the trials lack first
+            cleared, new = self._cleared.get(key, ([], [], [])), found.get(metric, ([], [], []))
+            if cleared[0] or new[0]:
+                points[key] = (cleared[0] + new[0], cleared[1] + new[1], cleared[2] + new[2])
         return points
 
     def _commit(
@@ -295,8 +310,8 @@ class ResultsWriter:
         """Apply the committed change log to the base arrays (the last entry of a trial or
         curve cell wins), then commit it empty. Until that commit readers still apply the
         log, over base cells old or new: either reads the same."""
-        group, base = self._group, self._base_rows
-        changes = LogChanges(group["log"][: self._entries])
+        base = self._base_rows
+        changes = LogChanges(self._array("log")[: self._entries])
         total = base + len(changes.new_ids)
         rows = np.fromiter((self._rows[int(i)] for i in changes.ids), dtype=np.int64, count=len(changes.ids))
         order = np.argsort(rows, kind="stable")
@@ -321,6 +336,13 @@ class ResultsWriter:
         self._commit(self._keys, self._hyper_keys, total, self._steps, 0, based)
         self._based, self._base_rows, self._entries, self._logged = based, total, 0, 0
 
+    def _array(self, name: str) -> Any:
+        """The group's array `name` as opened before, else opened now (None if it has none)."""
+        array = self._arrays.get(name)
+        if array is None and name in self._group:
+            array = self._arrays[name] = self._group[name]
+        return array
+
     def _base_array(self, name: str, dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], base: int):
         """Base array `name` with `shape`: the committed one grown, or one made anew (not
         committed: what a failed compaction left is replaced) with the cells of the `base`
@@ -331,13 +353,13 @@ class ResultsWriter:
         else:
             committed = self._base_rows > 0
         if committed:
-            array = self._group[name]
+            array = self._array(name)
             if array.shape != shape:
                 array.resize(shape)
             return array
         missing = missing_cell(name) if parts[0] != "curve" else np.nan
         fill = {"fill_value": missing} if dtype in ("float64", "bool") else {}
-        array = create_array(
+        array = self._arrays[name] = create_array(
             self._group, name, shape=shape, dtype=dtype, chunks=chunks, overwrite=True, **fill
         )
         if base and dtype == "text":
