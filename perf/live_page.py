@@ -1,0 +1,164 @@
+"""What a running study's page costs at N trials, mid-run (issue 24, RESULTS 9l), and what
+reaching that state costs.
+
+A simulated grid of N trials x 12 steps, 10 per shared prefix (N/10 constant learning rates,
+each with 10 batch-size schedules that part at steps 1 to 10), submitted one by one with
+`Study.submit` on `SimulatedExecutor` (100 virtual workers; memory path: a study given an
+executor takes its store, here the simulator's `MemoryStore`, so it has no journals), then pumped
+(`Coordinator.pump`) until 3N steps ran: mid-run, most trials pending. Then
+`Study.view(schedule=True)` (taken under the study's lock) and
+`dagtune.dashboard.snapshot.live_snapshot` (the page's snapshot, the view included) are
+timed `--repeat` times in CPU seconds (median), with the cyclic garbage collector's share
+of them (``view_gc_s``, ``snapshot_gc_s``: the median of its CPU inside each call; the full
+collections in all, ``*_full_gcs``; a full collection walks every object the process tracks,
+``objects_tracked`` at the end, the simulator's checkpoints included: `MemoryStore` keeps a
+deep copy of each, its generators' states as Python objects).
+
+Besides those, the script says what getting there cost, by phase, in CPU seconds: the
+submissions (``submit_s``) and the pumps (``pump_s``, with the pumps' count and the CPU of
+the first and the last tenth of them, ``pump_first_tenth_ms`` and ``pump_last_tenth_ms``
+per pump: a pump whose cost grows with the trials done shows there). ``--workers`` changes
+the virtual workers (more workers: fewer pumps to the same state).
+
+    python perf/live_page.py 10000 [--workers 100] [--repeat 5] [--profile FILE] [--json]
+
+``--profile FILE`` profiles the pumping phase only, ``--profile-view FILE`` one view after the
+timed ones (cProfile: shares, not figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dagtune as dt
+from dagtune.dashboard.snapshot import live_snapshot
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+STEPS = 12
+BRANCHES = 10  # trials per shared prefix
+
+
+def space(n: int) -> dt.Grid:
+    """N trials: N/10 learning rates x 10 batch-size schedules parting at steps 1 to 10."""
+    return dt.Grid(
+        {
+            "lr": [dt.Constant(0.001 * (i + 1)) for i in range(n // BRANCHES)],
+            "batch_size": [dt.MultiStep(32, [s], 0.5) for s in range(1, BRANCHES + 1)],
+        }
+    )
+
+
+class Collections:
+    """CPU seconds of the cyclic garbage collector's runs while it listens (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0  # generation-2 collections
+        self._began = 0.0
+        gc.callbacks.append(self._heard)
+
+    def _heard(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+            self.full += info["generation"] == 2
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._heard)
+
+
+def median_cpu(function: Callable[[], Any], repeat: int) -> tuple[float, float, int]:
+    """The median CPU seconds of `repeat` calls of `function`, the median of the collector's
+    share in them, and the full collections in all."""
+    seconds, collected = [], []
+    collections = Collections()
+    try:
+        for _ in range(repeat):
+            before = collections.seconds
+            began = time.process_time()
+            function()
+            seconds.append(time.process_time() - began)
+            collected.append(collections.seconds - before)
+    finally:
+        collections.close()
+    return statistics.median(seconds), statistics.median(collected), collections.full
+
+
+def measure(
+    n: int, workers: int, repeat: int, profile: str | None = None, profile_view: str | None = None
+) -> dict[str, Any]:
+    """The figures the module docstring names, for an N-trial study."""
+    study = dt.Study(SyntheticTrainer, name="v", executor=SimulatedExecutor(workers))
+    try:
+        began = time.process_time()
+        for config in space(n):
+            study.submit(config, STEPS)
+        submit_s = time.process_time() - began
+        coordinator = study.coordinator
+        profiler = cProfile.Profile() if profile else None
+        pumps: list[float] = []
+        began = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        while coordinator.executed_steps < 3 * n:  # mid-run: some ended, most pending
+            before = time.process_time()
+            coordinator.pump()
+            pumps.append(time.process_time() - before)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        pump_s = time.process_time() - began
+        live_snapshot(study)  # its imports
+        tenth = max(1, len(pumps) // 10)
+        view = median_cpu(lambda: study.view(schedule=True), repeat)
+        snapshot = median_cpu(lambda: live_snapshot(study), repeat)
+        if profile_view is not None:
+            cProfile.runctx("study.view(schedule=True)", {}, {"study": study}, profile_view)
+        return {
+            "trials": n,
+            "workers": workers,
+            "submit_s": round(submit_s, 2),
+            "pumps": len(pumps),
+            "pump_s": round(pump_s, 2),
+            "pump_first_tenth_ms": round(sum(pumps[:tenth]) / tenth * 1e3, 2),
+            "pump_last_tenth_ms": round(sum(pumps[-tenth:]) / tenth * 1e3, 2),
+            "executed": coordinator.executed_steps,
+            "view_s": round(view[0], 3),
+            "view_gc_s": round(view[1], 3),
+            "view_full_gcs": view[2],
+            "snapshot_s": round(snapshot[0], 3),
+            "snapshot_gc_s": round(snapshot[1], 3),
+            "snapshot_full_gcs": snapshot[2],
+            "objects_tracked": len(gc.get_objects()),
+        }
+    finally:
+        study.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trials", type=int)
+    parser.add_argument("--workers", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", metavar="FILE", help="profile the pumping phase, stats to FILE")
+    parser.add_argument("--profile-view", metavar="FILE", help="profile one view at the end, stats to FILE")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+    row = measure(args.trials, args.workers, args.repeat, args.profile, args.profile_view)
+    print(json.dumps(row) if args.json else row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
