@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dagtune as dt
 from dagtune.dashboard.snapshot import live_snapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from perf.collector import Collections
 
 STEPS = 12
 BRANCHES = 10  # trials per shared prefix
@@ -57,26 +58,6 @@ def space(n: int) -> dt.Grid:
             "batch_size": [dt.MultiStep(32, [s], 0.5) for s in range(1, BRANCHES + 1)],
         }
     )
-
-
-class Collections:
-    """CPU seconds of the cyclic garbage collector's runs while it listens (`gc.callbacks`)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.full = 0  # generation-2 collections
-        self._began = 0.0
-        gc.callbacks.append(self._heard)
-
-    def _heard(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._began = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._began
-            self.full += info["generation"] == 2
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._heard)
 
 
 def median_cpu(function: Callable[[], Any], repeat: int) -> tuple[float, float, int]:

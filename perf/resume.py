@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import resource
 import shutil
@@ -54,6 +53,7 @@ from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
 from dagtune.identity import model_identity
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from perf.collector import Collections
 from perf.stored_study import NAME, generate
 
 WORKERS = 100
@@ -78,24 +78,9 @@ def resume(n: int, sessions: int, profile: str | None = None) -> Iterator[dict[s
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class _Collections:
-    """CPU seconds Python's cyclic garbage collector spent so far in this process."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._began = 0.0
-        gc.callbacks.append(self._note)
-
-    def _note(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._began = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._began
-
-
 def _session(directory: str, n: int, session: int, profile: cProfile.Profile | None) -> dict[str, Any]:
     imports = time.process_time()  # the interpreter and the imports at the top, in this process
-    collections = _Collections()
+    collections = Collections()
     executor = SimulatedExecutor(WORKERS, store=CheckpointStore(f"{directory}/runs"))
     launched: list[float] = []
     for method in ("launch", "launch_group"):

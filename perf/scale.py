@@ -80,6 +80,7 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import Coordinator
 from dagtune.records import CheckpointInfo
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from perf.collector import Collections
 
 ALGORITHMS = ("grid", "asha")
 
@@ -202,26 +203,6 @@ class _Uninterning(pickle.Unpickler):
         return value.clone() if isinstance(value, torch.Tensor) else list(value)
 
 
-class FullCollections:
-    """The longest full (generation-2) garbage collection while it listens (`gc.callbacks`)."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self._began = 0.0
-        gc.callbacks.append(self._heard)
-
-    def _heard(self, phase: str, info: dict) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._began = time.process_time()
-        else:
-            self.longest = max(self.longest, time.process_time() - self._began)
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._heard)
-
-
 #: the profiler of a ``--profile`` run, paused inside the simulated executor (`ExecutorClock`)
 PROFILER: cProfile.Profile | None = None
 
@@ -321,7 +302,7 @@ def _run(
         return handled
 
     coordinator.pump = timed_pump
-    collections = FullCollections()
+    collections = Collections()
     search = algorithm(name, n)
     heap = Heap(heap_lines) if heap_lines is not None else None
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
