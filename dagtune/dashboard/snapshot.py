@@ -351,7 +351,7 @@ def live_snapshot(study: Any, labels: MutableMapping[tuple[str, str | None], str
     Taken with the cyclic garbage collector paused: at 10,000 trials a snapshot makes
     hundreds of thousands of short-lived objects (freed by their reference counts), whose
     count set off collections that each walked the study's whole heap and freed nothing
-    (0.88 s of CPU per snapshot against 0.42 s without them, perf/RESULTS.md section 9l)."""
+    (0.88 s of CPU per snapshot against 0.52 s without them, perf/RESULTS.md section 9l)."""
     with collector_paused():
         return _live_snapshot(study, labels)
 
