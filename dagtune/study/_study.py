@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
 from dagtune.checkpoints import CheckpointStore, process_token
+from dagtune.collector_pause import survivors_frozen
 from dagtune.config import Config, normalize_config
 from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
@@ -512,7 +513,7 @@ class Study:
         shown = (
             watch(self, algorithm.metric, algorithm.mode, show="interactive") if progress else nullcontext()
         )
-        with shown, self._lock:
+        with shown, self._lock, survivors_frozen():
             self._metric = (algorithm.metric, algorithm.mode)
             since = self.coordinator.report([])
             self.coordinator.listeners.append(session)
