@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import ClassVar
 
 import pytest
 
@@ -120,7 +121,7 @@ class CollectingTrainer(SyntheticTrainer):
     """A synthetic trainer whose step runs a full collection and notes what stayed frozen
     (on the simulator a step runs in the study's process and thread)."""
 
-    seen: list[int] = []
+    seen: ClassVar[list[int]] = []
 
     def train(self) -> None:
         super().train()
