@@ -238,6 +238,19 @@ class CheckpointStore:
         self.fs  # noqa: B018 - opens the filesystem, which sets the root
         return self._points(f"{self._root}/{identity}/checkpoints")
 
+    def steps(self, identity: str, node: str) -> list[int]:
+        """The steps of `node` that have a checkpoint directory, committed or not (`info`
+        tells), ascending: one listing, for a task to find the checkpoints its path saved
+        where no plan said (`PathTask.checkpoint_interval`)."""
+        base = self.directory(identity, node, 1).rsplit("/", 1)[0]
+        self.fs.invalidate_cache(base)
+        try:
+            names = self.fs.ls(base, detail=False)
+        except FileNotFoundError:
+            return []
+        steps = (name.rstrip("/").rsplit("/", 1)[-1] for name in names)
+        return sorted(int(step) for step in steps if _STEP_DIR.match(step) and int(step) > 0)
+
     def _points(self, base: str) -> Iterator[tuple[str, int, CheckpointInfo]]:
         self.fs.invalidate_cache(base)
         try:

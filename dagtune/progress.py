@@ -3,7 +3,9 @@
 `watch(study, ...)` is a context manager around long work (``study.run``): a daemon
 thread reads the study's state every `interval` seconds (under the study's lock, which the
 waiting caller releases) and shows trials finished, steps trained against steps reuse
-saved, and the best metric so far. Where it shows them:
+saved (both counted from when the watch began: a resumed study's trials reached their
+steps in an earlier session, whose training this one did not do), and the best metric so
+far. Where it shows them:
 
 - ``"terminal"``: a rich progress bar when the stream is a terminal, else plain log lines,
   so CI logs stay short: one when a trial finishes (at most every `log_seconds`), and a
@@ -32,7 +34,7 @@ from typing import IO, Any
 from dagtune.records import FAILED, PENDING
 from dagtune.summary import best_note, best_of, metric_of
 
-__all__ = ["SHOWS", "ProgressState", "in_notebook", "read_state", "watch"]
+__all__ = ["SHOWS", "ProgressState", "in_notebook", "read_state", "watch", "work"]
 
 #: where `watch` shows progress (the module docstring says what each means)
 SHOWS = ("auto", "terminal", "notebook", "interactive")
@@ -48,8 +50,8 @@ class ProgressState:
     study: str
     trials: int
     finished: int
-    trained: int  # executed steps
-    trial_steps: int
+    trained: int  # executed steps, since the watch began
+    trial_steps: int  # steps the trials reached, since the watch began
     best: float | None
     metric: str | None
     elapsed: float
@@ -58,7 +60,8 @@ class ProgressState:
 
     @property
     def saved(self) -> int:
-        """Steps a trial-based system would have trained on top of what was trained."""
+        """Steps a trial-based system would have trained on top of what was trained: the
+        steps the trials reached, less those trained (none when steps were trained again)."""
         return max(0, self.trial_steps - self.trained)
 
     def best_text(self) -> str:
@@ -76,8 +79,13 @@ class ProgressState:
         )
 
 
-def read_state(study: Any, metric: str | None, mode: str, started: float) -> ProgressState:
-    """The study's progress now (taken under its lock)."""
+def read_state(
+    study: Any, metric: str | None, mode: str, started: float, before: tuple[int, int] = (0, 0)
+) -> ProgressState:
+    """The study's progress now (taken under its lock). `before` is its `work` when the
+    watch began: the steps trained and the trial steps count from there, so that a resumed
+    study's trials, which reached their steps in an earlier session, count no step of that
+    session as saved by reuse in this one."""
     view = study.view()
     trials, report = view.trials, view.report
     if metric is None:
@@ -88,14 +96,21 @@ def read_state(study: Any, metric: str | None, mode: str, started: float) -> Pro
         study=view.name if link is None else f"{view.name} ({link.role})",
         trials=len(trials),
         finished=sum(1 for t in trials if t.status != PENDING),
-        trained=report["executed_steps"],
-        trial_steps=report["trial_steps"],
+        trained=report["executed_steps"] - before[1],
+        trial_steps=report["trial_steps"] - before[0],
         best=None if best is None else float(best.metrics[metric]),
         metric=metric,
         elapsed=time.monotonic() - started,
         failed=sum(1 for t in trials if t.status == FAILED),
         best_note="" if best is None else best_note(best),
     )
+
+
+def work(study: Any) -> tuple[int, int]:
+    """The study's trial steps (Σ of the steps its trials reached, restored trials' too) and
+    the steps its session has trained, now."""
+    report = study.view().report
+    return report["trial_steps"], report["executed_steps"]
 
 
 def in_notebook() -> bool:
@@ -225,11 +240,12 @@ def _showing(study: Any, metric: str | None, mode: str, display: Any, interval: 
         yield
         return
     started = time.monotonic()
+    before = work(study)
     done = threading.Event()
 
     def loop() -> None:
         while not done.wait(interval):
-            display.show(read_state(study, metric, mode, started))
+            display.show(read_state(study, metric, mode, started, before))
 
     thread = threading.Thread(target=loop, name=f"dagtune-progress-{study.name}", daemon=True)
     thread.start()
@@ -238,5 +254,5 @@ def _showing(study: Any, metric: str | None, mode: str, display: Any, interval: 
     finally:
         done.set()
         thread.join(timeout=5)
-        display.show(read_state(study, metric, mode, started), final=True)
+        display.show(read_state(study, metric, mode, started, before), final=True)
         display.close()

@@ -24,6 +24,12 @@ that storage holds, which may be one the coordinator never heard of (it died, or
 worker died, between the commit and the events); the task then sends those metrics and
 that checkpoint first, so a step's metrics reach the search plan no later than any
 checkpoint that covers it, and a learning curve is complete after any crash.
+
+Besides the checkpoints its task plans, a task with a ``checkpoint_interval`` saves one at
+the end of the first step that ends that many seconds (on the runner's clock) after its
+last save, or after it began training. Such a checkpoint is not evaluated, nor probed by the
+resume check: the clock decides only which checkpoints exist, never what is trained or
+reported. A rerun finds them by listing its path's nodes in a durable store.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dagtune.checkpoints import CheckpointError, serialize_state
+from dagtune.checkpoints import CheckpointError, CheckpointStore, serialize_state
 from dagtune.config import config_values
 from dagtune.errors import DagtuneError
 from dagtune.evalcheck import EvaluateChecks, training_state
@@ -308,11 +314,18 @@ class MemberPath:
     resumes, what it reads back there, and every event it sends, made here once for both."""
 
     def __init__(
-        self, task: PathTask, worker: str, wallclock: Callable[[], float], started: float | None = None
+        self,
+        task: PathTask,
+        worker: str,
+        wallclock: Callable[[], float],
+        started: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.task = task
         self.worker = worker
         self.wallclock = wallclock
+        self.clock = clock  # measures `checkpoint_interval` (the runner's: virtual in a simulation)
+        self.saved_at: float | None = None  # when it last saved, or began training (`clock`)
         self.started_at = started  # when the task started (None: when it sends `started`)
         self.attempt = uuid.uuid4().hex[:12]
         self.directive = Directive()
@@ -376,6 +389,35 @@ class MemberPath:
             return self.task.node_at(step)
         return self.task.source[0] if self.task.source is not None else None
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def training(self) -> None:
+        """Training begins (its first step is next): the `checkpoint_interval` counts from now
+        until its first save."""
+        if self.saved_at is None:
+            self.saved_at = self.clock()
+
+    def interval_due(self, last: bool) -> bool:
+        """Whether the step just trained is to save an unplanned checkpoint: the task's
+        `checkpoint_interval` has passed since its last save (or since it began training),
+        and the step is not where it stops (`last`: its end or its directive's stop, which
+        need none of their own)."""
+        interval = self.task.checkpoint_interval
+        if interval is None or last or self.saved_at is None:
+            return False
+        return self.clock() - self.saved_at >= interval
+
+    def save(
+        self, store: CheckpointBackend, node: str, step: int, trainer_state: Any
+    ) -> tuple[dict, CheckpointSaved]:
+        """Save the checkpoint at ``(node, step)`` (the trainer's state, the RNG states now,
+        the carried metrics): what was saved and its `CheckpointSaved`. The
+        `checkpoint_interval` counts again from when it is committed."""
+        state = checkpoint_state(trainer_state, self.carried)
+        info = through_storage(store.save, self.task.trainer.identity, node, step, state)
+        self.saved_at = self.clock()
+        return state, self.saved(node, step, info)
+
     # ------------------------------------------------------------------ where it resumes
 
     def resume_point(
@@ -383,19 +425,28 @@ class MemberPath:
     ) -> tuple[tuple[str, int] | None, CheckpointInfo | None]:
         """The latest committed checkpoint of this path (a rerun after a lost worker or a lost
         coordinator resumes from it) with its commit info, else the task's own source (None:
-        the coordinator knows it)."""
-        if store is not None:
-            identity = self.task.trainer.identity
-            for step in sorted(self.task.checkpoints, reverse=True):
-                if self.task.start < step < self.task.end:
-                    node = self.task.node_at(step)
-                    try:
-                        committed = through_storage(store.info, identity, node, step)
-                    except CheckpointError as error:  # a malformed commit marker
-                        raise CorruptPointError(node, step, error) from error
-                    if committed is not None:
-                        return (node, step), committed
-        return self.task.source, None
+        the coordinator knows it). With a `checkpoint_interval`, the unplanned checkpoints
+        of its path count too: a durable store lists each node's (one listing per segment,
+        from the last, until one is found)."""
+        if store is None:
+            return self.task.source, None
+        task, identity = self.task, self.task.trainer.identity
+        listing = task.checkpoint_interval is not None and isinstance(store, CheckpointStore)
+        for segment in reversed(task.segments):
+            low, high = max(segment.start, task.start), min(segment.end, task.end - 1)
+            steps = {s for s in task.checkpoints if low < s <= high}
+            if listing:
+                steps.update(
+                    s for s in through_storage(store.steps, identity, segment.node) if low < s <= high
+                )
+            for step in sorted(steps, reverse=True):
+                try:
+                    committed = through_storage(store.info, identity, segment.node, step)
+                except CheckpointError as error:  # a malformed commit marker
+                    raise CorruptPointError(segment.node, step, error) from error
+                if committed is not None:
+                    return (segment.node, step), committed
+        return task.source, None
 
     def read_point(
         self, store: CheckpointBackend | None, live: LiveTrainers | None, node: str, step: int
@@ -558,7 +609,7 @@ class PathRunner:
         self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
         self.clock = clock
         self.step_seconds = step_seconds
-        self.path = MemberPath(task, worker, wallclock, started)
+        self.path = MemberPath(task, worker, wallclock, started, clock)
         self.members = {task.key: self.path}
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
         self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
@@ -614,6 +665,7 @@ class PathRunner:
         events.insert(0, path.started())
         recording: RecordingValues | None = None
         keep = True  # the trainer stays live at its end (not if it trained a step past it)
+        path.training()
         while (next_step := path.next_step()) is not None:
             segment, t = next_step
             if self._after_checkpoint is not None:  # its events are out: probe the step after it
@@ -647,9 +699,7 @@ class PathRunner:
                 path.carried.append((segment.node, n, metrics))
                 events.append(path.metrics(segment.node, n, metrics))
             if wanted and self.store is not None:
-                state = checkpoint_state(trainer.state_dict(), path.carried)
-                info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
-                events.append(path.saved(segment.node, n, info))
+                events.append(path.save(self.store, segment.node, n, trainer.state_dict())[1])
                 if self._probe is None and self._resume_due():
                     load = functools.partial(self.store.load, task.trainer.identity, segment.node, n)
                     if n < task.end:  # the next step is the path's own: probed once this one is out
@@ -662,6 +712,10 @@ class PathRunner:
             elif self.store is None and n == task.start + 1 and self._resume_due():  # run_alone: in memory
                 saved = serialize_state({"trainer": trainer.state_dict(), "rng": capture_rng()})
                 self._after_checkpoint = (segment, n, functools.partial(_in_memory, saved))
+            elif self.store is not None and path.interval_due(last):
+                # unplanned: not evaluated (nor probed by the resume check), so that what is
+                # trained and reported is the same whenever the clock makes one due
+                events.append(path.save(self.store, segment.node, n, trainer.state_dict())[1])
             # ``step`` comes last: a coordinator that has seen it has seen everything the step
             # produced, so a point it believes passed is never one whose checkpoint is on its way
             events.append(path.stepped(segment.node, n, seconds, train_metrics))

@@ -49,6 +49,11 @@ class PathTask:
     `fusion_check` (``"probe"`` or ``"agreement"``, `dagtune.fusion.check_fusion`) checks its
     trainer before training. `step_timeout` (seconds, None: no limit) is how long the task
     may go without finishing a step before the worker gives it up (`dagtune.execution.dask`).
+    `checkpoint_interval` (seconds, None: never) also saves a checkpoint, unplanned, at the
+    end of the first step that ends at least that long after the task's last save (or after
+    it began training), so that a lost worker, an interrupt or a killed coordinator loses at
+    most about that much training; it adds no evaluation, so what is trained and reported
+    does not depend on the clock, only which extra checkpoints exist.
     """
 
     key: str
@@ -63,6 +68,7 @@ class PathTask:
     check_resume: int = 0
     torch_threads: int | None = None
     step_timeout: float | None = None
+    checkpoint_interval: float | None = None
 
     @property
     def start(self) -> int:

@@ -85,3 +85,32 @@ def test_nothing_is_shown_off_a_terminal_or_when_asked_not_to(tmp_path):
     assert done.stdout.strip() == "done 4" and "trials" not in done.stderr
     quiet = run_in_terminal(script(tmp_path, progress=", progress=False"))
     assert "done 4" in quiet and "saved by reuse" not in quiet
+
+
+def test_a_resumed_study_counts_no_earlier_session_as_saved_by_reuse(tmp_path):
+    """A trial cut at step 15 (its checkpoint at 12) resumes: the run trains 18 steps (12 to
+    30) for the 15 steps its trial reaches in it, which reuse saved none of (the earlier
+    session's 15 steps are not this run's: counted, they read as 12 saved)."""
+    import io
+
+    import dagtune as dt
+    from dagtune.algos import GridSearch
+    from dagtune.checkpoints import CheckpointStore
+    from dagtune.progress import read_state, watch, work
+    from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+    def study() -> dt.Study:
+        executor = SimulatedExecutor(1, store=CheckpointStore(str(tmp_path)))
+        return dt.Study(SyntheticTrainer, name="cut", executor=executor, checkpoint_every=12)
+
+    with study() as first:
+        first.submit({"lr": 0.05}, 30)
+        while first.coordinator.executed_steps < 15:
+            first.coordinator.pump()
+    with study() as again:
+        start = read_state(again, "val_loss", "min", time.monotonic(), work(again))
+        assert (start.trained, start.trial_steps, start.saved) == (0, 0, 0)
+        stream = io.StringIO()
+        with watch(again, "val_loss", "min", show="terminal", stream=stream, interval=60):
+            again.run(GridSearch([{"lr": 0.05}], metric="val_loss", mode="min", steps=30))
+        assert "1/1 trials finished, 18 steps trained, 0 saved by reuse" in stream.getvalue()

@@ -83,6 +83,7 @@ class Dispatcher:
         check_resume: int = 0,
         torch_threads: int | None = None,
         checkpoint_every: int | None = None,
+        checkpoint_interval: float | None = None,
         max_retries: int = 1,
         step_timeout: float | None = None,
         gpus_per_task: float = 1.0,
@@ -103,6 +104,7 @@ class Dispatcher:
         self.check_resume = check_resume
         self.torch_threads = torch_threads
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval  # seconds; None: no unplanned checkpoints
         self.max_retries = max_retries
         self.step_timeout = step_timeout
         self.gpus_per_task = gpus_per_task
@@ -450,6 +452,7 @@ class Dispatcher:
             check_resume=0 if any(s.node in self._unchecked for s in segments) else self.check_resume,
             torch_threads=self.torch_threads,
             step_timeout=self.step_timeout,
+            checkpoint_interval=self.checkpoint_interval,
         )
 
     def _launch_task(self, task: PathTask, priority: float) -> None:

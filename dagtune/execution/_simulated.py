@@ -157,6 +157,7 @@ class SimulatedExecutor(Executor):
             self.store,
             live,
             worker=f"sim-{worker}",
+            clock=self.now,  # virtual: a task's `checkpoint_interval` counts virtual seconds
             wallclock=self.now,
             checks=self._checks[worker],
             resume_checks=self._resume_checks[worker],

@@ -65,9 +65,7 @@ from dagtune.runner import (
     CorruptPointError,
     LiveTrainers,
     MemberPath,
-    checkpoint_state,
     run_to_end,
-    through_storage,
     to_metrics,
 )
 from dagtune.tasks import Directive, PathTask, Segment
@@ -182,7 +180,7 @@ class FusedPathRunner:
         self.step_seconds = step_seconds
         self.checks = checks if checks is not None else EvaluateChecks()  # the worker's, if it keeps one
         self.resume_checks = resume_checks if resume_checks is not None else ResumeChecks()
-        self.members = {task.key: MemberPath(task, worker, wallclock, started) for task in tasks}
+        self.members = {task.key: MemberPath(task, worker, wallclock, started, clock) for task in tasks}
         self.cohorts: list[_Cohort] = []
         wanted = [task.fusion_check for task in tasks if task.fusion_check is not None]
         for check in wanted:
@@ -274,6 +272,8 @@ class FusedPathRunner:
                 yield [*events, *self._end_unfused(started=False)]
                 return
         events.extend(self._acquire())
+        for member in self.members.values():
+            member.training()
         several = len(self.cohorts) > 1
         while True:
             trained = False
@@ -379,10 +379,11 @@ class FusedPathRunner:
             member.carried.append((segment.node, n, metrics))
             events.append(member.metrics(segment.node, n, metrics))
         if wanted and self.store is not None:
-            state = checkpoint_state(group.state_dict(k), member.carried)
-            info = through_storage(self.store.save, task.trainer.identity, segment.node, n, state)
-            events.append(member.saved(segment.node, n, info))
+            state, saved = member.save(self.store, segment.node, n, group.state_dict(k))
+            events.append(saved)
             events.extend(self._check_resume(member, group, state, segment, n))
+        elif self.store is not None and member.interval_due(last):  # unplanned, as `PathRunner`'s
+            events.append(member.save(self.store, segment.node, n, group.state_dict(k))[1])
         events.append(member.stepped(segment.node, n, seconds, train_metrics))
         return events
 

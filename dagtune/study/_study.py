@@ -63,7 +63,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dagtune")
 
-__all__ = ["Study", "TrialHandle"]
+__all__ = ["DEFAULT_CHECKPOINT_INTERVAL", "Study", "TrialHandle"]
+
+#: seconds of a task's training after which it saves a checkpoint of its own accord (`Study`)
+DEFAULT_CHECKPOINT_INTERVAL = 600.0
 
 
 class Study:
@@ -129,6 +132,16 @@ class Study:
     interrupt, a lost worker or a killed coordinator trains again is then at most that many
     steps per stage (without it, a whole stage without branches).
 
+    `checkpoint_interval` (seconds, default 600; None or 0 turns it off) bounds the same
+    loss in time, by default: a task also saves a checkpoint at the end of the first step
+    that ends at least that long after its last save (or after it began training), so an
+    interrupt, a lost worker or a killed coordinator trains again at most that long per
+    stage, plus one step. Which steps get such a checkpoint depends on the clock; nothing
+    else does: they add no evaluation and training never reads them, so every trial's
+    metrics and curve are bit for bit `run_alone`'s with or without them. Once saved, each
+    is an ordinary checkpoint of the search plan (resumed from, kept or collected like a
+    `checkpoint_every` one).
+
     `check_resume`: at each worker's first `check_resume` checkpoints of the model, a fresh
     trainer loaded from the checkpoint trains the next step beside the trainer that saved
     it, and a difference fails the trial with ``resuming from a checkpoint changes
@@ -175,6 +188,7 @@ class Study:
         check_resume: int = 1,
         torch_threads: int | None = 1,
         checkpoint_every: int | None = None,
+        checkpoint_interval: float | None = DEFAULT_CHECKPOINT_INTERVAL,
         max_retries: int = 1,
         step_timeout: float | None = None,
         workers: int | None = None,
@@ -198,6 +212,13 @@ class Study:
         check_int("seed", seed)
         check_int("eval_every", eval_every, minimum=1, optional=True)
         check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)
+        check_number(
+            "checkpoint_interval",
+            checkpoint_interval,
+            minimum=0,
+            optional=True,
+            expected="a number of seconds >= 0 (0 turns it off)",
+        )
         check_evaluate_count(check_evaluate)
         check_evaluate_count(check_resume, "check_resume")
         check_torch_threads(torch_threads)
@@ -306,6 +327,7 @@ class Study:
             check_resume=check_resume,
             torch_threads=torch_threads,
             checkpoint_every=checkpoint_every,
+            checkpoint_interval=float(checkpoint_interval) if checkpoint_interval else None,
             max_retries=max_retries,
             step_timeout=None if step_timeout is None else float(step_timeout),
             gpus_per_task=gpus,
