@@ -435,7 +435,7 @@ class MemberPath:
         for segment in reversed(task.segments):
             low, high = max(segment.start, task.start), min(segment.end, task.end - 1)
             steps = {s for s in task.checkpoints if low < s <= high}
-            if listing:
+            if listing and low < high:  # a segment with no step to resume at is not listed
                 steps.update(
                     s for s in through_storage(store.steps, identity, segment.node) if low < s <= high
                 )

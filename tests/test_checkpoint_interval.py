@@ -94,6 +94,37 @@ def test_a_rerun_resumes_from_the_unplanned_checkpoint(tmp_path):
     assert metrics(again) == dt.run_alone(TinyMLP, config, 30)
 
 
+class ListingStore(CheckpointStore):
+    """A local store that counts the listings a task's start makes (`steps`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.listed: list[str] = []
+
+    def steps(self, identity: str, node: str) -> list[int]:
+        self.listed.append(node)
+        return super().steps(identity, node)
+
+
+def test_a_start_lists_only_segments_it_could_resume_in(tmp_path):
+    """Each listing is a storage request (an S3 LIST): a task lists its segments from the
+    last until one holds a checkpoint, and never one without a step to resume at (a one-step
+    task lists nothing)."""
+    config = {"lr": 0.1, **BS}
+    store = ListingStore(str(tmp_path / "runs"))
+    one_step = dataclasses.replace(task("a", config, 1, checkpoints=[1]), checkpoint_interval=55.0)
+    next(iter(PathRunner(one_step, store).steps()))
+    assert store.listed == []
+    pieces = [(0, 4, config), (4, 8, {"lr": 0.05, **BS}), (8, 12, {"lr": 0.01, **BS})]
+    three = dataclasses.replace(task("b", pieces, checkpoints=[12], node=3), checkpoint_interval=55.0)
+    next(iter(PathRunner(three, store).steps()))
+    assert store.listed == [segment.node for segment in reversed(three.segments)]  # nothing saved yet
+    store.listed.clear()
+    untimed = dataclasses.replace(three, checkpoint_interval=None)
+    next(iter(PathRunner(untimed, store).steps()))
+    assert store.listed == []  # without the interval, only the planned checkpoints are asked
+
+
 def test_fused_members_save_as_they_would_alone(tmp_path):
     tasks = [
         dataclasses.replace(task("a", {"lr": 0.1, **BS}, 20, checkpoints=[20]), checkpoint_interval=55.0),
