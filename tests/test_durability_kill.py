@@ -49,7 +49,15 @@ def client():
         yield client
 
 
-def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(client, storage, tmp_path):
+#: how the killed stage's checkpoints are made: every 4 steps, or every 0.35 s of its training
+#: (steps take at least 0.1 s, so a checkpoint is due by the 4th step after the last either way)
+SAVING = {"steps": {"checkpoint_every": 4}, "seconds": {"checkpoint_interval": 0.35}}
+
+
+@pytest.mark.parametrize("saving", sorted(SAVING))
+def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(
+    client, storage, tmp_path, saving
+):
     log = tmp_path / "steps.log"
     config = {"lr": dt.MultiStep(0.1, [10], 0.5), "batch_size": 128}
     steps, every = 24, 4
@@ -60,8 +68,8 @@ def test_a_worker_killed_mid_stage_resumes_from_its_last_checkpoint_elsewhere(cl
         storage=storage.url,
         storage_options=storage.options,
         client=client,
-        checkpoint_every=every,
         check_resume=0,  # the test counts the trainer's steps; the check trains steps of its own
+        **SAVING[saving],
     ) as study:
         handle = study.submit(config, steps)
 
