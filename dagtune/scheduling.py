@@ -23,7 +23,7 @@ keeps up to date.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "SchedulingPolicy",
     "policy_named",
     "schedule_view",
+    "view_of_stages",
 ]
 
 
@@ -101,39 +102,71 @@ def critical_path_priorities(tree: StageTree, cost: CostModel, plan: SearchPlan 
 
 
 def schedule_view(plan: SearchPlan, running: Mapping[str, Any], cost: CostModel) -> ScheduleView:
-    """What is being trained and what waits, and the critical path (`dagtune.records.ScheduleView`).
+    """What is being trained and what waits, and the critical path (`dagtune.records.ScheduleView`),
+    from a stage tree rebuilt from scratch: the reference, and the view of a coordinator that
+    keeps no incremental planner (`dagtune.planner.IncrementalPlanner.schedule_view` reads its
+    live tree instead, the same view without rebuilding the tree).
 
     `running` maps task keys to the running tasks (each with its `task.segments` and the
     `progress` it reported) and draws the stage tree through ``running.peek()``, which
     claims nothing: drawing changes no plan and no task."""
     tree = build_stage_tree(plan, running.peek())  # type: ignore[attr-defined]
     priority = critical_path_priorities(tree, cost, plan)
+    return view_of_stages(
+        tree.stages,
+        lambda stage: priority[stage.index],
+        lambda stage: [tree.stages[c] for c in stage.children],
+        running,
+        cost,
+        plan,
+    )
+
+
+def view_of_stages(
+    stages: Sequence[Any],
+    priority: Callable[[Any], float],
+    children: Callable[[Any], Iterable[Any]],
+    running: Mapping[str, Any],
+    cost: CostModel,
+    plan: SearchPlan,
+) -> ScheduleView:
+    """The `ScheduleView` of a stage tree, however it is held: `stages` in the order
+    `build_stage_tree` numbers them (each with ``node``, ``start``, ``end``, ``parent`` (None
+    for a root) and ``source_task``), `priority` and `children` (in the builder's order) of
+    one stage. Ties on the critical path go to the stage first in that order, as the
+    scheduler's do."""
     return ScheduleView(
         running=tuple(span for run in running.values() for span in _spans_left(run)),
-        queued=tuple((s.node, s.start, s.end) for s in tree.stages),
-        critical=tuple(_critical_spans(tree, priority, running, cost, plan)),
+        queued=tuple((s.node, s.start, s.end) for s in stages),
+        critical=tuple(_critical_spans(stages, priority, children, running, cost, plan)),
         running_tasks=len(running),
-        queued_stages=len(tree.stages),
+        queued_stages=len(stages),
     )
 
 
 def _critical_spans(
-    tree: StageTree, priority: list[float], running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
+    stages: Sequence[Any],
+    priority: Callable[[Any], float],
+    children: Callable[[Any], Iterable[Any]],
+    running: Mapping[str, Any],
+    cost: CostModel,
+    plan: SearchPlan,
 ) -> list[Span]:
     """The critical path: from the stage with the longest path below it (and the running
     task it waits for, if any) down its longest branch; with nothing queued, the running
-    task with the most work left."""
+    task with the most work left. `max` keeps the first of equals: the earliest stage."""
     spans: list[Span] = []
-    roots = [s for s in tree.stages if s.parent is None]
+    roots = [s for s in stages if s.parent is None]
     if roots:
-        stage = max(roots, key=lambda s: (priority[s.index], -s.index))
+        stage = max(roots, key=priority)
         if stage.source_task in running:
             spans.extend(_spans_left(running[stage.source_task]))
         while True:
             spans.append((stage.node, stage.start, stage.end))
-            if not stage.children:
+            below = list(children(stage))
+            if not below:
                 return spans
-            stage = max((tree.stages[c] for c in stage.children), key=lambda s: priority[s.index])
+            stage = max(below, key=priority)
     if running:
 
         def left(run: Any) -> float:

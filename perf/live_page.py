@@ -12,7 +12,10 @@ timed `--repeat` times in CPU seconds (median), with the cyclic garbage collecto
 of them (``view_gc_s``, ``snapshot_gc_s``: the median of its CPU inside each call; the full
 collections in all, ``*_full_gcs``; a full collection walks every object the process tracks,
 ``objects_tracked`` at the end, the simulator's checkpoints included: `MemoryStore` keeps a
-deep copy of each, its generators' states as Python objects).
+deep copy of each, its generators' states as Python objects). ``snapshot_kept_s`` is the
+snapshot as the page's feed makes it (`SnapshotFeed`: the tree's labels kept from the earlier
+snapshots of the study, so it labels only the nodes new since; ``snapshot_s`` labels every
+node, as a first snapshot does).
 
 Besides those, the script says what getting there cost, by phase, in CPU seconds: the
 submissions (``submit_s``) and the pumps (``pump_s``, with the pumps' count and the CPU of
@@ -23,7 +26,8 @@ the virtual workers (more workers: fewer pumps to the same state).
     python perf/live_page.py 10000 [--workers 100] [--repeat 5] [--profile FILE] [--json]
 
 ``--profile FILE`` profiles the pumping phase only, ``--profile-view FILE`` one view after the
-timed ones (cProfile: shares, not figures).
+timed ones and ``--profile-snapshot FILE`` one kept-labels snapshot after them (cProfile:
+shares, not figures).
 """
 
 from __future__ import annotations
@@ -78,7 +82,12 @@ def median_cpu(function: Callable[[], Any], repeat: int) -> tuple[float, float, 
 
 
 def measure(
-    n: int, workers: int, repeat: int, profile: str | None = None, profile_view: str | None = None
+    n: int,
+    workers: int,
+    repeat: int,
+    profile: str | None = None,
+    profile_view: str | None = None,
+    profile_snapshot: str | None = None,
 ) -> dict[str, Any]:
     """The figures the module docstring names, for an N-trial study."""
     study = dt.Study(SyntheticTrainer, name="v", executor=SimulatedExecutor(workers))
@@ -101,12 +110,21 @@ def measure(
             profiler.disable()
             profiler.dump_stats(profile)
         pump_s = time.process_time() - began
-        live_snapshot(study)  # its imports
+        labels: dict[tuple[str, str | None], str] = {}
+        live_snapshot(study, labels)  # its imports, and the labels a feed keeps
         tenth = max(1, len(pumps) // 10)
         view = median_cpu(lambda: study.view(schedule=True), repeat)
         snapshot = median_cpu(lambda: live_snapshot(study), repeat)
+        kept = median_cpu(lambda: live_snapshot(study, labels), repeat)
         if profile_view is not None:
             cProfile.runctx("study.view(schedule=True)", {}, {"study": study}, profile_view)
+        if profile_snapshot is not None:
+            cProfile.runctx(
+                "live_snapshot(study, labels)",
+                {"live_snapshot": live_snapshot},
+                {"study": study, "labels": labels},
+                profile_snapshot,
+            )
         return {
             "trials": n,
             "workers": workers,
@@ -122,6 +140,7 @@ def measure(
             "snapshot_s": round(snapshot[0], 3),
             "snapshot_gc_s": round(snapshot[1], 3),
             "snapshot_full_gcs": snapshot[2],
+            "snapshot_kept_s": round(kept[0], 3),
             "objects_tracked": len(gc.get_objects()),
         }
     finally:
@@ -135,9 +154,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", metavar="FILE", help="profile the pumping phase, stats to FILE")
     parser.add_argument("--profile-view", metavar="FILE", help="profile one view at the end, stats to FILE")
+    parser.add_argument(
+        "--profile-snapshot",
+        metavar="FILE",
+        help="profile one kept-labels snapshot at the end, stats to FILE",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
-    row = measure(args.trials, args.workers, args.repeat, args.profile, args.profile_view)
+    row = measure(
+        args.trials, args.workers, args.repeat, args.profile, args.profile_view, args.profile_snapshot
+    )
     print(json.dumps(row) if args.json else row, flush=True)
 
 

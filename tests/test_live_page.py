@@ -16,6 +16,6 @@ def test_measure_stops_mid_run_with_every_figure():
     row = measure(40, workers=8, repeat=1)
     assert 3 * 40 <= row["executed"] < 40 * STEPS  # mid-run: not every step trained
     assert row["pumps"] >= row["executed"] // 8 and row["pump_s"] >= 0
-    for key in ("submit_s", "view_s", "view_gc_s", "snapshot_s", "snapshot_gc_s"):
+    for key in ("submit_s", "view_s", "view_gc_s", "snapshot_s", "snapshot_gc_s", "snapshot_kept_s"):
         assert row[key] >= 0
     assert row["view_full_gcs"] >= 0 and row["objects_tracked"] > 0

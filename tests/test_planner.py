@@ -5,11 +5,14 @@ checkpoints committed and dropped, step costs measured, paths picked and launche
 tasks advancing and ending), `IncrementalPlanner` must hold exactly what `build_stage_tree`
 with `critical_path_priorities` and the policy's `pick` compute from scratch: the same
 stages (numbered as the builder numbers them), sources, ranks, `wanted`, priorities, ready
-set, pick order and demand. Running tasks are answered for the rebuild by `PathTasks`, an
+set, pick order, demand and the schedule a view draws (`IncrementalPlanner.schedule_view`:
+queued stages in the builder's order, the critical path). Running tasks are answered for the rebuild by `PathTasks`, an
 `InFlight` written here independently of the planner's own table.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -21,7 +24,7 @@ from dagtune.config import normalize_config
 from dagtune.plan import SearchPlan, build_stage_tree
 from dagtune.planner import IncrementalPlanner
 from dagtune.records import CheckpointInfo
-from dagtune.scheduling import CostModel, critical_path_priorities, policy_named
+from dagtune.scheduling import CostModel, critical_path_priorities, policy_named, view_of_stages
 
 CKPT = CheckpointInfo(nbytes=1, sha256="0" * 64)
 
@@ -146,6 +149,26 @@ class Session:
             ]
         for node, seconds in planner.estimates._estimates.items():
             assert abs(seconds - self.cost.step_seconds(node, plan)) <= self.tolerance * seconds
+        runs = {key: _Run(segments, progress) for key, (segments, progress) in self.running.tasks.items()}
+        drawn = view_of_stages(
+            reference.stages,
+            lambda s: priority[s.index],
+            lambda s: [reference.stages[c] for c in s.children],
+            runs,
+            self.cost,
+            plan,
+        )
+        assert planner.schedule_view(runs) == drawn
+
+
+class _Run:
+    """A running task as a schedule view reads it: its segments and progress."""
+
+    def __init__(self, segments, progress: int):
+        self.task = SimpleNamespace(
+            segments=[SimpleNamespace(node=n, start=a, end=b) for n, a, b in segments]
+        )
+        self.progress = progress
 
 
 def _fields(stage) -> tuple:

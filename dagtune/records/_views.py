@@ -4,9 +4,9 @@ A view (the progress display, the dashboard page and its publisher, the notebook
 the command line) never reads a study's private state, and never its coordinator: it asks
 the study for a `StudyView` (`Study.view()`), taken under the study's lock and frozen, and
 reads that at leisure while the study goes on. The stage tree's running and queued spans
-and the critical path come with it when asked (`ScheduleView`): the scheduler computes
-them (`dagtune.scheduling.schedule_view`), so the page draws the path the coordinator
-follows instead of rebuilding it.
+and the critical path come with it when asked (`ScheduleView`): read off the scheduler's
+live stage tree (`dagtune.planner.IncrementalPlanner.schedule_view`), so the page draws the
+path the coordinator follows without rebuilding the tree.
 """
 
 from __future__ import annotations

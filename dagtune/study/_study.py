@@ -40,10 +40,11 @@ from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.mainguard import check_main_guard
 from dagtune.notices import TrialsDivergedWarning, TrialsFailedWarning
 from dagtune.plan import SearchPlan
+from dagtune.planner import live_schedule_view
 from dagtune.progress import watch
 from dagtune.records import FAILED, PENDING, Activity, StudyLink, StudyView, Trial, check_steps, is_study_name
 from dagtune.restore import Restorer, TrialPath, trial_path
-from dagtune.scheduling import policy_named, schedule_view
+from dagtune.scheduling import policy_named
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
 from dagtune.study._loop import StudyLoop
@@ -660,7 +661,9 @@ class Study:
                 link=self.link,
                 gpus=(self.resources or {}).get("GPU"),
                 demand=coordinator.demand,
-                schedule=schedule_view(coordinator.plan, coordinator.running, coordinator.cost)
+                schedule=live_schedule_view(
+                    coordinator.planner, coordinator.plan, coordinator.running, coordinator.cost
+                )
                 if schedule
                 else None,
                 configs=configs,
