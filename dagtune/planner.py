@@ -50,7 +50,7 @@ from sortedcontainers import SortedList
 
 from dagtune.plan import LiveStage, LiveStageTree, SearchPlan, StageTree
 from dagtune.records import ScheduleView
-from dagtune.scheduling import CostModel, SchedulingPolicy, schedule_view, view_of_stages
+from dagtune.scheduling import CostModel, HeldStages, SchedulingPolicy, schedule_view, view_of_stages
 
 __all__ = ["IncrementalPlanner", "PlannedCosts", "Pricing", "live_schedule_view"]
 
@@ -432,14 +432,8 @@ class IncrementalPlanner:
         view mid-run (perf/RESULTS.md section 9l)."""
         self.settle()
         stages = sorted(self._stages.values(), key=_builder_order)
-        return view_of_stages(
-            stages,
-            attrgetter("priority"),
-            LiveStage.children,
-            running,
-            self.cost,
-            self.plan,
-        )
+        held = HeldStages(stages, attrgetter("priority"), LiveStage.children)
+        return view_of_stages(held, running, self.cost, self.plan)
 
     def tree(self) -> tuple[StageTree, list[float]]:
         """The stage tree as `build_stage_tree` numbers it, and the priorities by index."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dagtune.plan import SearchPlan, Stage, StageTree, build_stage_tree
 from dagtune.records import ScheduleView, Span
@@ -35,6 +35,7 @@ __all__ = [
     "CostModel",
     "CriticalPath",
     "Fifo",
+    "HeldStages",
     "Pausable",
     "SchedulingPolicy",
     "policy_named",
@@ -112,49 +113,46 @@ def schedule_view(plan: SearchPlan, running: Mapping[str, Any], cost: CostModel)
     claims nothing: drawing changes no plan and no task."""
     tree = build_stage_tree(plan, running.peek())  # type: ignore[attr-defined]
     priority = critical_path_priorities(tree, cost, plan)
-    return view_of_stages(
+    held = HeldStages(
         tree.stages,
         lambda stage: priority[stage.index],
         lambda stage: [tree.stages[c] for c in stage.children],
-        running,
-        cost,
-        plan,
     )
+    return view_of_stages(held, running, cost, plan)
+
+
+class HeldStages(NamedTuple):
+    """A stage tree, however it is held (rebuilt, or the incremental planner's live one):
+    `stages` in the order `build_stage_tree` numbers them (each with ``node``, ``start``,
+    ``end``, ``parent`` (None for a root) and ``source_task``), and the `priority` and the
+    `children` (in the builder's order) of one stage."""
+
+    stages: Sequence[Any]
+    priority: Callable[[Any], float]
+    children: Callable[[Any], Iterable[Any]]
 
 
 def view_of_stages(
-    stages: Sequence[Any],
-    priority: Callable[[Any], float],
-    children: Callable[[Any], Iterable[Any]],
-    running: Mapping[str, Any],
-    cost: CostModel,
-    plan: SearchPlan,
+    held: HeldStages, running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
 ) -> ScheduleView:
-    """The `ScheduleView` of a stage tree, however it is held: `stages` in the order
-    `build_stage_tree` numbers them (each with ``node``, ``start``, ``end``, ``parent`` (None
-    for a root) and ``source_task``), `priority` and `children` (in the builder's order) of
-    one stage. Ties on the critical path go to the stage first in that order, as the
-    scheduler's do."""
+    """The `ScheduleView` of the stage tree `held`. Ties on the critical path go to the stage
+    first in the builder's order, as the scheduler's do."""
     return ScheduleView(
         running=tuple(span for run in running.values() for span in _spans_left(run)),
-        queued=tuple((s.node, s.start, s.end) for s in stages),
-        critical=tuple(_critical_spans(stages, priority, children, running, cost, plan)),
+        queued=tuple((s.node, s.start, s.end) for s in held.stages),
+        critical=tuple(_critical_spans(held, running, cost, plan)),
         running_tasks=len(running),
-        queued_stages=len(stages),
+        queued_stages=len(held.stages),
     )
 
 
 def _critical_spans(
-    stages: Sequence[Any],
-    priority: Callable[[Any], float],
-    children: Callable[[Any], Iterable[Any]],
-    running: Mapping[str, Any],
-    cost: CostModel,
-    plan: SearchPlan,
+    held: HeldStages, running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
 ) -> list[Span]:
     """The critical path: from the stage with the longest path below it (and the running
     task it waits for, if any) down its longest branch; with nothing queued, the running
     task with the most work left. `max` keeps the first of equals: the earliest stage."""
+    stages, priority, children = held
     spans: list[Span] = []
     roots = [s for s in stages if s.parent is None]
     if roots:
