@@ -97,8 +97,9 @@ def survivors_frozen() -> Iterator[None]:
     A running study holds a heap that grows with its trials (trials, plan nodes, curves), and
     makes objects that live a while and then die (running tasks, events, pending results).
     Those move into the collector's oldest generation and set off its full collections, each
-    of which walks every object the process holds: at 100,000 trials of an ASHA search that
-    made the coordinator's cost per trial grow 1.9x from 1,000 trials (issue 24). Here each
+    of which walks every object the process holds: at 100,000 trials of an ASHA search the
+    longest such pause of the coordinator's loop was 1.28 s (0.57 s with this; the CPU per
+    trial did not move beyond noise: perf/RESULTS.md section 9o). Here each
     full collection's survivors are frozen (`gc.freeze`), so the next one walks only what
     came since; once the frozen objects have doubled they are let go (`gc.unfreeze`) for one
     full walk, which frees any cycle among them that died meanwhile, and the run's end lets
