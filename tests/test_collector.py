@@ -61,8 +61,11 @@ def test_survivors_are_set_aside_and_the_next_full_collection_walks_only_newer_o
         assert frozen > 0
         newer = [Node() for _ in range(1000)]
         gc.collect()
-        # the second walk saw the newer objects, not the whole heap again
-        assert gc.get_freeze_count() >= frozen + len(newer)
+        # the second walk saw the newer objects, not the whole heap again: they are set aside
+        # too (counted by identity: set-aside objects freed by reference counting in between,
+        # by a thread of an earlier test, say, make the freeze count no measure)
+        walked = {id(o) for o in gc.get_objects()}
+        assert not any(id(node) in walked for node in newer)
         assert len(gc.get_objects(generation=2)) < len(newer)
     assert gc.get_freeze_count() == 0  # all let go at the end
 
