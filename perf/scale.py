@@ -334,6 +334,9 @@ def _run(
         "pump_p99_ms": round(pumps[int(0.99 * (len(pumps) - 1))] * 1e3, 2),
         "slowest_pump_ms": round(pumps[-1] * 1e3, 1),
         "full_gc_max_ms": round(collections.longest * 1e3, 1),
+        # the collector's CPU during the run, wherever its runs landed (the coordinator's
+        # part or the simulated workers'): what grows with the heap (section 9r)
+        "collector_s": round(collections.seconds, 2),
         "executor_s": round(clock.seconds, 2),
         "wall_s": round(wall, 1),
         "close_s": round(close_cpu, 2),
@@ -418,6 +421,7 @@ def markdown(result: dict[str, Any]) -> str:
         ("pump_p99_ms", "pump p99 (ms)"),
         ("slowest_pump_ms", "slowest pump (ms)"),
         ("full_gc_max_ms", "longest full GC (ms)"),
+        ("collector_s", "collector CPU (s)"),
         ("executor_s", "simulated workers CPU (s)"),
         ("close_s", "close CPU (s)"),
         ("peak_rss_mib", "peak RSS growth (MiB)"),
