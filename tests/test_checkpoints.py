@@ -97,6 +97,24 @@ def test_round_trip(store):
     }
 
 
+def test_a_small_state_is_hashed_without_a_context_per_chunk(store, monkeypatch):
+    """torch.save writes a small state in dozens of tiny chunks (34 for a no-op trainer's
+    ``{"step": n}``): each is hashed at once, with no `_Sha256.meanwhile` context (which
+    cost as much as the rest of the save), and the marker still holds the bytes' hash."""
+    from dagtune import checkpoints
+
+    entered = []
+    meanwhile = checkpoints._Sha256.meanwhile
+    monkeypatch.setattr(
+        checkpoints._Sha256, "meanwhile", lambda self, data: entered.append(1) or meanwhile(self, data)
+    )
+    info = store.save(IDENTITY, NODE, 3, {"step": 3})
+    raw = store.fs.cat_file(data_path(store))
+    assert entered == []
+    assert info == CheckpointInfo(len(raw), hashlib.sha256(raw).hexdigest())
+    assert store.load(IDENTITY, NODE, 3) == {"step": 3}
+
+
 @pytest.mark.parametrize("where", ["local", "memory", "s3"])
 def test_a_large_state_is_hashed_while_written_and_read(where, tmp_path, request):
     """A state of several MiB takes the overlapped path (hashed on the hash thread while
