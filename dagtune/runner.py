@@ -203,6 +203,15 @@ def checkpoint_state(trainer_state: Any, carried: Carried) -> dict:
     }
 
 
+def stored_state(state: dict) -> dict:
+    """`state` as it is saved: python's RNG state (625 words) as one int64 tensor, since
+    torch.save pickles a list of them one object at a time (more CPU than the rest of a
+    no-op stage's save); `checkpoint_parts` gives the list back."""
+    python = state["rng"]["python"]
+    compact = {**python, "state": torch.tensor(python["state"], dtype=torch.int64)}
+    return {**state, "rng": {**state["rng"], "python": compact}}
+
+
 def checkpoint_parts(state: Any) -> tuple[Any, Any, Carried]:
     """The trainer's state, the RNG states and the carried metrics of a loaded checkpoint (none
     in one saved before checkpoints carried them); a `CheckpointError` if it holds anything
@@ -210,11 +219,15 @@ def checkpoint_parts(state: Any) -> tuple[Any, Any, Carried]:
     if not isinstance(state, dict) or not {"trainer", "rng"} <= state.keys():
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a training state: it needs 'trainer' and 'rng', it holds {found}")
+    rng = state["rng"]
+    python = rng.get("python") if isinstance(rng, dict) else None
+    if isinstance(python, dict) and isinstance(python.get("state"), torch.Tensor):
+        rng = {**rng, "python": {**python, "state": python["state"].tolist()}}  # as capture_rng gives it
     try:
-        check_rng_state(state["rng"])
+        check_rng_state(rng)
     except ValueError as error:
         raise CheckpointError(f"not a training state: {error}") from None
-    return state["trainer"], state["rng"], _carried(state.get("metrics", []))
+    return state["trainer"], rng, _carried(state.get("metrics", []))
 
 
 def _carried(entries: Any) -> Carried:
@@ -414,7 +427,7 @@ class MemberPath:
         the carried metrics): what was saved and its `CheckpointSaved`. The
         `checkpoint_interval` counts again from when it is committed."""
         state = checkpoint_state(trainer_state, self.carried)
-        info = through_storage(store.save, self.task.trainer.identity, node, step, state)
+        info = through_storage(store.save, self.task.trainer.identity, node, step, stored_state(state))
         self.saved_at = self.clock()
         return state, self.saved(node, step, info)
 
