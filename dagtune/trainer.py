@@ -225,7 +225,11 @@ def check_rng_state(state: Any) -> None:
 
 
 def _python_state(py: Mapping[str, Any]) -> tuple:
-    return int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]
+    words = py["state"]
+    # a checkpoint stores the 625 words as one tensor (`dagtune.runner.stored_state`):
+    # `tolist` reads them at once, where iterating would make a tensor per word
+    words = words.tolist() if isinstance(words, torch.Tensor) else words
+    return int(py["version"]), tuple(int(v) for v in words), py["gauss_next"]
 
 
 def _numpy_state(npy: Mapping[str, Any]) -> tuple:

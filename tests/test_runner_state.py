@@ -60,3 +60,19 @@ def test_a_checkpoint_with_the_list_layout_still_reads(tmp_path):
     store.save(IDENTITY, NODE, 1, state)  # as checkpoints were saved before
     _, rng, _ = checkpoint_parts(store.load(IDENTITY, NODE, 1))
     assert rng["python"] == state["rng"]["python"]
+
+
+def test_a_stored_rng_state_restores_the_generator_as_it_is_read(tmp_path):
+    """`restore_rng` takes a loaded checkpoint's RNG state as it is (the tensor layout), as
+    `dagtune.restore` and the fused runner's resume check give it."""
+    random.seed(54321)
+    random.random()
+    state = checkpoint_state({"step": 3}, [])
+    expected = random.random()
+    store = CheckpointStore(str(tmp_path))
+    store.save(IDENTITY, NODE, 1, stored_state(state))
+    loaded = store.load(IDENTITY, NODE, 1)
+    assert isinstance(loaded["rng"]["python"]["state"], torch.Tensor)
+    random.seed(0)
+    restore_rng(loaded["rng"])
+    assert random.random() == expected
