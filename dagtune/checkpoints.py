@@ -555,20 +555,20 @@ class _Sha256:
     def meanwhile(self, data: bytes | memoryview | mmap.mmap) -> Iterator[None]:
         """Hash `data` while the ``with`` block runs; it is hashed when the block is left."""
         size = len(data) if not isinstance(data, memoryview) else data.nbytes
-        self.nbytes += size
         if size < _OVERLAP_BYTES:
-            self._sha.update(data)
+            self.update(data)
             yield
             return
+        self.nbytes += size
         pending = _hash_thread().submit(self._sha.update, data)
         try:
             yield
         finally:
             pending.result()
 
-    def update(self, data: bytes | memoryview) -> None:
-        """Hash `data` (smaller than `_OVERLAP_BYTES`) at once: what `meanwhile` does for it,
-        without a context manager per chunk (torch.save writes dozens of small ones)."""
+    def update(self, data: bytes | memoryview | mmap.mmap) -> None:
+        """Hash `data` at once (for an input under `_OVERLAP_BYTES`: a hand-over to the hash
+        thread, or a context manager per chunk of torch.save's dozens, costs more)."""
         self.nbytes += data.nbytes if isinstance(data, memoryview) else len(data)
         self._sha.update(data)
 
@@ -586,12 +586,12 @@ class _HashingWriter:
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data)
-        if view.nbytes < _OVERLAP_BYTES:  # torch.save writes many tiny records: no hand-over, no context
+        if view.nbytes < _OVERLAP_BYTES:  # torch.save writes many tiny records: no context each
             self.digest.update(view)
             self.sink.write(view)
-            return view.nbytes
-        with self.digest.meanwhile(view):
-            self.sink.write(view)
+        else:
+            with self.digest.meanwhile(view):
+                self.sink.write(view)
         return view.nbytes
 
     def flush(self) -> None:

@@ -4,6 +4,7 @@ back exactly as `capture_rng` gives it."""
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 
@@ -30,8 +31,6 @@ class _Counting(pickle.Pickler):
 
 
 def _objects(state: dict) -> int:
-    import io
-
     pickler = _Counting(io.BytesIO())
     pickler.dump({key: value for key, value in state.items() if key != "trainer"})
     return pickler.objects
