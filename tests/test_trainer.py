@@ -436,3 +436,35 @@ def test_an_rng_state_is_checked_without_touching_the_generators():
         with pytest.raises(ValueError, match="RNG state"):
             check_rng_state(bad)
     assert draws() == expected  # checking restored nothing
+
+
+def test_build_trainer_inspects_each_class_once(monkeypatch):
+    """Every task builds a trainer: its constructor's signature is read once per class, not per
+    build, and a class defined again (a notebook cell run twice) is a new class, read anew."""
+    from dagtune import trainer as module
+
+    calls = []
+    real = module.inspect.signature
+    monkeypatch.setattr(module.inspect, "signature", lambda obj: calls.append(obj) or real(obj))
+
+    def define(with_seed: bool) -> type:
+        class Redefined(_Base):
+            if with_seed:
+
+                def __init__(self, seed: int = -1):
+                    self.seed = seed
+            else:
+
+                def __init__(self):
+                    self.seed = None
+
+        return Redefined
+
+    first = define(with_seed=True)
+    for _ in range(5):
+        assert build_trainer(first, None, seed=7).seed == 7
+    assert calls == [first]
+    second = define(with_seed=False)  # same name, no seed now
+    for _ in range(5):
+        assert build_trainer(second, None, seed=7).seed is None
+    assert calls == [first, second]
