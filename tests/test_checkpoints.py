@@ -142,6 +142,76 @@ def test_a_large_state_is_hashed_while_written_and_read(where, tmp_path, request
     store.fs.rm(store.root, recursive=True)
 
 
+class _LocalOps:
+    """Counts what a local store's save does on disk: mkdir, marker reads, fsync (each made to
+    wait, up to 10 s, for a second one to be running at the same time), fdatasync."""
+
+    def __init__(self, store: CheckpointStore, monkeypatch):
+        self.mkdir, self.marker_reads, self.fsync, self.fdatasync = 0, 0, 0, 0
+        self.together = threading.Barrier(2, timeout=10)
+        real_mkdir, real_fsync, real_fdatasync = os.mkdir, os.fsync, os.fdatasync
+        real_read = store._read_marker
+
+        def mkdir(*args, **kwargs):
+            self.mkdir += 1
+            return real_mkdir(*args, **kwargs)
+
+        def fsync(fd):
+            self.fsync += 1
+            self.together.wait()  # raises BrokenBarrierError if the other fsync never comes
+            return real_fsync(fd)
+
+        def fdatasync(fd):
+            self.fdatasync += 1
+            return real_fdatasync(fd)
+
+        def read(directory):
+            self.marker_reads += 1
+            return real_read(directory)
+
+        monkeypatch.setattr(os, "mkdir", mkdir)
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        monkeypatch.setattr(store, "_read_marker", read)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        counted = (self.mkdir, self.marker_reads, self.fsync, self.fdatasync)
+        self.mkdir, self.marker_reads, self.fsync, self.fdatasync = 0, 0, 0, 0
+        return counted
+
+
+def test_a_local_save_makes_its_directory_at_once_and_syncs_data_and_marker_together(tmp_path, monkeypatch):
+    """A no-op stage's save on a local disk: one mkdir where its node exists (three where the
+    node is new: the first fails), no read of a marker in a directory made just now, and the
+    data file's and the marker's fsyncs (both kept: the store's durability) running at once,
+    not one after the other. A committed point is read, not written again."""
+    store = CheckpointStore(str(tmp_path / "runs"))
+    store.save(IDENTITY, OTHER_NODE, 1, {"step": 1})  # the identity's directories exist
+    ops = _LocalOps(store, monkeypatch)
+    info = store.save(IDENTITY, NODE, 1, {"step": 1})
+    assert ops.counts() == (3, 0, 2, 0)  # (mkdir, marker reads, fsync, fdatasync)
+    store.save(IDENTITY, NODE, 2, {"step": 2})
+    assert ops.counts() == (1, 0, 2, 0)
+    assert store.save(IDENTITY, NODE, 1, {"step": 5}) == info  # committed already: kept
+    assert ops.counts() == (1, 1, 0, 0)
+    assert store.load(IDENTITY, NODE, 1) == {"step": 1} and store.load(IDENTITY, NODE, 2) == {"step": 2}
+    assert data_files(store, step=1) == ["COMMIT", f"state-{info.sha256[:16]}.pt"]  # no temporary left
+
+
+def test_a_large_local_state_is_synced_while_it_is_hashed(tmp_path, monkeypatch):
+    """A chunk of 8 MiB or more (a large tensor) is hashed on the hash thread; meanwhile the
+    writer syncs what it wrote (one fdatasync), so the final fsync waits only for the rest.
+    The two fsyncs are still made, and the state loads back whole."""
+    store = CheckpointStore(str(tmp_path / "runs"))
+    store.save(IDENTITY, NODE, 1, {"step": 1})  # the node's directory exists
+    ops = _LocalOps(store, monkeypatch)
+    state = {"weights": torch.arange(3_000_000, dtype=torch.float32), "step": 7}  # 12 MB
+    info = store.save(IDENTITY, NODE, 2, state)
+    assert ops.counts() == (1, 0, 2, 1)  # (mkdir, marker reads, fsync, fdatasync)
+    assert_same(store.load(IDENTITY, NODE, 2), state)
+    assert info.nbytes > 12_000_000
+
+
 def test_absent_checkpoint(store):
     assert store.info(IDENTITY, NODE, 3) is None
     assert list(store.points(IDENTITY)) == []
