@@ -23,6 +23,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dagtune.dashboard.kept import KeptSnapshot
 from dagtune.dashboard.snapshot import live_snapshot
 
 __all__ = ["SNAPSHOTS", "DashboardPlugin", "SnapshotFeed", "attach", "page_url", "register", "snapshots_on"]
@@ -133,14 +134,14 @@ class SnapshotFeed:
         self.client = client
         self.key = f"{study.name}-{study.activity().token}"
         self._sent: tuple | None = None
-        self._labels: dict[tuple[str, str | None], str] = {}  # the tree's labels so far (they never change)
+        self._kept = KeptSnapshot()  # labels, layout and curves so far: a snapshot redoes what changed
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
         state = self.study.activity().changes
         if state == self._sent and not force:
             return False
-        snapshot = live_snapshot(self.study, self._labels)
+        snapshot = live_snapshot(self.study, kept=self._kept)
         snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
