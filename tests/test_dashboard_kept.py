@@ -139,3 +139,43 @@ def test_a_kept_snapshot_walks_what_changed_not_the_study():
     small, large = walked_after_one_change(50), walked_after_one_change(500)
     assert small == large, (small, large)
     assert 0 < large["trials"] <= 10 and 0 < large["nodes"] <= 12 and "orders" not in large
+
+
+def test_a_kept_snapshot_starts_again_where_a_trial_was_rewritten():
+    """A trial whose points were replaced (not extended) or whose path left a node (a trial
+    restored on another node) is not patched: what was kept is made again, and the snapshot
+    is still the one from scratch."""
+    from dagtune.dashboard.snapshot import compose
+    from dagtune.records import Trial
+
+    def trial(i: int, segments: list, values: list[float]) -> Trial:
+        made = Trial(i, {"lr": dt.Constant(0.1 * (i + 1))}, 4, segments=segments)
+        made.curve = [(step + 1, {"val_loss": v}) for step, v in enumerate(values)]
+        made.reported = len(values)
+        return made
+
+    def both(trials: list[Trial], kept: KeptSnapshot) -> None:
+        parts = {
+            "study": "s",
+            "identity": "i",
+            "source": "live",
+            "metric": None,
+            "mode": "max",
+            "counters": {},
+            "configs": {},
+            "trained": {"a": 2},
+        }
+        views = [t.snapshot() for t in trials]
+        incremental = compose(trials=views, kept=kept, **parts)
+        scratch = compose(trials=views, **parts)
+        incremental.pop("time"), scratch.pop("time")
+        assert incremental == scratch
+
+    kept = KeptSnapshot()
+    trials = [trial(0, [("a", 0, 2), ("b", 2, 4)], [1.0, 0.5]), trial(1, [("a", 0, 2), ("c", 2, 4)], [1.0])]
+    both(trials, kept)
+    trials[0].curve = [(1, {"val_loss": 3.0}), (2, {"val_loss": 2.0})]  # the same length, new points
+    both(trials, kept)
+    trials[1].segments = [("d", 0, 4)]  # off nodes a and c
+    both(trials, kept)
+    assert kept.walked["orders"] == 2  # laid out from scratch again

@@ -24,7 +24,8 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import pairwise
+from itertools import chain, pairwise
+from operator import itemgetter
 from typing import Any
 
 from dagtune.config import Config
@@ -36,6 +37,8 @@ __all__ = ["KeptCurves", "KeptSnapshot", "KeptTree"]
 Span = tuple[str, int, int]
 #: a piece of one node, as kept: ``(start, end, trials, state, critical)``
 KeptPiece = tuple[int, int, int, str, bool]
+#: the snapshot's ``tree`` columns, in the order `KeptTree` keeps them per node
+COLUMNS = ("node", "start", "end", "row", "trials", "state", "critical", "label")
 
 
 def _finite(value: Any) -> bool:
@@ -63,6 +66,7 @@ class KeptTree:
 
     def _reset(self) -> None:
         self.seen: dict[int, tuple] = {}  # trial id -> its segments when last walked
+        self.keys: dict[int, tuple] = {}  # trial id -> `_key` of those segments
         self.spans: dict[str, Counter[tuple[int, int]]] = {}  # node -> (start, end) -> trials
         self.first: dict[str, tuple[int, int]] = {}  # node -> (trial id, segment index) first seen
         self.parents: dict[str, str | None] = {}
@@ -73,10 +77,13 @@ class KeptTree:
         self.order: list[str] = []  # nodes by row
         self.ordered_parents: dict[str, str | None] = {}  # as first seen in trial order
         self.rows: dict[str, int] = {}
+        self.position: dict[str, int] = {}  # node -> its index in `order`
         self.links: list[tuple[int, int, int]] = []
         self.new_nodes: list[str] = []  # nodes added by the last update (to be labelled)
         self.trained: dict[str, int] = {}  # the steps trained the pieces were cut with
         self.scheduled: set[str] = set()  # nodes with running, queued or critical spans then
+        self.blocks: list[tuple[tuple, ...]] = []  # each node's columns, nodes by row (`columns`)
+        self.cut_since: set[str] = set()  # nodes cut since `blocks` were made
 
     def update(
         self,
@@ -88,11 +95,11 @@ class KeptTree:
     ) -> None:
         """Bring the layout to `trials` (their snapshots, any order) and the schedule."""
         self.new_nodes = []
-        seen = self.seen
-        changed = [t for t in trials if t.id not in seen or self._key(seen[t.id]) != self._key(t.segments)]
+        keys = self.keys
+        changed = [t for t in trials if keys.get(t.id) != ((s := t.segments) and (len(s), s[-1]))]
         dirty: set[str] = set()  # nodes whose spans or children changed
         structure = self._walk(changed, dirty)
-        if structure is None or len(seen) != len(trials):  # a trial left a node, or the study a trial
+        if structure is None or len(self.seen) != len(trials):  # a trial left a node, or the study one
             self._reset()
             dirty.clear()
             structure = self._walk(trials, dirty)
@@ -112,17 +119,17 @@ class KeptTree:
                 continue
             self.inputs[node] = inputs
             self.pieces[node] = self._cut(node, *inputs)
+            self.cut_since.add(node)
         self.trained, self.scheduled = dict(trained), scheduled
         if structure:
             self._order()
 
     @staticmethod
-    def _key(segments: Sequence[Span] | None) -> tuple:
+    def _key(segments: Sequence[Span]) -> tuple:
         """What tells a trial's segments from its earlier ones at a constant cost: they are its
-        plan node's path from the root, so the last segment (node, start, end) fixes them."""
-        if not segments:
-            return (0, None)
-        return (len(segments), segments[-1])
+        plan node's path from the root, so the last segment (node, start, end) fixes them
+        (``()`` for none; `update` writes this inline)."""
+        return (len(segments), segments[-1]) if segments else ()
 
     def _walk(self, changed: Sequence[Any], dirty: set[str]) -> bool | None:
         """Apply the changed trials' segments to the path union; whether the nodes or their
@@ -162,6 +169,7 @@ class KeptTree:
                 dirty.add(node)
                 parent = node
             self.seen[trial.id] = tuple(trial.segments)
+            self.keys[trial.id] = self._key(trial.segments)
         return structure
 
     @staticmethod
@@ -216,27 +224,30 @@ class KeptTree:
             for node in self.order
             if (parent := self.parents[node]) is not None
         ]
+        self.blocks = []  # the rows changed: every node's columns again
 
     def columns(self, labels: Mapping[tuple[str, str | None], str]) -> dict[str, list]:
-        """The snapshot's ``tree`` columns, nodes by row."""
-        columns: dict[str, list] = {
-            k: [] for k in ("node", "start", "end", "row", "trials", "state", "critical")
+        """The snapshot's ``tree`` columns, nodes by row: each node's block of columns is made
+        again when it was cut, every node's when the rows changed, and the columns are joined
+        from the blocks (no Python step per piece)."""
+        if not self.blocks:
+            self.position = {node: i for i, node in enumerate(self.order)}
+            self.blocks = [self._block(node, labels) for node in self.order]
+        else:
+            for node in self.cut_since:
+                self.blocks[self.position[node]] = self._block(node, labels)
+        self.cut_since = set()
+        return {
+            name: list(chain.from_iterable(map(itemgetter(i), self.blocks))) for i, name in enumerate(COLUMNS)
         }
-        label: list[str] = []
-        for node in self.order:
-            pieces = self.pieces[node]
-            if not pieces:
-                continue
-            k = len(pieces)
-            columns["node"] += [node] * k
-            columns["row"] += [self.rows[node]] * k
-            label += [labels.get((node, self.parents[node]), "")] * k
-            for name, values in zip(
-                ("start", "end", "trials", "state", "critical"), zip(*pieces, strict=True), strict=True
-            ):
-                columns[name] += values
-        columns["label"] = label
-        return columns
+
+    def _block(self, node: str, labels: Mapping[tuple[str, str | None], str]) -> tuple[tuple, ...]:
+        """One node's pieces as columns, in `COLUMNS` order."""
+        pieces = self.pieces[node]
+        k = len(pieces)
+        starts, ends, trials, states, critical = zip(*pieces, strict=True) if pieces else ((),) * 5
+        label = labels.get((node, self.parents[node]), "")
+        return ((node,) * k, starts, ends, (self.rows[node],) * k, trials, states, critical, (label,) * k)
 
 
 class KeptCurves:
@@ -245,6 +256,9 @@ class KeptCurves:
 
     def __init__(self, walked: Counter[str]) -> None:
         self.walked = walked
+        self._reset()
+
+    def _reset(self) -> None:
         self.names: set[str] = set()
         self.counted: dict[int, tuple[int, Any]] = {}  # trial id -> (points, last point) seen
         self.metric: str | None = None  # the metric `last` holds values of
@@ -273,7 +287,7 @@ class KeptCurves:
                 grown.append((trial, 0 if seen is None else seen[0]))
             self.counted[trial.id] = (len(points), points[-1] if points else None)
         if rewritten or len(self.counted) != len(trials):
-            self.__init__(self.walked)  # type: ignore[misc]
+            self._reset()  # a trial's points were replaced (or the study lost a trial)
             return self.update(trials, metric, mode)
         for trial, done in grown:
             self.walked["points"] += len(trial.points) - done
