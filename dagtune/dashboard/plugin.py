@@ -127,7 +127,9 @@ def _served(dask_scheduler: Any) -> bool:
 
 class SnapshotFeed:
     """A study's snapshots, for its publisher (`dagtune.execution.dask.Publisher`): sent when
-    anything changed since the last one; the final one when the study closes."""
+    anything changed since the last one; the final one when the study closes. It keeps what
+    its snapshots made (`dagtune.dashboard.kept.KeptSnapshot`), so each redoes only what
+    changed since the last one."""
 
     def __init__(self, study: Any, client: Any):
         self.study = study
