@@ -8,10 +8,11 @@ of CPU for a picture that changed in a few places. `KeptSnapshot` holds, for one
 study, the path union (each node's spans with their multiplicities, parent, start, children
 and which trial saw it first), each node's pieces, the metric names seen, each trial's last
 value of the shown metric and its curve as sent. A snapshot then compares each trial with what
-was kept (a constant per trial: the last segment and the last point, by identity), walks only
-the trials that changed, and cuts again only the nodes whose spans, children, running, queued,
-critical or trained state changed. The snapshot it gives is the one made from scratch, piece
-for piece (tests/test_dashboard_kept.py checks it at every moment of simulated studies).
+was kept (a constant per trial: its segments, the same tuples from view to view, and its last
+point, by identity), walks only the trials that changed, and cuts again only the nodes whose
+spans, children, running, queued, critical or trained state changed. The snapshot it gives is
+the one made from scratch, piece for piece (tests/test_dashboard_kept.py checks it at every
+moment of simulated studies).
 
 `walked` counts what a snapshot walked (trials, segments, points, nodes cut), so a test can
 show that it follows the changes, not the study's size.
@@ -66,7 +67,6 @@ class KeptTree:
 
     def _reset(self) -> None:
         self.seen: dict[int, tuple] = {}  # trial id -> its segments when last walked
-        self.keys: dict[int, tuple] = {}  # trial id -> `_key` of those segments
         self.spans: dict[str, Counter[tuple[int, int]]] = {}  # node -> (start, end) -> trials
         self.first: dict[str, tuple[int, int]] = {}  # node -> (trial id, segment index) first seen
         self.parents: dict[str, str | None] = {}
@@ -95,8 +95,8 @@ class KeptTree:
     ) -> None:
         """Bring the layout to `trials` (their snapshots, any order) and the schedule."""
         self.new_nodes = []
-        keys = self.keys
-        changed = [t for t in trials if keys.get(t.id) != ((s := t.segments) and (len(s), s[-1]))]
+        seen = self.seen  # a trial's segments are the same tuples from view to view: compared by
+        changed = [t for t in trials if seen.get(t.id) != t.segments]  # identity, at a small cost
         dirty: set[str] = set()  # nodes whose spans or children changed
         structure = self._walk(changed, dirty)
         if structure is None or len(self.seen) != len(trials):  # a trial left a node, or the study one
@@ -123,13 +123,6 @@ class KeptTree:
         self.trained, self.scheduled = dict(trained), scheduled
         if structure:
             self._order()
-
-    @staticmethod
-    def _key(segments: Sequence[Span]) -> tuple:
-        """What tells a trial's segments from its earlier ones at a constant cost: they are its
-        plan node's path from the root, so the last segment (node, start, end) fixes them
-        (``()`` for none; `update` writes this inline)."""
-        return (len(segments), segments[-1]) if segments else ()
 
     def _walk(self, changed: Sequence[Any], dirty: set[str]) -> bool | None:
         """Apply the changed trials' segments to the path union; whether the nodes or their
@@ -169,7 +162,6 @@ class KeptTree:
                 dirty.add(node)
                 parent = node
             self.seen[trial.id] = tuple(trial.segments)
-            self.keys[trial.id] = self._key(trial.segments)
         return structure
 
     @staticmethod
