@@ -179,3 +179,36 @@ def test_a_kept_snapshot_starts_again_where_a_trial_was_rewritten():
     trials[1].segments = [("d", 0, 4)]  # off nodes a and c
     both(trials, kept)
     assert kept.walked["orders"] == 2  # laid out from scratch again
+
+
+def test_a_feed_makes_one_snapshot_at_a_time(monkeypatch):
+    """The final snapshot (`finish`, from the closing thread) waits for one the publisher's
+    thread is making: both change what the feed keeps."""
+    import threading
+    from types import SimpleNamespace
+
+    from dagtune.dashboard import plugin
+
+    inside, release = [], threading.Event()
+
+    def slow(study, kept):
+        inside.append(1)
+        release.wait(10)
+        inside.pop()
+        return {}
+
+    monkeypatch.setattr(plugin, "live_snapshot", lambda study, kept: slow(study, kept))
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))
+    feed = plugin.SnapshotFeed(study, SimpleNamespace(set_metadata=lambda key, value: None))
+    publishing = threading.Thread(target=feed.publish)
+    publishing.start()
+    while not inside:
+        threading.Event().wait(0.01)
+    finishing = threading.Thread(target=feed.finish)
+    finishing.start()
+    finishing.join(0.3)
+    assert finishing.is_alive() and len(inside) == 1  # waits: one snapshot at a time
+    release.set()
+    publishing.join(10), finishing.join(10)
+    assert not finishing.is_alive() and inside == []
+    study.close()

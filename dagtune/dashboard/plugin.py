@@ -18,6 +18,7 @@ import dagtune; or the scheduler starts with it: ``dask scheduler --preload dagt
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -129,7 +130,10 @@ class SnapshotFeed:
     """A study's snapshots, for its publisher (`dagtune.execution.dask.Publisher`): sent when
     anything changed since the last one; the final one when the study closes. It keeps what
     its snapshots made (`dagtune.dashboard.kept.KeptSnapshot`), so each redoes only what
-    changed since the last one."""
+    changed since the last one. One snapshot is made at a time: the final one (`finish`, from
+    the closing thread) waits for one the publisher's thread is making, which may outlast the
+    publisher's wait for its thread at a large study, so they never change what is kept at
+    once."""
 
     def __init__(self, study: Any, client: Any):
         self.study = study
@@ -137,17 +141,19 @@ class SnapshotFeed:
         self.key = f"{study.name}-{study.activity().token}"
         self._sent: tuple | None = None
         self._kept = KeptSnapshot()  # labels, layout and curves so far: a snapshot redoes what changed
+        self._making = threading.Lock()  # held while a snapshot is made from `_kept`
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
-        state = self.study.activity().changes
-        if state == self._sent and not force:
-            return False
-        snapshot = live_snapshot(self.study, kept=self._kept)
-        snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
-        self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
-        self._sent = state
-        return True
+        with self._making:
+            state = self.study.activity().changes
+            if state == self._sent and not force:
+                return False
+            snapshot = live_snapshot(self.study, kept=self._kept)
+            snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
+            self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
+            self._sent = state
+            return True
 
     def finish(self) -> None:
         """Send the final state (the study closes)."""
