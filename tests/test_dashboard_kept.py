@@ -211,4 +211,21 @@ def test_a_feed_makes_one_snapshot_at_a_time(monkeypatch):
     release.set()
     publishing.join(10), finishing.join(10)
     assert not finishing.is_alive() and inside == []
+    monkeypatch.setattr(plugin, "FINISH_WAIT", 0.1)  # a thread that does not let go in time
+    release.clear()
+    made = []
+
+    def kept_waits(study, kept):
+        made.append(kept)
+        return slow(study, kept) if kept is feed._kept else {}
+
+    monkeypatch.setattr(plugin, "live_snapshot", kept_waits)
+    publishing = threading.Thread(target=feed.publish, kwargs={"force": True})
+    publishing.start()
+    while not inside:
+        threading.Event().wait(0.01)
+    feed.finish()  # from scratch, once its wait is over
+    assert len(made) == 2 and made[0] is feed._kept and made[1] is not feed._kept
+    release.set()
+    publishing.join(10)
     study.close()
