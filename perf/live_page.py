@@ -15,7 +15,12 @@ collections in all, ``*_full_gcs``; a full collection walks every object the pro
 deep copy of each, its generators' states as Python objects). ``snapshot_kept_s`` is the
 snapshot as the page's feed makes it (`SnapshotFeed`: the tree's labels kept from the earlier
 snapshots of the study, so it labels only the nodes new since; ``snapshot_s`` labels every
-node, as a first snapshot does).
+node, as a first snapshot does). ``snapshot_feed_s`` is the snapshot the page's feed makes
+of a study that goes on: `--repeat` times, `--pumps-between` pumps (default 100), then one
+timed snapshot with what the feed keeps (`dagtune.dashboard.kept.KeptSnapshot`: the tree's
+layout and the curves, so it redoes what changed; on code without it, the kept labels), its
+first one timed apart (``snapshot_feed_first_s``: it lays out everything) and what the last one
+walked (``feed_walked``: trials, segments, points, nodes cut).
 
 Besides those, the script says what getting there cost, by phase, in CPU seconds: the
 submissions (``submit_s``) and the pumps (``pump_s``, with the pumps' count and the CPU of
@@ -23,11 +28,12 @@ the first and the last tenth of them, ``pump_first_tenth_ms`` and ``pump_last_te
 per pump: a pump whose cost grows with the trials done shows there). ``--workers`` changes
 the virtual workers (more workers: fewer pumps to the same state).
 
-    python perf/live_page.py 10000 [--workers 100] [--repeat 5] [--profile FILE] [--json]
+    python perf/live_page.py 10000 [--workers 100] [--repeat 5] [--pumps-between 100]
+        [--profile FILE] [--json]
 
 ``--profile FILE`` profiles the pumping phase only, ``--profile-view FILE`` one view after the
-timed ones and ``--profile-snapshot FILE`` one kept-labels snapshot after them (cProfile:
-shares, not figures).
+timed ones and ``--profile-snapshot FILE`` one feed's snapshot after the last pumps between
+them (cProfile: shares, not figures).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import inspect
 import json
 import statistics
 import sys
@@ -88,6 +95,7 @@ def measure(
     profile: str | None = None,
     profile_view: str | None = None,
     profile_snapshot: str | None = None,
+    pumps_between: int = 100,
 ) -> dict[str, Any]:
     """The figures the module docstring names, for an N-trial study."""
     study = dt.Study(SyntheticTrainer, name="v", executor=SimulatedExecutor(workers))
@@ -118,13 +126,21 @@ def measure(
         kept = median_cpu(lambda: live_snapshot(study, labels), repeat)
         if profile_view is not None:
             cProfile.runctx("study.view(schedule=True)", {}, {"study": study}, profile_view)
+        feed = feed_snapshot(labels)
+        began = time.process_time()
+        walked = feed(study)
+        feed_first_s = time.process_time() - began
+        feed_seconds: list[float] = []
+        for _ in range(repeat):  # the study goes on between the feed's snapshots
+            for _ in range(pumps_between):
+                coordinator.pump()
+            began = time.process_time()
+            walked = feed(study)
+            feed_seconds.append(time.process_time() - began)
         if profile_snapshot is not None:
-            cProfile.runctx(
-                "live_snapshot(study, labels)",
-                {"live_snapshot": live_snapshot},
-                {"study": study, "labels": labels},
-                profile_snapshot,
-            )
+            for _ in range(pumps_between):
+                coordinator.pump()
+            cProfile.runctx("feed(study)", {}, {"study": study, "feed": feed}, profile_snapshot)
         return {
             "trials": n,
             "workers": workers,
@@ -141,10 +157,31 @@ def measure(
             "snapshot_gc_s": round(snapshot[1], 3),
             "snapshot_full_gcs": snapshot[2],
             "snapshot_kept_s": round(kept[0], 3),
+            "pumps_between": pumps_between,
+            "snapshot_feed_first_s": round(feed_first_s, 3),
+            "snapshot_feed_s": round(statistics.median(feed_seconds), 3),
+            "feed_walked": walked,
             "objects_tracked": len(gc.get_objects()),
         }
     finally:
         study.close()
+
+
+def feed_snapshot(labels: dict) -> Callable[[Any], dict | None]:
+    """The snapshot a `SnapshotFeed` makes, as a function of the study that returns what it
+    walked: with a `KeptSnapshot` where the code has one, else with the labels kept."""
+    if "kept" not in inspect.signature(live_snapshot).parameters:
+        return lambda study: live_snapshot(study, labels) and None
+    from dagtune.dashboard.kept import KeptSnapshot
+
+    kept = KeptSnapshot()
+
+    def snapshot(study: Any) -> dict | None:
+        kept.walked.clear()
+        live_snapshot(study, kept=kept)
+        return dict(kept.walked)
+
+    return snapshot
 
 
 def main() -> None:
@@ -157,12 +194,19 @@ def main() -> None:
     parser.add_argument(
         "--profile-snapshot",
         metavar="FILE",
-        help="profile one kept-labels snapshot at the end, stats to FILE",
+        help="profile one feed's snapshot at the end, stats to FILE",
     )
+    parser.add_argument("--pumps-between", type=int, default=100, help="pumps before each feed snapshot")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     row = measure(
-        args.trials, args.workers, args.repeat, args.profile, args.profile_view, args.profile_snapshot
+        args.trials,
+        args.workers,
+        args.repeat,
+        args.profile,
+        args.profile_view,
+        args.profile_snapshot,
+        args.pumps_between,
     )
     print(json.dumps(row) if args.json else row, flush=True)
 

@@ -18,11 +18,13 @@ import dagtune; or the scheduler starts with it: ``dask scheduler --preload dagt
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dagtune.dashboard.kept import KeptSnapshot
 from dagtune.dashboard.snapshot import live_snapshot
 
 __all__ = ["SNAPSHOTS", "DashboardPlugin", "SnapshotFeed", "attach", "page_url", "register", "snapshots_on"]
@@ -124,23 +126,39 @@ def _served(dask_scheduler: Any) -> bool:
     return bool(plugin is not None and plugin.served)
 
 
+#: how long a feed's final snapshot waits for one its publisher's thread is making (seconds; a
+#: 100,000-trial study's first takes about 7 s of CPU, a later one about 2 s)
+FINISH_WAIT = 10.0
+
+
 class SnapshotFeed:
     """A study's snapshots, for its publisher (`dagtune.execution.dask.Publisher`): sent when
-    anything changed since the last one; the final one when the study closes."""
+    anything changed since the last one; the final one when the study closes. It keeps what
+    its snapshots made (`dagtune.dashboard.kept.KeptSnapshot`), so each redoes only what
+    changed since the last one. One snapshot is made from what is kept at a time: the final
+    one (`finish`, from the closing thread) waits up to `FINISH_WAIT` seconds for one the
+    publisher's thread is making (it may outlast the publisher's wait for its thread at a large
+    study), then makes its own from scratch (the thread may be waiting for the study's lock,
+    which a study closed under it holds)."""
 
     def __init__(self, study: Any, client: Any):
         self.study = study
         self.client = client
         self.key = f"{study.name}-{study.activity().token}"
         self._sent: tuple | None = None
-        self._labels: dict[tuple[str, str | None], str] = {}  # the tree's labels so far (they never change)
+        self._kept = KeptSnapshot()  # labels, layout and curves so far: a snapshot redoes what changed
+        self._making = threading.Lock()  # held while a snapshot is made from `_kept`
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
+        with self._making:
+            return self._publish(force, self._kept)
+
+    def _publish(self, force: bool, kept: KeptSnapshot) -> bool:
         state = self.study.activity().changes
         if state == self._sent and not force:
             return False
-        snapshot = live_snapshot(self.study, self._labels)
+        snapshot = live_snapshot(self.study, kept=kept)
         snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
@@ -148,7 +166,13 @@ class SnapshotFeed:
 
     def finish(self) -> None:
         """Send the final state (the study closes)."""
-        self.publish(force=True)
+        if not self._making.acquire(timeout=FINISH_WAIT):
+            self._publish(True, KeptSnapshot())  # what is kept is in use: from scratch
+            return
+        try:
+            self._publish(True, self._kept)
+        finally:
+            self._making.release()
 
 
 def attach(study: Any, *, announce: Callable[[str], None] | None = print) -> SnapshotFeed | None:

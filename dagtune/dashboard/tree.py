@@ -16,7 +16,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-__all__ = ["DONE", "QUEUED", "RUNNING", "STATES", "UNTRAINED", "Piece", "TreeLayout", "TrialPath", "layout"]
+__all__ = [
+    "DONE",
+    "QUEUED",
+    "RUNNING",
+    "STATES",
+    "UNTRAINED",
+    "Piece",
+    "TreeLayout",
+    "TrialPath",
+    "assign_rows",
+    "layout",
+]
 
 DONE, RUNNING, QUEUED, UNTRAINED = "done", "running", "queued", "untrained"
 #: Every piece state, in legend order.
@@ -94,7 +105,7 @@ def layout(
     for node, extra in (boundaries or {}).items():
         if node in cuts:
             cuts[node].update(extra)
-    _assign_rows(result)
+    assign_rows(result)
     critical_spans: dict[str, list[tuple[int, int]]] = {}
     for node, start, end in critical:
         critical_spans.setdefault(node, []).append((start, end))
@@ -112,8 +123,9 @@ def layout(
     return result
 
 
-def _assign_rows(result: TreeLayout) -> None:
-    """Depth first: a node's row, then its children's subtrees, earliest branch first."""
+def assign_rows(result: TreeLayout) -> None:
+    """Fill `result.rows` from its parents and starts, depth first: a node's row, then its
+    children's subtrees, earliest branch first (ties: the node first in `result.parents`)."""
     kids: dict[str | None, list[str]] = {}
     for node, parent in result.parents.items():
         kids.setdefault(parent, []).append(node)

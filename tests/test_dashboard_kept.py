@@ -1,0 +1,231 @@
+"""A feed's snapshot of a running study (`live_snapshot(study, kept=...)`) redoes only what
+changed since its last one (`dagtune.dashboard.kept`) and is the snapshot made from scratch at
+every moment: a grid with shared prefixes, a failure, a stopped trial, a prefix and a branch
+submitted mid-run, and ASHA's promotions and stops. And what it walks after a trial changed
+does not grow with the study (a snapshot walked every trial's segments and points and cut
+every node each time: about 4 s of CPU at 100,000 trials, perf/RESULTS.md section 9l)."""
+
+from __future__ import annotations
+
+import pytest
+
+import dagtune as dt
+from dagtune.algos import ASHA, MedianStopping
+from dagtune.dashboard import snapshot as snapshots
+from dagtune.dashboard.kept import KeptSnapshot
+from dagtune.dashboard.snapshot import live_snapshot
+from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+
+SPACE = dt.Grid(
+    {
+        "lr": [0.1, dt.Steps([0.1, 0.05], [2]), dt.Steps([0.1, 0.05, 0.01], [2, 5]), 0.3],
+        "batch_size": [32, dt.Steps([32, 64], [4])],
+    }
+)
+
+
+class FailsLate(SyntheticTrainer):
+    """Fails at step 5 for a batch size that grows to 64 with the largest learning rate."""
+
+    def train(self) -> dict:
+        if self.step == 5 and self.hp["batch_size"] == 64 and self.hp["lr"] == 0.3:
+            raise ValueError("diverged")
+        return super().train()
+
+
+def same_as_from_scratch(study: dt.Study, kept: KeptSnapshot) -> dict:
+    """The feed's snapshot, checked against one made from scratch (their times aside)."""
+    incremental = live_snapshot(study, kept=kept)
+    scratch = live_snapshot(study)
+    incremental.pop("time"), scratch.pop("time")
+    for key in scratch:
+        assert incremental[key] == scratch[key], key
+    assert list(incremental["parents"]) == list(scratch["parents"])  # in the same order
+    assert incremental.keys() == scratch.keys()
+    return incremental
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_kept_snapshot_is_the_one_from_scratch_at_every_moment_of_a_grid(workers, monkeypatch):
+    monkeypatch.setattr(snapshots, "CURVES_SENT", 4)  # the curves chosen, not all of them
+    study = dt.Study(FailsLate, executor=SimulatedExecutor(workers), max_retries=0)
+    handles = [study.submit(config, 8) for config in SPACE]
+    study.submit({"lr": 0.1, "batch_size": 32}, 3)  # a prefix of another trial
+    kept = KeptSnapshot()
+    coordinator = study.coordinator
+    moments, states = 0, set()
+    same_as_from_scratch(study, kept)  # before anything ran
+    while coordinator.running or coordinator.plan.active:
+        coordinator.pump()
+        if moments == 3:
+            coordinator.stop(handles[3].id)
+            same_as_from_scratch(study, kept)
+        if moments == 5:  # a branch off what runs, and a new root
+            study.submit({"lr": dt.Steps([0.1, 0.05, 0.2], [2, 6]), "batch_size": 32}, 10)
+            study.submit({"lr": 0.7, "batch_size": 16}, 4)
+        snapshot = same_as_from_scratch(study, kept)
+        states.update(snapshot["tree"]["state"])
+        moments += 1
+    assert moments > 10 and {"done", "running", "queued"} <= states
+    statuses = {t.status for t in coordinator.trials.values()}
+    assert {"failed", "stopped", "completed"} <= statuses
+    assert kept.walked["orders"] < moments  # rows are assigned again only when nodes came
+    study.close()
+
+
+class Checked:
+    """A listener that compares the kept snapshot with one from scratch at every result."""
+
+    def __init__(self, study: dt.Study):
+        self.study, self.kept, self.checked = study, KeptSnapshot(), 0
+
+    def on_result(self, trial, step, metrics) -> None:
+        same_as_from_scratch(self.study, self.kept)
+        self.checked += 1
+
+    def on_complete(self, trial) -> None:
+        same_as_from_scratch(self.study, self.kept)
+
+    def on_end(self, trial) -> None:
+        same_as_from_scratch(self.study, self.kept)
+
+
+@pytest.mark.parametrize("algorithm", ["asha", "median"])
+def test_the_kept_snapshot_is_the_one_from_scratch_through_an_algorithm(algorithm, monkeypatch):
+    """At every result and end of ASHA (promotions: trials extended) and median stopping
+    (trials stopped)."""
+    monkeypatch.setattr(snapshots, "CURVES_SENT", 6)
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(3))
+    checked = Checked(study)
+    study.coordinator.listeners.append(checked)
+    configs = [{"lr": 0.01 * (k + 1), "batch_size": dt.Steps([32, 64], [3])} for k in range(12)]
+    if algorithm == "asha":
+        study.run(ASHA(configs, "val_loss", "min", max_steps=9, eta=3))
+    else:
+        study.run(MedianStopping(configs, "val_loss", "min", max_steps=8, grace=2, min_samples=2))
+    trials = list(study.coordinator.trials.values())
+    if algorithm == "asha":
+        assert len({t.reached for t in trials}) > 1  # promoted
+    else:
+        assert any(t.status == "stopped" for t in trials)
+    assert checked.checked > 20
+    same_as_from_scratch(study, checked.kept)
+    study.close()
+
+
+def walked_after_one_change(trials: int) -> dict[str, int]:
+    """What a feed's snapshot walks after one pump of a mid-run grid of `trials` trials on one
+    worker (one task's steps: one trial's results)."""
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))
+    for i in range(trials):
+        study.submit({"lr": 0.001 * (i // 10 + 1), "batch_size": dt.MultiStep(32, [i % 10 + 1], 0.5)}, 12)
+    coordinator = study.coordinator
+    while coordinator.executed_steps < 30:
+        coordinator.pump()
+    kept = KeptSnapshot()
+    live_snapshot(study, kept=kept)
+    first = dict(kept.walked)
+    assert first["trials"] >= trials and first["nodes"] >= trials // 10  # the first walks them all
+    kept.walked.clear()
+    coordinator.pump()
+    snapshot = live_snapshot(study, kept=kept)
+    assert len(snapshot["tree"]["node"]) > trials  # the whole tree is shown
+    walked = dict(kept.walked)
+    study.close()
+    return walked
+
+
+def test_a_kept_snapshot_walks_what_changed_not_the_study():
+    small, large = walked_after_one_change(50), walked_after_one_change(500)
+    assert small == large, (small, large)
+    assert 0 < large["trials"] <= 10 and 0 < large["nodes"] <= 12 and "orders" not in large
+
+
+def test_a_kept_snapshot_starts_again_where_a_trial_was_rewritten():
+    """A trial whose points were replaced (not extended) or whose path left a node (a trial
+    restored on another node) is not patched: what was kept is made again, and the snapshot
+    is still the one from scratch."""
+    from dagtune.dashboard.snapshot import compose
+    from dagtune.records import Trial
+
+    def trial(i: int, segments: list, values: list[float]) -> Trial:
+        made = Trial(i, {"lr": dt.Constant(0.1 * (i + 1))}, 4, segments=segments)
+        made.curve = [(step + 1, {"val_loss": v}) for step, v in enumerate(values)]
+        made.reported = len(values)
+        return made
+
+    def both(trials: list[Trial], kept: KeptSnapshot) -> None:
+        parts = {
+            "study": "s",
+            "identity": "i",
+            "source": "live",
+            "metric": None,
+            "mode": "max",
+            "counters": {},
+            "configs": {},
+            "trained": {"a": 2},
+        }
+        views = [t.snapshot() for t in trials]
+        incremental = compose(trials=views, kept=kept, **parts)
+        scratch = compose(trials=views, **parts)
+        incremental.pop("time"), scratch.pop("time")
+        assert incremental == scratch
+
+    kept = KeptSnapshot()
+    trials = [trial(0, [("a", 0, 2), ("b", 2, 4)], [1.0, 0.5]), trial(1, [("a", 0, 2), ("c", 2, 4)], [1.0])]
+    both(trials, kept)
+    trials[0].curve = [(1, {"val_loss": 3.0}), (2, {"val_loss": 2.0})]  # the same length, new points
+    both(trials, kept)
+    trials[1].segments = [("d", 0, 4)]  # off nodes a and c
+    both(trials, kept)
+    assert kept.walked["orders"] == 2  # laid out from scratch again
+
+
+def test_a_feed_makes_one_snapshot_at_a_time(monkeypatch):
+    """The final snapshot (`finish`, from the closing thread) waits for one the publisher's
+    thread is making: both change what the feed keeps."""
+    import threading
+    from types import SimpleNamespace
+
+    from dagtune.dashboard import plugin
+
+    inside, release = [], threading.Event()
+
+    def slow(study, kept):
+        inside.append(1)
+        release.wait(10)
+        inside.pop()
+        return {}
+
+    monkeypatch.setattr(plugin, "live_snapshot", lambda study, kept: slow(study, kept))
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))
+    feed = plugin.SnapshotFeed(study, SimpleNamespace(set_metadata=lambda key, value: None))
+    publishing = threading.Thread(target=feed.publish)
+    publishing.start()
+    while not inside:
+        threading.Event().wait(0.01)
+    finishing = threading.Thread(target=feed.finish)
+    finishing.start()
+    finishing.join(0.3)
+    assert finishing.is_alive() and len(inside) == 1  # waits: one snapshot at a time
+    release.set()
+    publishing.join(10), finishing.join(10)
+    assert not finishing.is_alive() and inside == []
+    monkeypatch.setattr(plugin, "FINISH_WAIT", 0.1)  # a thread that does not let go in time
+    release.clear()
+    made = []
+
+    def kept_waits(study, kept):
+        made.append(kept)
+        return slow(study, kept) if kept is feed._kept else {}
+
+    monkeypatch.setattr(plugin, "live_snapshot", kept_waits)
+    publishing = threading.Thread(target=feed.publish, kwargs={"force": True})
+    publishing.start()
+    while not inside:
+        threading.Event().wait(0.01)
+    feed.finish()  # from scratch, once its wait is over
+    assert len(made) == 2 and made[0] is feed._kept and made[1] is not feed._kept
+    release.set()
+    publishing.join(10)
+    study.close()
