@@ -8,6 +8,7 @@ every node each time: about 4 s of CPU at 100,000 trials, perf/RESULTS.md sectio
 from __future__ import annotations
 
 import pytest
+from live_study_helpers import SPACE, FailsLate
 
 import dagtune as dt
 from dagtune.algos import ASHA, MedianStopping
@@ -15,22 +16,6 @@ from dagtune.dashboard import snapshot as snapshots
 from dagtune.dashboard.kept import KeptSnapshot
 from dagtune.dashboard.snapshot import live_snapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-
-SPACE = dt.Grid(
-    {
-        "lr": [0.1, dt.Steps([0.1, 0.05], [2]), dt.Steps([0.1, 0.05, 0.01], [2, 5]), 0.3],
-        "batch_size": [32, dt.Steps([32, 64], [4])],
-    }
-)
-
-
-class FailsLate(SyntheticTrainer):
-    """Fails at step 5 for a batch size that grows to 64 with the largest learning rate."""
-
-    def train(self) -> dict:
-        if self.step == 5 and self.hp["batch_size"] == 64 and self.hp["lr"] == 0.3:
-            raise ValueError("diverged")
-        return super().train()
 
 
 def same_as_from_scratch(study: dt.Study, kept: KeptSnapshot) -> dict:

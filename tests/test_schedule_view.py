@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
+from live_study_helpers import SPACE, FailsLate
 
 import dagtune as dt
 import dagtune.scheduling as scheduling
@@ -17,22 +18,6 @@ from dagtune.plan import SearchPlan
 from dagtune.records import ScheduleView
 from dagtune.scheduling import CostModel, schedule_view
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-
-SPACE = dt.Grid(
-    {
-        "lr": [0.1, dt.Steps([0.1, 0.05], [2]), dt.Steps([0.1, 0.05, 0.01], [2, 5]), 0.3],
-        "batch_size": [32, dt.Steps([32, 64], [4])],
-    }
-)
-
-
-class FailsLate(SyntheticTrainer):
-    """Fails at step 5 for a batch size that grows to 64 with the largest learning rate."""
-
-    def train(self) -> dict:
-        if self.step == 5 and self.hp["batch_size"] == 64 and self.hp["lr"] == 0.3:
-            raise ValueError("diverged")
-        return super().train()
 
 
 class Planned:

@@ -119,25 +119,17 @@ def compose(
     and the curves too, so the snapshot redoes only what changed since the feed's last one:
     the same snapshot as one made from scratch.
     """
+    parts = {
+        "study": study,
+        "identity": identity,
+        "source": source,
+        "counters": counters,
+        "link": link,
+        "importance": importance,
+        "gpus": gpus,
+    }
     if kept is not None:
-        return _kept_compose(
-            trials,
-            metric,
-            mode,
-            configs,
-            trained,
-            running,
-            queued,
-            critical,
-            kept,
-            study=study,
-            identity=identity,
-            source=source,
-            counters=counters,
-            link=link,
-            importance=importance,
-            gpus=gpus,
-        )
+        return _kept_compose(trials, metric, mode, configs, trained, running, queued, critical, kept, **parts)
     if metric is None:
         metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
@@ -192,13 +184,7 @@ def compose(
         dict(tree.parents),
         curves,
         len(drawn),
-        study=study,
-        identity=identity,
-        source=source,
-        counters=counters,
-        link=link,
-        importance=importance,
-        gpus=gpus,
+        **parts,
     )
 
 
