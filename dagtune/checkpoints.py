@@ -16,7 +16,9 @@ and when two workers save the same point the first marker wins and the second wr
 to it. Every load checks size and checksum. Deleting removes the marker first.
 
 Atomicity comes from the filesystem: on a local disk files are written under a temporary
-name and renamed (the marker is hard-linked into place, which fails if it exists); object
+name, both fsynced (at once, on two threads: the marker names the data file by its hash),
+then the data file renamed and the marker hard-linked into place, which fails if it exists,
+so a marker is visible only once both files are durable; object
 stores (S3, GCS, memory) make a whole object visible at once, and the marker is written with
 fsspec's exclusive ``mode="create"`` (``If-None-Match`` on S3).
 """
