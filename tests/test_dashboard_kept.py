@@ -205,12 +205,17 @@ def test_a_feed_makes_one_snapshot_at_a_time(monkeypatch):
         return slow(study, kept) if kept is feed._kept else {}
 
     monkeypatch.setattr(plugin, "live_snapshot", kept_waits)
-    publishing = threading.Thread(target=feed.publish, kwargs={"force": True})
+    sent: list[dict] = []
+    feed = plugin.SnapshotFeed(study, SimpleNamespace(set_metadata=lambda key, value: sent.append(value)))
+    publishing = threading.Thread(target=feed.publish)
     publishing.start()
     while not inside:
         threading.Event().wait(0.01)
     feed.finish()  # from scratch, once its wait is over
     assert len(made) == 2 and made[0] is feed._kept and made[1] is not feed._kept
+    assert len(sent) == 1  # the final snapshot
     release.set()
     publishing.join(10)
+    assert len(sent) == 1  # the older one the publisher's thread made after it is not sent
+    assert not feed.publish(force=True) and len(sent) == 1  # nor any later one
     study.close()

@@ -139,7 +139,8 @@ class SnapshotFeed:
     one (`finish`, from the closing thread) waits up to `FINISH_WAIT` seconds for one the
     publisher's thread is making (it may outlast the publisher's wait for its thread at a large
     study), then makes its own from scratch (the thread may be waiting for the study's lock,
-    which a study closed under it holds)."""
+    which a study closed under it holds); a snapshot that thread finishes after the final one
+    is not sent over it."""
 
     def __init__(self, study: Any, client: Any):
         self.study = study
@@ -148,6 +149,7 @@ class SnapshotFeed:
         self._sent: tuple | None = None
         self._kept = KeptSnapshot()  # labels, layout and curves so far: a snapshot redoes what changed
         self._making = threading.Lock()  # held while a snapshot is made from `_kept`
+        self._final = False  # the final snapshot was sent: nothing after it
 
     def publish(self, force: bool = False) -> bool:
         """Send a snapshot if anything changed since the last one (or with `force`)."""
@@ -159,6 +161,8 @@ class SnapshotFeed:
         if state == self._sent and not force:
             return False
         snapshot = live_snapshot(self.study, kept=kept)
+        if self._final:  # made while `finish` sent the final one without waiting: older
+            return False
         snapshot["key"], snapshot["token"] = self.key, self.study.activity().token
         self.client.set_metadata([*SNAPSHOTS, self.key], snapshot)
         self._sent = state
@@ -168,9 +172,11 @@ class SnapshotFeed:
         """Send the final state (the study closes)."""
         if not self._making.acquire(timeout=FINISH_WAIT):
             self._publish(True, KeptSnapshot())  # what is kept is in use: from scratch
+            self._final = True  # the snapshot still being made is older: never sent
             return
         try:
             self._publish(True, self._kept)
+            self._final = True
         finally:
             self._making.release()
 
