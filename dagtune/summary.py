@@ -22,9 +22,11 @@ __all__ = [
     "UNKNOWN_FROM_STORAGE",
     "best_note",
     "best_of",
+    "config_text",
     "divergence_line",
     "error_line",
     "failures",
+    "finite",
     "merge_rate_so_far",
     "metric_of",
     "pick_metric",
@@ -63,15 +65,21 @@ def metric_of(trials: Iterable[Trial]) -> tuple[str | None, str]:
     return pick_metric(name for trial in trials for point in trial.points for name in point.names)
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
+    """Whether `value` is a finite int or float (a metric value worth ranking or drawing)."""
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """A config on one line, each hyper-parameter's sequence `readable`: ``lr=0.1, bs=32``."""
+    return ", ".join(f"{name}={readable(sequence)}" for name, sequence in config.items())
 
 
 def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
     """The trial with the best final `metric`: completed trials first, then the longest, then
     the first; a NaN or infinite value is never the best. The one definition `Result.best`
     and every view use."""
-    scored = [t for t in trials if metric and t.metrics and _finite(t.metrics.get(metric))]
+    scored = [t for t in trials if metric and t.metrics and finite(t.metrics.get(metric))]
     if not scored:
         return None
     pool = [t for t in scored if t.status == COMPLETED] or scored
@@ -130,7 +138,7 @@ def error_line(error: str | None, limit: int = 300) -> str:
 def divergence_line(steps: int, metrics: Mapping[str, Any]) -> str:
     """Where and why a diverged trial ended: ``after 4 steps: loss=nan`` (the steps it
     trained, and its metrics there that are NaN or infinite)."""
-    bad = ", ".join(f"{name}={value}" for name, value in metrics.items() if not _finite(value))
+    bad = ", ".join(f"{name}={value}" for name, value in metrics.items() if not finite(value))
     return f"after {steps} step{'' if steps == 1 else 's'}: {bad}"
 
 

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, pairwise
 from operator import itemgetter
 from typing import Any
 
-from dagtune.config import Config
-from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TreeLayout, assign_rows
-from dagtune.summary import pick_metric, readable
+from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TreeLayout, assign_rows, overlaps
+from dagtune.summary import config_text, finite, pick_metric
 
-__all__ = ["KeptCurves", "KeptSnapshot", "KeptTree"]
+__all__ = ["KeptCurves", "KeptSnapshot", "KeptTree", "spans_by_node"]
 
 Span = tuple[str, int, int]
 #: a piece of one node, as kept: ``(start, end, trials, state, critical)``
@@ -42,19 +40,13 @@ KeptPiece = tuple[int, int, int, str, bool]
 COLUMNS = ("node", "start", "end", "row", "trials", "state", "critical", "label")
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _by_node(spans: Iterable[Span]) -> dict[str, tuple[tuple[int, int], ...]]:
+def spans_by_node(spans: Iterable[Span]) -> dict[str, tuple[tuple[int, int], ...]]:
+    """``(node, start, end)`` spans grouped by node, each node's as a tuple (compared between
+    snapshots): a piece looks up its own node's, not every span."""
     found: dict[str, list[tuple[int, int]]] = {}
     for node, start, end in spans:
         found.setdefault(node, []).append((start, end))
     return {node: tuple(found[node]) for node in found}
-
-
-def _overlaps(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
-    return any(a < end and start < b for a, b in spans)
 
 
 class KeptTree:
@@ -105,7 +97,11 @@ class KeptTree:
             structure = self._walk(trials, dirty)
             if structure is None:
                 raise AssertionError("a layout from scratch lost a node")
-        running_on, queued_on, critical_on = _by_node(running), _by_node(queued), _by_node(critical)
+        running_on, queued_on, critical_on = (
+            spans_by_node(running),
+            spans_by_node(queued),
+            spans_by_node(critical),
+        )
         scheduled = {*running_on, *queued_on, *critical_on}
         moved = {node for node, _ in trained.items() ^ self.trained.items()}
         for node in dirty | ((scheduled | self.scheduled | moved) & self.spans.keys()):
@@ -193,13 +189,13 @@ class KeptTree:
             count = sum(n for (a, b), n in spans.items() if a <= start and end <= b)
             if end <= done:
                 state = DONE
-            elif _overlaps(running, start, end):
+            elif overlaps(running, start, end):
                 state = RUNNING
-            elif _overlaps(queued, start, end):
+            elif overlaps(queued, start, end):
                 state = QUEUED
             else:
                 state = UNTRAINED
-            pieces.append((start, end, count, state, _overlaps(critical, start, end)))
+            pieces.append((start, end, count, state, overlaps(critical, start, end)))
         return pieces
 
     def _order(self) -> None:
@@ -293,7 +289,7 @@ class KeptCurves:
         for trial, done in grown:
             self.walked["trials"] += 1
             self.walked["points"] += len(trial.points) - done
-            value = next((v for p in reversed(trial.points[done:]) if _finite(v := p.get(metric))), None)
+            value = next((v for p in reversed(trial.points[done:]) if finite(v := p.get(metric))), None)
             if value is not None:
                 if trial.id not in self.last:
                     bisect.insort(self.drawn, trial.id)
@@ -323,11 +319,11 @@ class KeptCurves:
             kept = self.sent.get(i)
             if kept is None or kept[0][0] != key[0] or kept[0][1] != key[1] or kept[0][2] is not key[2]:
                 self.walked["points"] += len(trial.points)
-                points = [(p.step, p.get(metric)) for p in trial.points if _finite(p.get(metric))]
+                points = [(p.step, p.get(metric)) for p in trial.points if finite(p.get(metric))]
                 row = (
                     trial.status,
                     points[-1][1],
-                    _config_text(trial.config),
+                    config_text(trial.config),
                     [s for s, _ in points],
                     [float(v) for _, v in points],
                 )
@@ -339,10 +335,6 @@ class KeptCurves:
                 curves[name].append(value)
         self.sent = sent
         return curves
-
-
-def _config_text(config: Config) -> str:
-    return ", ".join(f"{n}={readable(s)}" for n, s in config.items())
 
 
 class KeptSnapshot:

@@ -16,7 +16,6 @@ scheduler through ``log_event`` (msgpack: plain ints, floats, strings, lists, di
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
@@ -24,14 +23,16 @@ from typing import Any
 from dagtune.catalog import StoredStudy
 from dagtune.collector_pause import collector_paused
 from dagtune.config import Config
-from dagtune.dashboard.kept import KeptSnapshot
-from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout
+from dagtune.dashboard.kept import KeptSnapshot, spans_by_node
+from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout, overlaps
 from dagtune.importance import importance_columns, method_of_columns, score_columns
 from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial
 from dagtune.summary import (
     best_note,
     best_of,
+    config_text,
     failures,
+    finite,
     merge_rate_so_far,
     metric_of,
     readable,
@@ -44,10 +45,6 @@ from dagtune.summary import (
 __all__ = ["CURVES_SENT", "FORMAT", "compose", "live_snapshot", "result_snapshot", "stored_snapshot"]
 
 FORMAT = "dagtune-dashboard/1"
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _label(config: Config | None, parent: Config | None) -> str:
@@ -63,15 +60,6 @@ def _label(config: Config | None, parent: Config | None) -> str:
 
 
 # --------------------------------------------------------------------------- the snapshot
-
-
-def _spans_by_node(spans: Iterable[tuple[str, int, int]]) -> dict[str, list[tuple[int, int]]]:
-    """``(node, start, end)`` spans grouped by node: a piece of the tree looks up its own node's
-    (a scan of every span for every piece was quadratic: 26 s at 10,000 trials mid-run)."""
-    by_node: dict[str, list[tuple[int, int]]] = {}
-    for node, start, end in spans:
-        by_node.setdefault(node, []).append((start, end))
-    return by_node
 
 
 def compose(
@@ -133,14 +121,14 @@ def compose(
     if metric is None:
         metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
-    running_on, queued_on = _spans_by_node(running), _spans_by_node(queued)
+    running_on, queued_on = spans_by_node(running), spans_by_node(queued)
 
     def state(node: str, start: int, end: int) -> str:
         if end <= trained.get(node, -1):
             return DONE
-        if any(a < end and start < b for a, b in running_on.get(node, ())):
+        if overlaps(running_on.get(node, ()), start, end):
             return RUNNING
-        if any(a < end and start < b for a, b in queued_on.get(node, ())):
+        if overlaps(queued_on.get(node, ()), start, end):
             return QUEUED
         return UNTRAINED
 
@@ -156,13 +144,13 @@ def compose(
         if (node, parent) not in made:
             made[node, parent] = _label(configs.get(node), configs.get(parent) if parent else None)
     curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
-    drawn = [t for t in trials if any(_finite(p.get(metric)) for p in t.points)]
+    drawn = [t for t in trials if any(finite(p.get(metric)) for p in t.points)]
     for trial in sorted(_curves_sent(drawn, metric, mode), key=lambda t: t.id):
-        points = [(p.step, p.get(metric)) for p in trial.points if _finite(p.get(metric))]
+        points = [(p.step, p.get(metric)) for p in trial.points if finite(p.get(metric))]
         curves["trial"].append(trial.id)
         curves["status"].append(trial.status)
         curves["final"].append(points[-1][1])
-        curves["config"].append(", ".join(f"{n}={readable(s)}" for n, s in trial.config.items()))
+        curves["config"].append(config_text(trial.config))
         curves["steps"].append([s for s, _ in points])
         curves["values"].append([float(v) for _, v in points])
     shown_tree = {
@@ -293,7 +281,7 @@ def _curves_sent(trials: list[Trial], metric: str | None, mode: str) -> list[Tri
         return trials
 
     def last(trial: Trial) -> float:
-        value = next(v for p in reversed(trial.points) if _finite(v := p.get(metric)))
+        value = next(v for p in reversed(trial.points) if finite(v := p.get(metric)))
         return -value if mode == "max" else value
 
     best = sorted(trials, key=lambda t: (last(t), t.id))[: CURVES_SENT // 2]

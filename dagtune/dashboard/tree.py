@@ -27,6 +27,7 @@ __all__ = [
     "TrialPath",
     "assign_rows",
     "layout",
+    "overlaps",
 ]
 
 DONE, RUNNING, QUEUED, UNTRAINED = "done", "running", "queued", "untrained"
@@ -72,6 +73,11 @@ class TreeLayout:
         return sorted(found, key=self.rows.__getitem__)
 
 
+def overlaps(spans: Iterable[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether any ``(a, b)`` of `spans` overlaps the steps ``[start, end)``."""
+    return any(a < end and start < b for a, b in spans)
+
+
 def layout(
     trials: Iterable[TrialPath],
     state: Callable[[str, int, int], str],
@@ -114,7 +120,7 @@ def layout(
         steps = sorted(s for s in cuts[node] if result.starts[node] <= s <= last)
         for start, end in pairwise(steps):
             count = sum(1 for a, b in spans[node] if a <= start and end <= b)
-            hot = any(a < end and start < b for a, b in critical_spans.get(node, ()))
+            hot = overlaps(critical_spans.get(node, ()), start, end)
             piece = Piece(node, start, end, result.rows[node], count, state(node, start, end), hot)
             result.pieces.append(piece)
         parent = result.parents[node]
