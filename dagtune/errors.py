@@ -11,11 +11,17 @@ not one of these.
 
 from __future__ import annotations
 
-__all__ = ["DagtuneError", "DagtuneWarning"]
+__all__ = ["DagtuneError", "DagtuneWarning", "TrainerCheckError"]
 
 
 class DagtuneError(Exception):
     """The base of every exception dagtune raises."""
+
+
+class TrainerCheckError(DagtuneError):
+    """A check of the trainer's code failed (its evaluate changed the training state, or a
+    trainer resumed from a checkpoint trains differently): training the stage again would
+    fail the same way, so the stage is not retried and the trials fail with this error."""
 
 
 class DagtuneWarning(UserWarning):

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagtune.errors import DagtuneError
+from dagtune.errors import TrainerCheckError
 from dagtune.trainer import Trainer
 
 __all__ = ["EvaluateChangedStateError", "EvaluateChecks", "state_digests", "training_state"]
@@ -36,7 +36,7 @@ __all__ = ["EvaluateChangedStateError", "EvaluateChecks", "state_digests", "trai
 _SHOWN = 6  # changed keys named in the message; the rest are counted
 
 
-class EvaluateChangedStateError(DagtuneError, RuntimeError):
+class EvaluateChangedStateError(TrainerCheckError, RuntimeError):
     """`Trainer.evaluate` changed the training state; `keys` names what changed."""
 
     def __init__(self, keys: list[str], checks: int):

@@ -133,7 +133,9 @@ class TaskEnded(TaskEvent):
 @dataclass(frozen=True)
 class TaskFailed(TaskEvent):
     """Training failed at ``(node, step)`` (`cause`: one of `dagtune.records.CAUSES`), or the
-    task was `lost` with its worker (`killed`: it took down the workers that ran it)."""
+    task was `lost` with its worker (`killed`: it took down the workers that ran it).
+    `retry`: whether training the stage again may succeed (not after a failed check of the
+    trainer's code, `dagtune.errors.TrainerCheckError`)."""
 
     kind: ClassVar[str] = "error"
     time: float | None
@@ -143,6 +145,7 @@ class TaskFailed(TaskEvent):
     worker: str | None = None
     lost: bool = False
     killed: bool = False
+    retry: bool = True
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagtune.errors import DagtuneError
+from dagtune.errors import TrainerCheckError
 from dagtune.evalcheck import state_digests
 from dagtune.trainer import ResumableBatches, Trainer, capture_rng
 
@@ -55,23 +55,33 @@ _SHOWN = 6  # differing entries named in the message; the rest are counted
 _SCHEDULER = torch.optim.lr_scheduler.LRScheduler
 
 
-class ResumeChangedTrainingError(DagtuneError, RuntimeError):
-    """A trainer loaded from a checkpoint trained the next step differently from the trainer
-    that saved it; `keys` names what differs, `causes` what probably does it."""
+class ResumeChangedTrainingError(TrainerCheckError, RuntimeError):
+    """A trainer loaded from the checkpoint at step `step` trained the next step differently
+    from the trainer that saved it; `keys` names what differs, `causes` what probably does it.
+    `past_end`: the checkpoint is where the stage ends, so the step compared is one trained
+    past it for the check alone (the trials ending there never train it)."""
 
-    def __init__(self, step: int, keys: list[str], causes: list[str], checks: int):
-        self.step, self.keys, self.causes = step, keys, causes
+    def __init__(self, step: int, keys: list[str], causes: list[str], checks: int, past_end: bool = False):
+        self.step, self.keys, self.causes, self.past_end = step, keys, causes, past_end
         shown = ", ".join(keys[:_SHOWN]) + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
         # the likely cause first: a failed trial is shown by the first 300 characters of this line
         likely = "".join(f" Likely cause: {cause}" for cause in causes)
+        compared = (
+            f"A trainer loaded from the checkpoint at step {step}, where this stage ends, and the "
+            f"trainer that saved it each trained one step more (step {step + 1}, trained for this "
+            "check alone and discarded), and they differ"
+            if past_end
+            else f"After step {step + 1}, a trainer loaded from the checkpoint at step {step} differs "
+            "from the trainer that saved it and trained on"
+        )
         super().__init__(
-            f"resuming from a checkpoint changes training.{likely} After step {step + 1}, a trainer "
-            f"loaded from the checkpoint at step {step} differs from the trainer that saved it and "
-            f"trained on: {shown}. dagtune resumes every branch from a "
-            "checkpoint, so trials would differ from training them alone (run_alone): state_dict() "
-            "must hold everything later steps depend on, and load_state_dict() must restore it. "
+            f"resuming from a checkpoint changes training.{likely} {compared}: {shown}. dagtune "
+            "resumes every branch from a checkpoint, so trials would differ from training them "
+            "alone (run_alone): state_dict() must hold everything later steps depend on, and "
+            "load_state_dict() must restore it. "
             f"(Each worker checks resuming at its first {_count(checks, 'checkpoint')} of a model; "
-            "check_resume=0 turns the check off.)"
+            "check_resume=0 turns the check off. The stage is not retried: it would fail the "
+            "same way.)"
         )
 
 

@@ -50,7 +50,7 @@ import torch
 
 from dagtune.checkpoints import CheckpointError, CheckpointStore, serialize_state
 from dagtune.config import config_values
-from dagtune.errors import DagtuneError
+from dagtune.errors import DagtuneError, TrainerCheckError
 from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.events import (
     CheckpointCorrupt,
@@ -282,10 +282,11 @@ class StepTimeoutError(DagtuneError):
     """A step did not finish within the study's ``step_timeout`` (a hanging ``train()``)."""
 
 
-def failure_fields(error: BaseException) -> dict[str, str]:
-    """The fields a `TaskFailed` gives a failure: `error` (one line), `traceback` and
-    `cause` (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`,
-    else ``trainer``)."""
+def failure_fields(error: BaseException) -> dict[str, Any]:
+    """The fields a `TaskFailed` gives a failure: `error` (one line), `traceback`, `cause`
+    (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`, else
+    ``trainer``) and `retry` (False for a failed check of the trainer's code,
+    `TrainerCheckError`: training again fails it again)."""
     if isinstance(error, StorageFailedError):
         cause = "storage"
     elif isinstance(error, StepTimeoutError):
@@ -296,10 +297,11 @@ def failure_fields(error: BaseException) -> dict[str, str]:
         "error": str(error) if cause == "storage" else f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(error)),
         "cause": cause,
+        "retry": not isinstance(error, TrainerCheckError),
     }
 
 
-def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, str]:
+def timeout_fields(step: int, seconds: float, stack: str) -> dict[str, Any]:
     """`failure_fields` of step `step` given up after `seconds`, with `stack` (where its
     thread was) as the traceback."""
     fields = failure_fields(
@@ -555,7 +557,7 @@ class MemberPath:
         step = self.position if self.current is None else self.current
         return self._failed(min(step + 1, self.task.end), timeout_fields(step, seconds, stack))
 
-    def _failed(self, step: int, fields: dict[str, str]) -> TaskFailed:
+    def _failed(self, step: int, fields: dict[str, Any]) -> TaskFailed:
         return TaskFailed(
             self.task.key,
             self.attempt,
@@ -823,11 +825,12 @@ class PathRunner:
                     raise _NoRoomError(f"{type(error).__name__}: {error}") from error
                 return failed_outcome(error)
 
-    def _compare(self, trainer: Trainer, live: StepOutcome) -> list[TaskEvent]:
+    def _compare(self, trainer: Trainer, live: StepOutcome, past_end: bool = False) -> list[TaskEvent]:
         """Compare the step this trainer just trained after the probed checkpoint with the
-        fresh trainer's: a pass is counted; a difference raises `ResumeChangedTrainingError`,
-        unless a second fresh trainer differs from the first too (training is not
-        deterministic: a warning event, nothing counted)."""
+        fresh trainer's (`past_end`: a step past the path's end, trained for the check): a
+        pass is counted; a difference raises `ResumeChangedTrainingError`, unless a second
+        fresh trainer differs from the first too (training is not deterministic: a warning
+        event, nothing counted)."""
         probe, self._probe = self._probe, None
         identity, limit = self.task.trainer.identity, self.task.check_resume
         keys = differences(live, probe.outcome)
@@ -841,7 +844,8 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        raise ResumeChangedTrainingError(probe.step, keys, likely_causes(vars(trainer), saved, keys), limit)
+        causes = likely_causes(vars(trainer), saved, keys)
+        raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:
         """The path ends at the probed checkpoint (`values`: the last step's): this trainer
@@ -861,7 +865,7 @@ class PathRunner:
                     self._probe = None
                     return [self._skipped(f"the step after the path's end ran out of memory ({error})")]
                 live = failed_outcome(error)
-        return self._compare(trainer, live)
+        return self._compare(trainer, live, past_end=True)
 
     def _nondeterministic(self, step: int, keys: list[str]) -> TrainerWarned:
         cls = self.task.trainer.cls

@@ -187,6 +187,19 @@ def test_each_worker_checks_its_first_evaluations_once_per_model():
     assert result.report["executed_steps"] == 12
 
 
+def test_a_failed_check_fails_the_trial_without_a_retry():
+    """A broken evaluate breaks it again: the stage is not trained again, whatever the
+    study's max_retries."""
+    calls = []  # of state_dict(), which each training of the stage calls to check evaluate
+    for retries in (0, 3):
+        before = StepsWhileEvaluating.state_dicts
+        study = Study(StepsWhileEvaluating, executor=SimulatedExecutor(1), max_retries=retries)
+        with pytest.warns(dt.TrialsFailedWarning, match="1 of 1 trials failed"):
+            study.run(GridSearch([CONFIG], metric="val_loss", mode="min", steps=4))
+        calls.append(StepsWhileEvaluating.state_dicts - before)
+    assert calls[0] == calls[1] > 0
+
+
 def test_a_failed_check_counts_nothing_so_a_retry_is_checked_again():
     checks = EvaluateChecks()
     trainer = StepsWhileEvaluating()

@@ -261,7 +261,8 @@ class Dispatcher:
 
     def _failed(self, key: str, running: Running, event: TaskFailed) -> list[Outcome]:
         """Count a failure (a lost task's is not one, unless it took down its workers); a
-        point failed past the retries is returned."""
+        point failed past the retries, or failed by a check of the trainer's code (`retry`
+        False, outside a fused group), is returned."""
         if event.lost:  # its worker died or went away
             # the resume check's second trainer may be what took the worker down (memory):
             # whatever trains these stages again does without it
@@ -280,6 +281,8 @@ class Dispatcher:
         self._failures[point] = failures = self._failures.get(point, 0) + 1
         if running.slot.fused:  # whose failure it was is unknown: the retry runs it alone
             self.fusion.isolate(point)
+        elif not event.retry:  # a failed check of the trainer's code: it would fail again
+            return [PointFailed(point[0], point[1], error, cause)]
         if failures > self.max_retries:
             return [PointFailed(point[0], point[1], error, cause)]
         return []

@@ -430,9 +430,8 @@ class FusedPathRunner:
             )
             fields = warning_event(NondeterministicTrainingWarning, message, f"nondeterministic {identity}")
             return [member.warned(segment.node, n, fields)]
-        raise ResumeChangedTrainingError(
-            n, keys, likely_causes(_host_attributes(group.host), load()["trainer"], keys), task.check_resume
-        )
+        causes = likely_causes(_host_attributes(group.host), load()["trainer"], keys)
+        raise ResumeChangedTrainingError(n, keys, causes, task.check_resume, past_end=n >= task.end)
 
     def _resumed_step(self, task: PathTask, load: Callable[[], Any], values: dict) -> StepOutcome | None:
         """A fresh host loaded from the checkpoint `load` reads trains the step (None if the

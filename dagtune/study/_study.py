@@ -126,7 +126,8 @@ class Study:
     first `check_evaluate` evaluations of the model, and fails the trial with ``evaluate()
     changed the training state: <keys>`` if they differ (results would depend on where
     dagtune evaluates); 0 turns it off. The global random generators and every module's
-    training mode need no check: dagtune puts them back after every evaluation.
+    training mode need no check: dagtune puts them back after every evaluation. A failed
+    check (this one or `check_resume`'s) is not retried: training again fails it again.
 
     `checkpoint_every` (steps; None: no more than that) makes every stage also save a
     checkpoint every that many steps, besides where it ends and where trials branch: what an
