@@ -45,14 +45,14 @@ class _Group:
                 self.branch = first
             else:
                 self.checked = end
-        return self.branch
+        return self.branch if self.branch is not None and self.branch < end else None
 
 
 class PausedTrials:
     """Completed trials by node and config (see the module docstring): `add` when a trial
     completes, `discard` before it is extended, `branches` where the trials paused on a
     node would branch off a stretch of it. Every operation costs the same however many
-    trials of one config are paused on the node (`discard` aside: a bisection)."""
+    trials of one config are paused on the node (`add` and `discard`: a bisection)."""
 
     def __init__(self) -> None:
         # node -> its one group, or its groups by config (most nodes hold one config's trials)
