@@ -195,7 +195,7 @@ def test_an_unknown_kind_is_refused_by_name():
 
 
 def test_ids_by_node_hold_one_id_bare_and_forget_an_emptied_node():
-    """`IdsByNode` (the ledger's watchers and paused trials) answers as a set per node would,
+    """`IdsByNode` (the ledger's watchers) answers as a set per node would,
     holding a lone id without a set and forgetting a node whose last id went."""
     from dagtune.coordinator._ids import IdsByNode
 

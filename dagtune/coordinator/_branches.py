@@ -8,12 +8,12 @@ extend (ASHA promotes them later), and the configs an algorithm announced it may
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from dagtune.config import Config, config_first_difference, value_key
-from dagtune.coordinator._ids import IdsByNode
+from dagtune.coordinator._paused import PausedTrials
 from dagtune.plan import SearchPlan
-from dagtune.records import COMPLETED, Trial
+from dagtune.records import Trial
 from dagtune.tasks import Segment
 
 __all__ = ["LaterBranches"]
@@ -23,10 +23,9 @@ class LaterBranches:
     """The paused trials and the announced configs of one coordinator (see the module
     docstring); `within` gives the steps of a segment where one of them would branch off."""
 
-    def __init__(self, plan: SearchPlan, trials: Mapping[int, Trial]):
+    def __init__(self, plan: SearchPlan):
         self.plan = plan
-        self.trials = trials
-        self._paused = IdsByNode()  # node -> completed trials ending on it
+        self._paused = PausedTrials()  # completed trials by node and config
         # configs an algorithm may submit later, by their values at step 0: only those agreeing
         # there with a path can branch off it later (no scan of every prospect per segment)
         self._prospects: dict[tuple, list[Config]] = {}
@@ -34,11 +33,11 @@ class LaterBranches:
 
     def pause(self, trial: Trial) -> None:
         """`trial` completed: it may be extended from its node later."""
-        self._paused.add(trial.node, trial.id)
+        self._paused.add(trial)
 
     def resume(self, trial: Trial) -> None:
         """`trial` is extended: it branches no more from where it paused."""
-        self._paused.discard(trial.node, trial.id)
+        self._paused.discard(trial)
 
     def expect(self, configs: Iterable[Config]) -> None:
         """The configs an algorithm may submit later (none: forget the earlier ones)."""
@@ -52,17 +51,11 @@ class LaterBranches:
         return self._of_paused(segment) | self._of_prospects(segment)
 
     def _of_paused(self, segment: Segment) -> set[int]:
-        """Steps inside `segment` where a completed trial on its node would branch off if it
-        were extended."""
-        steps = set()
-        for trial_id in self._paused.get(segment.node):
-            trial = self.trials[trial_id]
-            if trial.status != COMPLETED or trial.steps > segment.start:
-                continue
-            branch = config_first_difference(segment.config, trial.config, trial.steps, segment.end)
-            if segment.start < branch < segment.end:
-                steps.add(branch)
-        return steps
+        """Steps inside `segment` where a completed trial on its node, ending at its start or
+        before, would branch off if it were extended (found per config, not per trial:
+        `dagtune.coordinator._paused`)."""
+        node_config = self.plan.nodes[segment.node].config
+        return self._paused.branches(segment.node, node_config, segment.start, segment.end)
 
     def _of_prospects(self, segment: Segment) -> set[int]:
         """Steps inside `segment` where an expected config would branch off its path (a node's

@@ -1,8 +1,8 @@
 """`IdsByNode`: trial ids grouped by node, compact for the common case of one per node.
 
-The ledger keeps, for each node, the pending trials passing through it, and the later
-branches the completed trials ending on it; a study of 100,000 trials has about as many
-nodes, most of them with one trial. A set per node costs 216 bytes, and one left empty
+The ledger keeps, for each node, the pending trials passing through it (the completed
+trials ending on it are kept by config: `dagtune.coordinator._paused`); a study of 100,000
+trials has about as many nodes, most of them with one trial. A set per node costs 216 bytes, and one left empty
 after its last trial went stays allocated: here a node with one trial holds the bare id, a
 set only from the second, and a node whose last id goes is forgotten.
 """

@@ -72,7 +72,7 @@ class TrialLedger:
         self.recorders: list[Callable[[dict], None]] = []
         self.trials: dict[int, Trial] = {}
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
-        self.branches = LaterBranches(plan, self.trials)  # where a task saves for later trials
+        self.branches = LaterBranches(plan)  # where a task saves for later trials
         self.kept = TrialPoints(plan)  # the checkpoints its trials need kept, kept as they change
         self.changed = False  # the requests in the plan changed since the last `settle`
         self._next_id = 0
