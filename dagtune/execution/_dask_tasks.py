@@ -160,7 +160,8 @@ class _Relay:
     comes from then on (the last step's events, then the task's end, or its failure) is
     held and sent as one message by `flush`, which the task calls once its runner has
     returned (or raised): a one-step stage is one message, its end in it, and no event
-    travels after the one that ends its task."""
+    travels after the one that ends its task. The watch is not restarted then (no step is
+    left), so no step timeout is sent before the held events."""
 
     def __init__(
         self,
@@ -177,8 +178,7 @@ class _Relay:
     def __call__(self, events: list[TaskEvent]) -> None:
         self.watch.pause()
         if all(member.finished for member in self.members.values()):
-            self.held.extend(events)
-            self.watch.restart()
+            self.held.extend(events)  # no step is left to watch: a timeout can't overtake them
             return
         self._send(events)
         try:
