@@ -8,7 +8,7 @@ import pytest
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.events import MetricsReported, StateLoaded, StepDone, TaskStarted, from_wire
+from dagtune.events import MetricsReported, StateLoaded, StepDone, TaskEnded, TaskStarted, from_wire
 from dagtune.sim import SyntheticTrainer
 from dagtune.study import Study, run_alone
 
@@ -141,4 +141,40 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
         assert [[e.step for e in batch if isinstance(e, MetricsReported | StepDone)] for batch in steps] == [
             [n, n] for n in range(1, 11)
         ]
-        assert all(isinstance(batch[-1], StepDone) for batch in steps)
+        # the last step's message also ends the task (`TaskEnded` after its step)
+        assert all(isinstance(batch[-1], StepDone) for batch in steps[:-1])
+        assert [type(e) for e in steps[-1][-2:]] == [StepDone, TaskEnded]
+
+
+def test_a_one_step_stage_is_one_message_and_its_result_is_not_fetched(client, tmp_path):
+    """Each independent one-step stage sends one ``log_event`` message (its step's events and
+    its end; it sent two, the end apart), and the coordinator fetches no task's result (a
+    gather through the scheduler from the worker for events the stream had carried: it
+    fetched every one), so it handles each event once."""
+    configs = [{"lr": lr, "batch_size": 128} for lr in (0.1, 0.05, 0.02, 0.01, 0.005, 0.002)]
+    with Study(
+        SyntheticTrainer, name="one-message", storage=tmp_path, client=client, resources={"GPU": 1}
+    ) as study:
+        for handle, config in [(study.submit(config, 1), config) for config in configs]:
+            assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 1)[-1]
+        messages = [[from_wire(e) for e in batch] for _, batch in client.get_events(study.coordinator.topic)]
+        executor, dispatcher = study.executor, study.coordinator.dispatcher
+        assert dispatcher.launched == len(configs)
+        assert len(messages) == len(configs)
+        assert all(isinstance(batch[-1], TaskEnded) for batch in messages)
+        assert executor.results_fetched == 0
+        assert dispatcher.events_seen == sum(len(batch) for batch in messages)  # none twice
+
+
+def test_a_task_whose_end_the_stream_lost_has_its_result_fetched(client, tmp_path):
+    """Nothing is lost if the stream lags: with every streamed message dropped in the study's
+    process, each task's events come from its result, fetched once Dask says it finished."""
+    configs = [{"lr": lr, "batch_size": 128} for lr in (0.1, 0.05, 0.02)]
+    with Study(
+        SyntheticTrainer, name="lost-stream", storage=tmp_path, client=client, resources={"GPU": 1}
+    ) as study:
+        client.subscribe_topic(study.coordinator.topic, lambda event: None)  # replaces the executor's handler
+        for config in configs:  # one stage after the other, 3 steps each
+            assert study.submit(config, 3).result(timeout=60) == run_alone(SyntheticTrainer, config, 3)[-1]
+        assert study.executor.results_fetched == study.coordinator.dispatcher.launched == len(configs)
+        assert study.report["executed_steps"] == 3 * len(configs)

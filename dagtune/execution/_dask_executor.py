@@ -8,8 +8,12 @@ that the task reads between steps, and events travel back through ``log_event`` 
 ``Client.subscribe_topic``. The events of one step (its metrics, checkpoint and ``step``)
 travel as one message and are polled together, so the coordinator never sees a step's
 metrics without the step itself (a run could otherwise end on a trial's last metrics and
-report one executed step too few). The task's result repeats every event, so nothing is
-lost if the stream lags. A fused group of tasks (`launch_group`) is one Dask task running
+report one executed step too few); a task's last step travels with its end (`_dask_tasks`),
+so a one-step stage is one message. The task's result repeats every event, so nothing is
+lost if the stream lags: a task whose every ``TaskEnded`` came through the stream before
+Dask reported it finished has sent everything (its events travel in order on one stream,
+the end last), and its result is not fetched (a round trip to its worker through the
+scheduler for events already here); any other task's result is, as before. A fused group of tasks (`launch_group`) is one Dask task running
 `dagtune.fusion.FusedPathRunner` (`run_group`): its events carry each member's own key and
 each member reads its own directive, so the coordinator sees K tasks on one slot. What a
 task runs on its worker is in `_dask_tasks`. The checkpoint store reaches the workers once,
@@ -28,7 +32,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Variable
 from distributed.client import FutureCancelledError
 
-from dagtune.events import TaskEvent, TaskFailed, from_wire
+from dagtune.events import TaskEnded, TaskEvent, TaskFailed, from_wire
 from dagtune.execution._dask_tasks import run_group, run_path
 from dagtune.execution._interface import Executor
 from dagtune.execution._worker_store import register, unregister
@@ -65,6 +69,10 @@ class DaskExecutor(Executor):
         self._events: queue.Queue[list[TaskEvent]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
         self._members: dict[str, list[str]] = {}  # a fused group's Dask key -> its tasks' keys
+        # each launched task's key -> whether its `TaskEnded` came through the stream (until its future is done)
+        self._streamed: dict[str, bool] = {}
+        self._streamed_lock = threading.Lock()  # the event loop's thread sets, Dask's callback thread pops
+        self.results_fetched = 0  # results gathered: the tasks whose end the stream had not delivered
         self._directives: dict[str, dict] = {}
         self._directives_lock = threading.Lock()
         self._variable = Variable(f"{topic}-directives", client=client)
@@ -75,7 +83,14 @@ class DaskExecutor(Executor):
         client.subscribe_topic(topic, self._on_event)
 
     def _on_event(self, event: tuple[float, list[dict]]) -> None:
-        self._events.put([from_wire(wire) for wire in event[1]])
+        batch = [from_wire(wire) for wire in event[1]]
+        ended = [e.task for e in batch if isinstance(e, TaskEnded)]
+        if ended:
+            with self._streamed_lock:
+                for key in ended:
+                    if key in self._streamed:  # not a task already done (its result fetched)
+                        self._streamed[key] = True
+        self._events.put(batch)
 
     def slots(self) -> int:
         now = time.monotonic()
@@ -104,8 +119,7 @@ class DaskExecutor(Executor):
             workers=[prefer] if prefer else None,
             allow_other_workers=bool(prefer),
         )
-        self._futures[task.key] = future
-        future.add_done_callback(self._on_done)
+        self._follow(task.key, [task.key], future)
 
     def launch_group(self, tasks: list[PathTask], priority: float = 0.0, prefer: str | None = None) -> None:
         key = f"{tasks[0].key}-fused{len(tasks)}"
@@ -122,6 +136,12 @@ class DaskExecutor(Executor):
             workers=[prefer] if prefer else None,
             allow_other_workers=bool(prefer),
         )
+        self._follow(key, self._members[key], future)
+
+    def _follow(self, key: str, keys: list[str], future: Future) -> None:
+        """Keep `future` (Dask key `key`, running the tasks `keys`) until it is done."""
+        with self._streamed_lock:
+            self._streamed.update(dict.fromkeys(keys, False))
         self._futures[key] = future
         future.add_done_callback(self._on_done)
 
@@ -129,9 +149,14 @@ class DaskExecutor(Executor):
         key = future.key
         self._futures.pop(key, None)
         keys = self._members.pop(key, None) or [key]
+        with self._streamed_lock:
+            streamed = [self._streamed.pop(k, False) for k in keys]
         if self._closed:  # cancelled by `close`: nobody reads events or directives any more
             return
         try:
+            if future.status == "finished" and all(streamed):
+                return  # every event came through the stream (the module docstring)
+            self.results_fetched += 1
             self._events.put(future.result())
         except FutureCancelledError:
             self._events.put([_lost(k, "cancelled") for k in keys])

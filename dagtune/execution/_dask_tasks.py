@@ -1,7 +1,8 @@
 """What a Dask task of the executor runs on its worker: a path task (`run_path`) or a fused
-group (`run_group`), streaming each step's events as one ``log_event`` message, reading the
-directives between steps from a `distributed.Variable`, and watching each step against the
-study's ``step_timeout`` (`_StepWatch`). A worker process keeps, per worker, the trainer it
+group (`run_group`), streaming each step's events as one ``log_event`` message (the last
+step's with the task's end: `_Relay`), reading the directives between steps from a
+`distributed.Variable`, and watching each step against the study's ``step_timeout``
+(`_StepWatch`). A worker process keeps, per worker, the trainer it
 ran last and its evaluate and resume checks, so the next task there may continue in memory.
 """
 
@@ -63,7 +64,11 @@ def _run(
         resume_checks=resume_checks,
     )
     with _StepWatch(worker, first.topic, first.step_timeout, runner.timeout_events) as watch:
-        return runner.run(_relay(worker, first.topic, directives, runner.members, watch))
+        relay = _Relay(worker, first.topic, directives, runner.members, watch)
+        try:
+            return runner.run(relay)
+        finally:
+            relay.flush()
 
 
 class _StepWatch:
@@ -143,40 +148,58 @@ def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks, ResumeChecks]:
     return worker, live, checks, resume_checks
 
 
-def _relay(
-    worker: Worker,
-    topic: str,
-    directives: str,
-    members: dict[str, MemberPath],
-    watch: _StepWatch,
-) -> Callable[[list[TaskEvent]], None]:
-    """What a runner calls after each step: send the step's events as one message (so they
-    arrive together), then read the current directives and hand each task's to its entry of
-    `members`, sending back the checkpoints it declines; `watch` times the steps, not this.
+class _Relay:
+    """What a runner calls after each step (`__call__`): send the step's events as one
+    message (so they arrive together), then read the current directives and hand each
+    task's to its entry of `members`, sending back the checkpoints it declines; `watch`
+    times the steps, not this.
 
     The directives are read (a round trip to the scheduler) only while a member may train
     another step: once every member is `MemberPath.finished` no directive changes what it
-    does, and a checkpoint it would decline is replanned anyway when its end arrives."""
-    variable = Variable(directives)
+    does, and a checkpoint it would decline is replanned anyway when its end arrives. What
+    comes from then on (the last step's events, then the task's end, or its failure) is
+    held and sent as one message by `flush`, which the task calls once its runner has
+    returned (or raised): a one-step stage is one message, its end in it, and no event
+    travels after the one that ends its task. The watch is not restarted then (no step is
+    left), so no step timeout is sent before the held events."""
 
-    def relay(events: list[TaskEvent]) -> None:
-        watch.pause()
-        worker.log_event(topic, [to_wire(event) for event in events])
-        if all(member.finished for member in members.values()):
-            watch.restart()
+    def __init__(
+        self,
+        worker: Worker,
+        topic: str,
+        directives: str,
+        members: dict[str, MemberPath],
+        watch: _StepWatch,
+    ):
+        self.worker, self.topic, self.members, self.watch = worker, topic, members, watch
+        self.variable = Variable(directives)
+        self.held: list[TaskEvent] = []  # the events since every member finished
+
+    def __call__(self, events: list[TaskEvent]) -> None:
+        self.watch.pause()
+        if all(member.finished for member in self.members.values()):
+            self.held.extend(events)  # no step is left to watch: a timeout can't overtake them
             return
+        self._send(events)
         try:
-            current = variable.get(timeout=5) or {}
+            current = self.variable.get(timeout=5) or {}
         except Exception:  # a slow scheduler only delays a directive
             current = None
         if current is not None:
             declined = [
                 event
-                for key, member in members.items()
+                for key, member in self.members.items()
                 for event in member.update(Directive.from_dict(current.get(key)))
             ]
             if declined:
-                worker.log_event(topic, [to_wire(event) for event in declined])
-        watch.restart()
+                self._send(declined)
+        self.watch.restart()
 
-    return relay
+    def flush(self) -> None:
+        """Send what is held (the task's last events), if anything."""
+        held, self.held = self.held, []
+        if held:
+            self._send(held)
+
+    def _send(self, events: list[TaskEvent]) -> None:
+        self.worker.log_event(self.topic, [to_wire(event) for event in events])
