@@ -5,6 +5,7 @@ result and end of ASHA and median stopping; through a study resumed from storage
 
 from __future__ import annotations
 
+import random
 from dataclasses import fields
 from types import MappingProxyType
 
@@ -14,7 +15,8 @@ from live_study_helpers import SPACE, FailsLate
 import dagtune as dt
 from dagtune.algos import ASHA, GridSearch, MedianStopping
 from dagtune.checkpoints import CheckpointStore
-from dagtune.records import TrialSnapshot
+from dagtune.coordinator import KeptFigures, report_figures
+from dagtune.records import Trial, TrialSnapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from dagtune.summary import trained_from_plan
 
@@ -42,9 +44,11 @@ def same_as_from_scratch(study: dt.Study) -> dt.records.StudyView:
     return view
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_the_kept_view_is_the_one_from_scratch_at_every_pump_of_a_grid(workers):
-    study = dt.Study(FailsLate, executor=SimulatedExecutor(workers), max_retries=0)
+@pytest.mark.parametrize(("workers", "reuse"), [(1, True), (3, True), (2, False)])
+def test_the_kept_view_is_the_one_from_scratch_at_every_pump_of_a_grid(workers, reuse):
+    """`reuse` False: the trial-based baseline, each trial on its own path (its report's unique
+    steps are counted from the configs)."""
+    study = dt.Study(FailsLate, executor=SimulatedExecutor(workers), max_retries=0, reuse=reuse)
     same_as_from_scratch(study)  # before any trial
     handles = [study.submit(config, 8) for config in SPACE]
     study.submit({"lr": 0.1, "batch_size": 32}, 3)  # a prefix of another trial
@@ -148,7 +152,7 @@ def snapshotted_after_one_pump(trials: int) -> int:
         coordinator.pump()
     study.view(schedule=True)
     kept = study._kept_view
-    first = kept.snapshotted
+    first, walks = kept.snapshotted, kept._figures.walks
     assert first == trials  # the first view snapshots them all
     assert study.view(schedule=True).trials is study.view().trials  # nothing changed: the same
     assert kept.snapshotted == first
@@ -157,6 +161,7 @@ def snapshotted_after_one_pump(trials: int) -> int:
     view = same_as_from_scratch(study)
     assert len(view.trials) == trials
     study.close()
+    assert kept._figures.walks == walks  # the report's figures: no walk of the trials since
     return kept.snapshotted - first, kept.retrained - retrained
 
 
@@ -164,3 +169,40 @@ def test_a_view_snapshots_the_trials_that_changed_not_the_study():
     small, large = snapshotted_after_one_pump(50), snapshotted_after_one_pump(500)
     assert small == large, (small, large)
     assert 0 < large[0] <= 10 and 0 < large[1] <= 12
+
+
+def test_kept_figures_are_the_report_figures_through_random_changes():
+    """Trials made, trained on, ended, extended (their end undone), re-placed and moved to a
+    private path at random: after each change the kept figures are `report_figures`."""
+    rng = random.Random(7)
+    paths = [[("a", 0, 4), ("b", 4, 8)], [("a", 0, 4), ("c", 4, 10)], [("d", 0, 6)]]
+    trials: dict[int, Trial] = {}
+    kept: dict[int, TrialSnapshot] = {}
+    figures = KeptFigures(kept)
+    ended = 0
+    work = {"executed_steps": 5, "gpu_seconds": 2.0, "now": 100.0}
+    for change in range(600):
+        trial_id = rng.randrange(len(trials) + (len(trials) < 6))
+        if trial_id == len(trials):
+            trials[trial_id] = Trial(trial_id, {"lr": dt.Constant(0.1)}, 8, submitted_at=rng.randrange(20))
+        trial = trials[trial_id]
+        what = rng.choices(range(6), weights=[2, 2, 5, 1, 1, 1])[0]  # ends most: all done at times
+        if what == 0:
+            trial.segments = list(rng.choice(paths))
+        elif what == 1:
+            trial.reported = rng.randrange(11)
+        elif what == 2:
+            trial.status, trial.finished_at = rng.choice(["completed", "stopped"]), rng.randrange(50, 90)
+        elif what == 3:
+            trial.status, trial.finished_at, trial.steps = "pending", None, rng.randrange(1, 11)
+        elif what == 4:
+            trial.salt = rng.choice(["", "", "", "private"])
+        else:  # (no trial's submission moves; the figures would follow it)
+            trial.submitted_at = rng.randrange(20)
+        old = kept.get(trial_id)
+        kept[trial_id] = trial.snapshot()
+        figures.change(old, kept[trial_id])
+        if change % 3 == 0:  # figures asked now and then: what was kept is patched in between
+            assert figures.figures(**work) == report_figures(list(kept.values()), **work), change
+            ended += all(t.done for t in kept.values())
+    assert {t.status for t in trials.values()} == {"pending", "completed", "stopped"} and ended > 5

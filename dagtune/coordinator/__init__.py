@@ -47,10 +47,11 @@ if TYPE_CHECKING:
     from dagtune.coordinator._coordinator import Coordinator
     from dagtune.coordinator._fusion import check_fuse
     from dagtune.coordinator._ledger import TrialListener
-    from dagtune.coordinator._report import reached_along_paths, report_figures, trial_figures
+    from dagtune.coordinator._report import KeptFigures, reached_along_paths, report_figures, trial_figures
 
 __all__ = [
     "Coordinator",
+    "KeptFigures",
     "TrialListener",
     "check_fuse",
     "reached_along_paths",
@@ -63,6 +64,7 @@ _WHERE = {
     "Coordinator": "._coordinator",
     "check_fuse": "._fusion",
     "TrialListener": "._ledger",
+    "KeptFigures": "._report",
     "reached_along_paths": "._report",
     "report_figures": "._report",
     "trial_figures": "._report",

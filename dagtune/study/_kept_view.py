@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dagtune.config import Config
+from dagtune.coordinator import KeptFigures
 from dagtune.records import TrialSnapshot
 from dagtune.summary import trained_to
 
@@ -21,7 +22,9 @@ class KeptView:
     of each plan node the trials' paths pass, kept between views and made again only for what
     changed: the trials the ledger says changed (`TrialLedger.changes`: every change of a
     trial's fields adds its id there) and the nodes the plan says changed (its `observers`:
-    metrics and checkpoints recorded or dropped). The first call snapshots every trial.
+    metrics and checkpoints recorded or dropped), and the coordinator's report of the trials
+    from figures kept as each snapshot changes (`dagtune.coordinator.KeptFigures`). The first
+    call snapshots every trial.
 
     `snapshotted` and `retrained` count the trials snapshotted and the nodes whose trained step
     was read again (what a view costs, for the tests that count it). Used under the study's
@@ -34,6 +37,7 @@ class KeptView:
         self._changed: set[int] = set()
         coordinator.ledger.changes.append(self._changed)
         self._snapshots: dict[int, TrialSnapshot] = {}
+        self._figures = KeptFigures(self._snapshots)
         self._tuple: tuple[TrialSnapshot, ...] = ()
         self._uses: Counter[str] = Counter()  # node -> trials whose segments pass it
         self._configs: dict[str, Config] = {}
@@ -70,6 +74,7 @@ class KeptView:
             for snapshot in kept.values():
                 self._forget(snapshot)
             kept.clear()
+            self._figures = KeptFigures(kept)
             ids, tail = set(trials), list(trials)
         for trial_id in tail:
             kept[trial_id] = None  # type: ignore[assignment]  # its place in the order
@@ -79,9 +84,15 @@ class KeptView:
                 self._forget(old)
             new = kept[trial_id] = trials[trial_id].snapshot()
             self._use(new)
+            self._figures.change(old, new)
         self.snapshotted += len(ids)
         self._tuple = tuple(kept.values())
         return self._tuple
+
+    def report(self) -> MappingProxyType:
+        """The coordinator's report (`Coordinator.report`) of the trials (as of the last
+        `trials`), from figures kept as they change (`KeptFigures`)."""
+        return MappingProxyType(self._figures.figures(**self.coordinator.dispatcher.work({})))
 
     def _forget(self, snapshot: TrialSnapshot) -> None:
         uses = self._uses

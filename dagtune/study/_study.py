@@ -24,7 +24,6 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -642,7 +641,7 @@ class Study:
         from the scheduler) and the configs and steps trained of the nodes its trials pass.
         Taken under the study's lock; every view reads a study through it. What it copies is
         kept until it changes (`KeptView`): a view taken again snapshots only the trials that
-        changed since the previous one."""
+        changed since the previous one, and reports them from figures kept as they change."""
         with self._lock:
             coordinator = self.coordinator
             kept = self._kept_view
@@ -658,7 +657,7 @@ class Study:
                 identity=self.identity,
                 token=self._token,
                 trials=trials,
-                report=MappingProxyType(coordinator.report()),
+                report=kept.report(),
                 metric=metric,
                 mode=mode,
                 closed=self._closed,
