@@ -20,7 +20,11 @@ of a study that goes on: `--repeat` times, `--pumps-between` pumps (default 100)
 timed snapshot with what the feed keeps (`dagtune.dashboard.kept.KeptSnapshot`: the tree's
 layout and the curves, so it redoes what changed; on code without it, the kept labels), its
 first one timed apart (``snapshot_feed_first_s``: it lays out everything) and what the last one
-walked (``feed_walked``: trials, segments, points, nodes cut).
+walked (``feed_walked``: trials, segments, points, nodes cut). ``view_feed_s`` is the view
+alone taken the same way (`--pumps-between` pumps before each: on code that keeps the trials'
+snapshots between views, it copies the trials that changed; ``view_s`` above is a view taken
+again with nothing changed), with the trials its last one snapshotted (``view_feed_snapshotted``;
+None on code that keeps nothing).
 
 Besides those, the script says what getting there cost, by phase, in CPU seconds: the
 submissions (``submit_s``) and the pumps (``pump_s``, with the pumps' count and the CPU of
@@ -131,12 +135,22 @@ def measure(
         walked = feed(study)
         feed_first_s = time.process_time() - began
         feed_seconds: list[float] = []
+        view_seconds: list[float] = []
+        snapshotted = None
         for _ in range(repeat):  # the study goes on between the feed's snapshots
             for _ in range(pumps_between):
                 coordinator.pump()
             began = time.process_time()
             walked = feed(study)
             feed_seconds.append(time.process_time() - began)
+            for _ in range(pumps_between):  # and between the views timed alone
+                coordinator.pump()
+            before = kept_snapshotted(study)
+            began = time.process_time()
+            study.view(schedule=True)
+            view_seconds.append(time.process_time() - began)
+            after = kept_snapshotted(study)
+            snapshotted = None if after is None else after - (before or 0)
         if profile_snapshot is not None:
             for _ in range(pumps_between):
                 coordinator.pump()
@@ -161,10 +175,19 @@ def measure(
             "snapshot_feed_first_s": round(feed_first_s, 3),
             "snapshot_feed_s": round(statistics.median(feed_seconds), 3),
             "feed_walked": walked,
+            "view_feed_s": round(statistics.median(view_seconds), 3),
+            "view_feed_snapshotted": snapshotted,
             "objects_tracked": len(gc.get_objects()),
         }
     finally:
         study.close()
+
+
+def kept_snapshotted(study: Any) -> int | None:
+    """The trials the study's views snapshotted so far, where it keeps them between views
+    (`dagtune.study._kept_view.KeptView`; None on code without)."""
+    kept = getattr(study, "_kept_view", None)
+    return None if kept is None else kept.snapshotted
 
 
 def feed_snapshot(labels: dict) -> Callable[[Any], dict | None]:

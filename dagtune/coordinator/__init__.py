@@ -26,12 +26,18 @@ and deleted, and the work it held is planned again from an earlier point; it is 
 trainer failure. `absorb` takes plan events written by other coordinators (studies of the
 same model running at the same time).
 
+Change hooks: the id of every trial whose fields change (submitted, restored, extended,
+placed, a result, an end, a restored trial adopted) is added to each set in the ledger's
+`changes`, whether or not the study has storage: a study's view keeps each trial's snapshot
+and copies again only those (`dagtune.study`), and reports them from figures kept as they
+change (`KeptFigures`).
+
 The coordinator is not thread-safe by itself; `dagtune.study.Study` serializes access.
 
 Its other parts: the running tasks and what they will deliver (`_running`), the trainers
 workers keep live (`_memory`), the points where later trials would branch off a path
 (`_branches`), which launches share a fused task (`_fusion`, `Study(fuse=...)`), and the
-figures of its report, each defined once (`_report`).
+figures of its report, each defined once, and kept as the trials change (`_report`).
 
 The face is lazy (PEP 562), like the package's: a name loads its part on first use, so a
 reader of storage that asks `trial_figures` loads the report's figures, not the fusion check
@@ -47,10 +53,11 @@ if TYPE_CHECKING:
     from dagtune.coordinator._coordinator import Coordinator
     from dagtune.coordinator._fusion import check_fuse
     from dagtune.coordinator._ledger import TrialListener
-    from dagtune.coordinator._report import reached_along_paths, report_figures, trial_figures
+    from dagtune.coordinator._report import KeptFigures, reached_along_paths, report_figures, trial_figures
 
 __all__ = [
     "Coordinator",
+    "KeptFigures",
     "TrialListener",
     "check_fuse",
     "reached_along_paths",
@@ -63,6 +70,7 @@ _WHERE = {
     "Coordinator": "._coordinator",
     "check_fuse": "._fusion",
     "TrialListener": "._ledger",
+    "KeptFigures": "._report",
     "reached_along_paths": "._report",
     "report_figures": "._report",
     "trial_figures": "._report",

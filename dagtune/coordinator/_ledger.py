@@ -70,6 +70,10 @@ class TrialLedger:
         self.name = name
         self.listeners: list[TrialListener] = []
         self.recorders: list[Callable[[dict], None]] = []
+        #: sets the id of every trial that changes is added to, whatever the change (submitted,
+        #: restored, extended, placed, a result, an end, a restored trial adopted): a reader that
+        #: keeps copies of trials (a study's kept view) copies again only those
+        self.changes: list[set[int]] = []
         self.trials: dict[int, Trial] = {}
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
         self.branches = LaterBranches(plan)  # where a task saves for later trials
@@ -93,6 +97,7 @@ class TrialLedger:
         if not self.share:
             trial.salt = f"{self.name}/{trial.id}"
         self.trials[trial.id] = trial
+        self._changed(trial)
         if self.recorders:  # no storage, no record: its config's JSON form is not made
             record = {
                 "r": "submit",
@@ -130,6 +135,7 @@ class TrialLedger:
             if not self.share:
                 trial.salt = state.salt or f"{self.name}/{trial.id}"
             self.trials[trial.id] = trial
+            self._changed(trial)  # its fields set below, in this call
             self._next_id = max(self._next_id, trial.id + 1)
             restored.append(trial)
             retried = state.status == FAILED and retry is not None and retry(state)
@@ -173,6 +179,7 @@ class TrialLedger:
         # metrics a completed trial's records leave it while it trains further)
         self._record({"r": "extend", "trial": trial_id, "steps": steps})
         trial.steps, trial.status, trial.finished_at = steps, PENDING, None
+        self._changed(trial)
         self._request(trial)
         return trial
 
@@ -203,7 +210,8 @@ class TrialLedger:
 
     def replay(self, trial: Trial, listener: TrialListener) -> None:
         """Queue telling `listener` what `trial` (restored from an earlier session) already
-        reported, and how it ended."""
+        reported, and how it ended (the caller may have tagged it anew: it changed)."""
+        self._changed(trial)
         self._queue.append(("replay", trial, listener))
 
     # ------------------------------------------------------------------ delivery
@@ -262,6 +270,10 @@ class TrialLedger:
 
     # ------------------------------------------------------------------ inside
 
+    def _changed(self, trial: Trial) -> None:
+        for ids in self.changes:
+            ids.add(trial.id)
+
     def _record(self, record: dict) -> None:
         for recorder in self.recorders:
             recorder(record)
@@ -276,6 +288,7 @@ class TrialLedger:
         plan = self.plan
         trial.node = plan.locate(trial.config, trial.steps, create=True, salt=trial.salt)
         trial.segments = plan.segments(trial.node, trial.steps)
+        self._changed(trial)
         for node, start, end in trial.segments:
             metrics = plan.nodes[node].metrics
             for step in sorted(s for s in metrics if start < s <= end and s > trial.reported):
@@ -308,6 +321,7 @@ class TrialLedger:
         listeners, as one dict they share; False if it ended the trial."""
         trial.reported, trial.last = step, point
         trial.points.append(point)
+        self._changed(trial)
         if not all(math.isfinite(v) for v in point.values()):
             if trial.status == PENDING and (trial.node, trial.steps) in self.plan.active:
                 self._forget_request(trial)
@@ -323,6 +337,7 @@ class TrialLedger:
         `dagtune.records.CAUSES`); its listeners are told when the queue is settled."""
         trial.status, trial.error, trial.cause = status, error, cause
         trial.finished_at = self.now()
+        self._changed(trial)
         record = {
             "r": "end",
             "trial": trial.id,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dagtune.plan import unique_steps
 from dagtune.records import Trial
 
-__all__ = ["fused_figures", "reached_along_paths", "report_figures", "trial_figures"]
+__all__ = ["KeptFigures", "fused_figures", "reached_along_paths", "report_figures", "trial_figures"]
 
 
 def trial_figures(trials: Sequence[Trial]) -> dict:
@@ -118,11 +118,23 @@ def report_figures(
     ``mean_group_size``
         trials per fused task: Σ K x tasks / ``fused_tasks`` (0.0 without fused tasks).
     """
-    figures = trial_figures(trials)
-    trial_steps = figures["trial_steps"]
     start = min((t.submitted_at for t in trials), default=now)
     ends = [t.finished_at for t in trials if t.finished_at is not None]
     end = max(ends) if ends and all(t.done for t in trials) else now
+    return _figures(trial_figures(trials), start, end, executed_steps, gpu_seconds, group_sizes)
+
+
+def _figures(
+    figures: dict,
+    start: float,
+    end: float,
+    executed_steps: int,
+    gpu_seconds: float,
+    group_sizes: Mapping[int, int] | None,
+) -> dict:
+    """`report_figures` from the trials' figures (`trial_figures`), the first submission and
+    the last end (or now), and the work."""
+    trial_steps = figures["trial_steps"]
     return {
         "trials": figures["trials"],
         "trial_steps": trial_steps,
@@ -143,3 +155,102 @@ def fused_figures(group_sizes: Mapping[int, int]) -> dict:
     tasks = sum(sizes.values())
     trials = sum(size * count for size, count in sizes.items())
     return {"fused_tasks": tasks, "group_sizes": sizes, "mean_group_size": trials / tasks if tasks else 0.0}
+
+
+class KeptFigures:
+    """`report_figures` of the trials in `trials` (a mapping kept by the caller) kept as they
+    change: each change of a trial is told as its copy before and after (`change`: frozen
+    `TrialSnapshot`s, or anything with a trial's fields), and `figures` costs no walk of the
+    trials. The same figures as `report_figures` of ``trials.values()``, exactly (integer
+    sums, the same minimum and maximum); where a trial that reached steps has no shared path
+    (a trial-based study's private paths), the trials' figures are counted again
+    (`trial_figures`), as that defines them.
+
+    Kept: the trial steps' sum; per node of the trials' paths, how many trials reach each
+    furthest step on it (the unique steps are the sum over the nodes of the largest less the
+    node's start: `reached_along_paths`); the trials pending; the first submission and the
+    last end, walked again only after the trial that held one of them changed it."""
+
+    def __init__(self, trials: Mapping[int, Trial]) -> None:
+        self.trials = trials
+        self.trial_steps = 0
+        self.unique_steps = 0
+        self._furthest: dict[str, dict[int, int]] = {}  # node -> furthest step -> trials
+        self._off_paths = 0  # trials that reached steps without a shared path
+        self._pending = 0
+        self._first: float | None = None  # None: to be walked again
+        self._last: float | None = None
+        self.walks = 0  # walks of every trial (for the tests that count them)
+
+    def change(self, old: Trial | None, new: Trial) -> None:
+        """A trial changed from `old` (None: it is new) to `new`."""
+        if old is not None:
+            self._count(old, -1)
+        self._count(new, 1)
+        first, last = self._first, self._last
+        if first is not None:
+            if old is not None and old.submitted_at == first != new.submitted_at:
+                self._first = None
+            else:
+                self._first = min(first, new.submitted_at)
+        if last is not None:
+            if old is not None and old.finished_at == last != new.finished_at:
+                self._last = None
+            elif new.finished_at is not None:
+                self._last = max(last, new.finished_at)
+
+    def _count(self, trial: Trial, sign: int) -> None:
+        reached = trial.reached
+        self.trial_steps += sign * reached
+        self._pending += sign * (not trial.done)
+        if reached <= 0:
+            return
+        if not trial.segments or trial.salt:
+            self._off_paths += sign
+            return
+        for node, start, end in trial.segments:
+            if reached <= start:
+                break
+            self._at(node, start, min(end, reached), sign)
+
+    def _at(self, node: str, start: int, step: int, sign: int) -> None:
+        counts = self._furthest.setdefault(node, {})
+        before = max(counts, default=start)
+        counts[step] = counts.get(step, 0) + sign
+        if not counts[step]:
+            del counts[step]
+        self.unique_steps += max(counts, default=start) - before
+        if not counts:
+            del self._furthest[node]
+
+    def figures(
+        self,
+        executed_steps: int,
+        gpu_seconds: float,
+        now: float,
+        group_sizes: Mapping[int, int] | None = None,
+    ) -> dict:
+        """`report_figures` of the trials, with this work."""
+        trials = self.trials.values()
+        if self._off_paths:
+            self.walks += 1
+            figures = trial_figures(list(trials))
+        else:
+            figures = {
+                "trials": len(trials),
+                "trial_steps": self.trial_steps,
+                "unique_steps": self.unique_steps,
+                "merge_rate": self.trial_steps / self.unique_steps if self.unique_steps else 1.0,
+            }
+        if not trials:
+            return _figures(figures, now, now, executed_steps, gpu_seconds, group_sizes)
+        if self._first is None:
+            self.walks += 1
+            self._first = min(t.submitted_at for t in trials)
+        end = now
+        if not self._pending:
+            if self._last is None:
+                self.walks += 1
+                self._last = max((t.finished_at for t in trials if t.finished_at is not None), default=None)
+            end = now if self._last is None else self._last
+        return _figures(figures, self._first, end, executed_steps, gpu_seconds, group_sizes)

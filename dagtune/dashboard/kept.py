@@ -24,11 +24,20 @@ import bisect
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, pairwise
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TreeLayout, assign_rows, overlaps
+from dagtune.dashboard.tree import (
+    DONE,
+    QUEUED,
+    RUNNING,
+    UNTRAINED,
+    TreeLayout,
+    assign_rows,
+    cut_node,
+    overlaps,
+)
 from dagtune.summary import config_text, finite, pick_metric
 
 __all__ = ["KeptCurves", "KeptSnapshot", "KeptTree", "spans_by_node"]
@@ -172,7 +181,8 @@ class KeptTree:
         critical: Sequence[tuple[int, int]],
         trained: int | None,
     ) -> list[KeptPiece]:
-        """The node's pieces, as `dagtune.dashboard.tree.layout` cuts them."""
+        """The node's pieces, cut as `dagtune.dashboard.tree.layout` cuts a node (`cut_node`),
+        each in its state from what was trained, runs and waits there."""
         self.walked["nodes"] += 1
         spans, first = self.spans[node], self.starts[node]
         cuts = {first, *(end for _, end in spans)}
@@ -181,22 +191,16 @@ class KeptTree:
             cuts.update((a, b))
         if trained is not None:
             cuts.add(trained)
-        last = max(end for _, end in spans)
-        steps = sorted(s for s in cuts if first <= s <= last)
         done = -1 if trained is None else trained
-        pieces = []
-        for start, end in pairwise(steps):
-            count = sum(n for (a, b), n in spans.items() if a <= start and end <= b)
+
+        def state(start: int, end: int) -> str:
             if end <= done:
-                state = DONE
-            elif overlaps(running, start, end):
-                state = RUNNING
-            elif overlaps(queued, start, end):
-                state = QUEUED
-            else:
-                state = UNTRAINED
-            pieces.append((start, end, count, state, overlaps(critical, start, end)))
-        return pieces
+                return DONE
+            if overlaps(running, start, end):
+                return RUNNING
+            return QUEUED if overlaps(queued, start, end) else UNTRAINED
+
+        return cut_node(spans, cuts, first, state, critical)
 
     def _order(self) -> None:
         """Rows, links and the parents in first-seen order again (nodes were added, or one

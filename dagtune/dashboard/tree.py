@@ -12,6 +12,7 @@ This module only lays out; the callers say what state each piece is in.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -26,6 +27,7 @@ __all__ = [
     "TreeLayout",
     "TrialPath",
     "assign_rows",
+    "cut_node",
     "layout",
     "overlaps",
 ]
@@ -78,6 +80,32 @@ def overlaps(spans: Iterable[tuple[int, int]], start: int, end: int) -> bool:
     return any(a < end and start < b for a, b in spans)
 
 
+def cut_node(
+    spans: Mapping[tuple[int, int], int],
+    cuts: Iterable[int],
+    first: int,
+    state: Callable[[int, int], str],
+    critical: Sequence[tuple[int, int]] = (),
+) -> list[tuple[int, int, int, str, bool]]:
+    """One node's pieces, as ``(start, end, trials, state, critical)``: its steps from its
+    `first` step to the furthest end of its `spans` (``(start, end)`` -> how many trials
+    cover it), cut at each of `cuts` in that range; each piece with the trials whose spans
+    cover it, its `state(start, end)` and whether a `critical` span overlaps it. The one
+    cutter of `layout` and of the page's kept tree (`dagtune.dashboard.kept.KeptTree`)."""
+    last = max(end for _, end in spans)
+    steps = sorted(s for s in set(cuts) if first <= s <= last)
+    return [
+        (
+            start,
+            end,
+            sum(n for (a, b), n in spans.items() if a <= start and end <= b),
+            state(start, end),
+            overlaps(critical, start, end),
+        )
+        for start, end in pairwise(steps)
+    ]
+
+
 def layout(
     trials: Iterable[TrialPath],
     state: Callable[[str, int, int], str],
@@ -116,13 +144,15 @@ def layout(
     for node, start, end in critical:
         critical_spans.setdefault(node, []).append((start, end))
     for node in sorted(spans, key=result.rows.__getitem__):
-        last = max(end for _, end in spans[node])
-        steps = sorted(s for s in cuts[node] if result.starts[node] <= s <= last)
-        for start, end in pairwise(steps):
-            count = sum(1 for a, b in spans[node] if a <= start and end <= b)
-            hot = overlaps(critical_spans.get(node, ()), start, end)
-            piece = Piece(node, start, end, result.rows[node], count, state(node, start, end), hot)
-            result.pieces.append(piece)
+        row = result.rows[node]
+        pieces = cut_node(
+            Counter(spans[node]),
+            cuts[node],
+            result.starts[node],
+            lambda start, end, node=node: state(node, start, end),
+            critical_spans.get(node, ()),
+        )
+        result.pieces.extend(Piece(node, start, end, row, *rest) for start, end, *rest in pieces)
         parent = result.parents[node]
         if parent is not None:
             result.links.append((result.starts[node], result.rows[parent], result.rows[node]))

@@ -24,7 +24,6 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from dagtune.algos import Algorithm, Context
@@ -47,6 +46,7 @@ from dagtune.restore import Restorer, TrialPath, trial_path
 from dagtune.scheduling import policy_named
 from dagtune.storage_retry import DEFAULT_RETRY_SECONDS, check_retry_seconds
 from dagtune.study._alone import check_evaluate_count
+from dagtune.study._kept_view import KeptView
 from dagtune.study._loop import StudyLoop
 from dagtune.study._restored import RestoredTrials
 from dagtune.study._results import Result, TrialError, TrialResult
@@ -54,7 +54,7 @@ from dagtune.study._session import Session
 from dagtune.study._workers import WorkerWatch
 from dagtune.study_index import write_study_index
 from dagtune.study_lease import DEFAULT_LEASE_TTL, StudyLease, check_lease_ttl
-from dagtune.summary import divergence_line, error_line, trained_from_plan
+from dagtune.summary import divergence_line, error_line
 from dagtune.tasks import TrainerSpec
 from dagtune.trainer import Trainer, check_torch_threads
 from dagtune.validation import check_int, check_number
@@ -264,6 +264,7 @@ class Study:
         self._owned_cluster = None
         self._names: tuple[str, ...] | None = None
         self._lock = threading.RLock()
+        self._kept_view: KeptView | None = None  # what `view` keeps between views
         self._workers: WorkerWatch | None = None
         self._closed = False
         self._gc_at = time.monotonic()
@@ -639,23 +640,25 @@ class Study:
         the metric and mode of the algorithm it runs, whether it is closed; with `schedule`,
         also what runs and waits and the critical path (`dagtune.records.ScheduleView`,
         from the scheduler) and the configs and steps trained of the nodes its trials pass.
-        Taken under the study's lock; every view reads a study through it."""
+        Taken under the study's lock; every view reads a study through it. What it copies is
+        kept until it changes (`KeptView`): a view taken again snapshots only the trials that
+        changed since the previous one, and reports them from figures kept as they change."""
         with self._lock:
             coordinator = self.coordinator
-            trials = tuple(trial.snapshot() for trial in coordinator.trials.values())
-            configs = trained = None
-            if schedule:
-                plan = coordinator.plan
-                nodes = {node for trial in trials for node, _, _ in trial.segments}
-                configs = MappingProxyType({n: plan.nodes[n].config for n in nodes if n in plan.nodes})
-                trained = MappingProxyType(trained_from_plan(plan, nodes))
+            kept = self._kept_view
+            if kept is None or kept.coordinator is not coordinator or kept.plan is not coordinator.plan:
+                if kept is not None:
+                    kept.close()
+                kept = self._kept_view = KeptView(coordinator)
+            trials = kept.trials()
+            configs, trained = kept.nodes() if schedule else (None, None)
             metric, mode = self._metric
             return StudyView(
                 name=self.name,
                 identity=self.identity,
                 token=self._token,
                 trials=trials,
-                report=MappingProxyType(coordinator.report()),
+                report=kept.report(),
                 metric=metric,
                 mode=mode,
                 closed=self._closed,

@@ -1,0 +1,131 @@
+"""What a study keeps between its views (`KeptView`), so that a view taken again costs the
+trials and plan nodes that changed since the previous one, not every trial (issue 24: a view
+of 100,000 trials took 1.65 s of CPU under the study's lock, perf/RESULTS.md 9l)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import islice
+from types import MappingProxyType
+from typing import Any
+
+from dagtune.config import Config
+from dagtune.coordinator import KeptFigures
+from dagtune.records import TrialSnapshot
+from dagtune.summary import trained_to
+
+__all__ = ["KeptView"]
+
+
+class KeptView:
+    """The frozen snapshot of each trial of one coordinator, and the config and steps trained
+    of each plan node the trials' paths pass, kept between views and made again only for what
+    changed: the trials the ledger says changed (`TrialLedger.changes`: every change of a
+    trial's fields adds its id there) and the nodes the plan says changed (its `observers`:
+    metrics and checkpoints recorded or dropped), and the coordinator's report of the trials
+    from figures kept as each snapshot changes (`dagtune.coordinator.KeptFigures`). The first
+    call snapshots every trial.
+
+    `snapshotted` and `retrained` count the trials snapshotted and the nodes whose trained step
+    was read again (what a view costs, for the tests that count it). Used under the study's
+    lock, as the coordinator's changes are made."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.plan = coordinator.plan
+        self._trials = coordinator.trials
+        self._changed: set[int] = set()
+        coordinator.ledger.changes.append(self._changed)
+        self._snapshots: dict[int, TrialSnapshot] = {}
+        self._figures = KeptFigures(self._snapshots)
+        self._tuple: tuple[TrialSnapshot, ...] = ()
+        self._uses: Counter[str] = Counter()  # node -> trials whose segments pass it
+        self._configs: dict[str, Config] = {}
+        self._trained: dict[str, int] = {}
+        self._nodes_changed: set[str] = set()
+        self.plan.observers.append(self._observe)
+        self._shown: tuple[MappingProxyType, MappingProxyType] | None = None  # the last copies
+        self.snapshotted = 0
+        self.retrained = 0
+
+    def close(self) -> None:
+        """Stop listening (the study's coordinator was replaced)."""
+        if self._changed in self.coordinator.ledger.changes:
+            self.coordinator.ledger.changes.remove(self._changed)
+        if self._observe in self.plan.observers:
+            self.plan.observers.remove(self._observe)
+
+    def _observe(self, what: str, node: str, step: int | None) -> None:
+        if what in ("metrics", "checkpoint"):
+            self._nodes_changed.add(node)
+
+    def trials(self) -> tuple[TrialSnapshot, ...]:
+        """Every trial's snapshot, in the coordinator's order of its trials."""
+        changed, trials, kept = self._changed, self._trials, self._snapshots
+        if not changed and len(kept) == len(trials):
+            return self._tuple
+        ids = set(changed)
+        changed.clear()
+        added = [i for i in ids if i not in kept]
+        # trials only come at the end of the coordinator's: the new ones are its last ones
+        tail = list(islice(reversed(trials), len(added)))[::-1]
+        if len(kept) + len(added) != len(trials) or set(tail) != set(added):
+            # trials came that the ledger did not tell of (the first view): snapshot them all
+            for snapshot in kept.values():
+                self._forget(snapshot)
+            kept.clear()
+            self._figures = KeptFigures(kept)
+            ids, tail = set(trials), list(trials)
+        for trial_id in tail:
+            kept[trial_id] = None  # type: ignore[assignment]  # its place in the order
+        for trial_id in ids:
+            old = kept[trial_id]
+            if old is not None:
+                self._forget(old)
+            new = kept[trial_id] = trials[trial_id].snapshot()
+            self._use(new)
+            self._figures.change(old, new)
+        self.snapshotted += len(ids)
+        self._tuple = tuple(kept.values())
+        return self._tuple
+
+    def report(self) -> MappingProxyType:
+        """The coordinator's report (`Coordinator.report`) of the trials (as of the last
+        `trials`), from figures kept as they change (`KeptFigures`)."""
+        return MappingProxyType(self._figures.figures(**self.coordinator.dispatcher.work({})))
+
+    def _forget(self, snapshot: TrialSnapshot) -> None:
+        uses = self._uses
+        for node, _, _ in snapshot.segments:
+            uses[node] -= 1
+            if not uses[node]:
+                del uses[node]
+                if node in self._configs:
+                    del self._configs[node], self._trained[node]
+                    self._shown = None
+
+    def _use(self, snapshot: TrialSnapshot) -> None:
+        uses, nodes = self._uses, self.plan.nodes
+        for node, _, _ in snapshot.segments:
+            uses[node] += 1
+            if node not in self._configs and node in nodes:
+                self._configs[node] = nodes[node].config
+                self._trained[node] = trained_to(nodes[node])
+                self.retrained += 1
+                self._shown = None
+
+    def nodes(self) -> tuple[MappingProxyType, MappingProxyType]:
+        """The config and the last step trained of each plan node the trials' paths pass (as
+        of the last `trials`), as read-only copies."""
+        nodes, trained = self.plan.nodes, self._trained
+        for node in self._nodes_changed:
+            if node in trained:
+                step = trained_to(nodes[node])
+                self.retrained += 1
+                if step != trained[node]:
+                    trained[node] = step
+                    self._shown = None
+        self._nodes_changed.clear()
+        if self._shown is None:  # something changed since the last copies
+            self._shown = MappingProxyType(dict(self._configs)), MappingProxyType(dict(trained))
+        return self._shown
