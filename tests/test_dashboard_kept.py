@@ -8,10 +8,9 @@ every node each time: about 4 s of CPU at 100,000 trials, perf/RESULTS.md sectio
 from __future__ import annotations
 
 import pytest
-from live_study_helpers import SPACE, FailsLate
+from live_study_helpers import SPACE, FailsLate, mid_run_grid, run_algorithm
 
 import dagtune as dt
-from dagtune.algos import ASHA, MedianStopping
 from dagtune.dashboard import snapshot as snapshots
 from dagtune.dashboard.kept import KeptSnapshot
 from dagtune.dashboard.snapshot import live_snapshot
@@ -83,16 +82,7 @@ def test_the_kept_snapshot_is_the_one_from_scratch_through_an_algorithm(algorith
     study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(3))
     checked = Checked(study)
     study.coordinator.listeners.append(checked)
-    configs = [{"lr": 0.01 * (k + 1), "batch_size": dt.Steps([32, 64], [3])} for k in range(12)]
-    if algorithm == "asha":
-        study.run(ASHA(configs, "val_loss", "min", max_steps=9, eta=3))
-    else:
-        study.run(MedianStopping(configs, "val_loss", "min", max_steps=8, grace=2, min_samples=2))
-    trials = list(study.coordinator.trials.values())
-    if algorithm == "asha":
-        assert len({t.reached for t in trials}) > 1  # promoted
-    else:
-        assert any(t.status == "stopped" for t in trials)
+    run_algorithm(study, algorithm)
     assert checked.checked > 20
     same_as_from_scratch(study, checked.kept)
     study.close()
@@ -101,12 +91,8 @@ def test_the_kept_snapshot_is_the_one_from_scratch_through_an_algorithm(algorith
 def walked_after_one_change(trials: int) -> dict[str, int]:
     """What a feed's snapshot walks after one pump of a mid-run grid of `trials` trials on one
     worker (one task's steps: one trial's results)."""
-    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))
-    for i in range(trials):
-        study.submit({"lr": 0.001 * (i // 10 + 1), "batch_size": dt.MultiStep(32, [i % 10 + 1], 0.5)}, 12)
+    study = mid_run_grid(trials)
     coordinator = study.coordinator
-    while coordinator.executed_steps < 30:
-        coordinator.pump()
     kept = KeptSnapshot()
     live_snapshot(study, kept=kept)
     first = dict(kept.walked)

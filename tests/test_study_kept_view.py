@@ -10,10 +10,10 @@ from dataclasses import fields
 from types import MappingProxyType
 
 import pytest
-from live_study_helpers import SPACE, FailsLate
+from live_study_helpers import SPACE, FailsLate, mid_run_grid, run_algorithm
 
 import dagtune as dt
-from dagtune.algos import ASHA, GridSearch, MedianStopping
+from dagtune.algos import GridSearch
 from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import KeptFigures, report_figures
 from dagtune.records import Trial, TrialSnapshot
@@ -100,16 +100,7 @@ def test_the_kept_view_is_the_one_from_scratch_through_an_algorithm(algorithm):
     study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(3))
     checked = Checked(study)
     study.coordinator.listeners.append(checked)
-    configs = [{"lr": 0.01 * (k + 1), "batch_size": dt.Steps([32, 64], [3])} for k in range(12)]
-    if algorithm == "asha":
-        study.run(ASHA(configs, "val_loss", "min", max_steps=9, eta=3))
-    else:
-        study.run(MedianStopping(configs, "val_loss", "min", max_steps=8, grace=2, min_samples=2))
-    trials = list(study.coordinator.trials.values())
-    if algorithm == "asha":
-        assert len({t.reached for t in trials}) > 1  # promoted
-    else:
-        assert any(t.status == "stopped" for t in trials)
+    run_algorithm(study, algorithm)
     assert checked.checked > 20
     same_as_from_scratch(study)
     study.close()
@@ -144,12 +135,8 @@ def test_the_kept_view_is_the_one_from_scratch_in_a_resumed_study(tmp_path):
 def snapshotted_after_one_pump(trials: int) -> int:
     """The trials a view snapshots after one pump of a mid-run grid of `trials` trials on one
     worker (one task's steps: a few trials' results)."""
-    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))
-    for i in range(trials):
-        study.submit({"lr": 0.001 * (i // 10 + 1), "batch_size": dt.MultiStep(32, [i % 10 + 1], 0.5)}, 12)
+    study = mid_run_grid(trials)
     coordinator = study.coordinator
-    while coordinator.executed_steps < 30:
-        coordinator.pump()
     study.view(schedule=True)
     kept = study._kept_view
     first, walks = kept.snapshotted, kept._figures.walks
