@@ -29,6 +29,9 @@ class LaterBranches:
         # configs an algorithm may submit later, by their values at step 0: only those agreeing
         # there with a path can branch off it later (no scan of every prospect per segment)
         self._prospects: dict[tuple, list[Config]] = {}
+        # those of one step-0 group by their values at a node's start, made once per group and
+        # start: a prospect branching inside a node agrees with it there too
+        self._prospects_at: dict[tuple[tuple, int], dict[tuple, list[Config]]] = {}
         self._prospect_branches: dict[tuple[str, int], set[int]] = {}
 
     def pause(self, trial: Trial) -> None:
@@ -44,6 +47,7 @@ class LaterBranches:
         self._prospects = {}
         for config in configs:
             self._prospects.setdefault(value_key(config, 0), []).append(config)
+        self._prospects_at.clear()
         self._prospect_branches.clear()
 
     def within(self, segment: Segment) -> set[int]:
@@ -59,7 +63,10 @@ class LaterBranches:
 
     def _of_prospects(self, segment: Segment) -> set[int]:
         """Steps inside `segment` where an expected config would branch off its path (a node's
-        config agrees with its whole path, so one comparison from step 0 finds the branch)."""
+        config agrees with its whole path, so one comparison from step 0 finds the branch).
+        Only the prospects agreeing with the node at step 0 and at its start are compared:
+        where many share their first values (a common warm-up), comparing all of them on
+        every segment made each trial's work grow with the number of prospects."""
         if not self._prospects:
             return set()
         key = (segment.node, segment.end)
@@ -67,10 +74,23 @@ class LaterBranches:
         if found is None:
             node = self.plan.nodes[segment.node]
             found = set()
-            for config in self._prospects.get(value_key(node.config, 0), ()):
+            for config in self._agreeing(node.config, node.start):
                 branch = config_first_difference(node.config, config, 0, segment.end)
                 if node.start < branch < segment.end:
                     found.add(branch)
             if found:  # most paths have none: kept for those only (no set per segment launched)
                 self._prospect_branches[key] = found
         return {step for step in found if step > segment.start}
+
+    def _agreeing(self, config: Config, start: int) -> list[Config]:
+        """The prospects whose values at step 0 and at step `start` are `config`'s."""
+        first = value_key(config, 0)
+        group = self._prospects.get(first, [])
+        if start == 0 or not group:
+            return group
+        index = self._prospects_at.get((first, start))
+        if index is None:
+            index = self._prospects_at[first, start] = {}
+            for prospect in group:
+                index.setdefault(value_key(prospect, start), []).append(prospect)
+        return index.get(value_key(config, start), [])
