@@ -166,6 +166,28 @@ def test_a_one_step_stage_is_one_message_and_its_result_is_not_fetched(client, t
         assert dispatcher.events_seen == sum(len(batch) for batch in messages)  # none twice
 
 
+def test_submissions_leave_the_client_at_once_and_its_batching_comes_back_at_close(client, tmp_path):
+    """Dask's client holds a message for the scheduler until 10 ms have passed since its
+    stream's previous write; a study submits each task as a slot frees, so it sends them at
+    once (`SUBMIT_BATCH_SECONDS`), on a stream made anew by a reconnection too, and the caller's
+    client batches as before once the study closes."""
+    from dagtune.execution._dask_executor import SUBMIT_BATCH_SECONDS
+
+    stream = client.scheduler_comm
+    before = stream.interval
+    assert before > SUBMIT_BATCH_SECONDS  # Dask's own batching (10 ms)
+    with Study(
+        SyntheticTrainer, name="prompt", storage=tmp_path, client=client, resources={"GPU": 1}
+    ) as study:
+        assert stream.interval == before  # nothing submitted yet
+        study.submit({"lr": 0.1, "batch_size": 128}, 1).result(timeout=60)
+        assert stream.interval == SUBMIT_BATCH_SECONDS
+        stream.interval = before  # as a reconnection's new stream would batch
+        study.submit({"lr": 0.05, "batch_size": 128}, 1).result(timeout=60)
+        assert stream.interval == SUBMIT_BATCH_SECONDS
+    assert client.scheduler_comm.interval == before
+
+
 def test_a_task_whose_end_the_stream_lost_has_its_result_fetched(client, tmp_path):
     """Nothing is lost if the stream lags: with every streamed message dropped in the study's
     process, each task's events come from its result, fetched once Dask says it finished."""
