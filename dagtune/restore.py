@@ -37,6 +37,7 @@ from dagtune.fusion import FusedPathRunner
 from dagtune.identity import model_identity, trainer_name
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import PENDING, CheckpointInfo, Opened, TrialState, is_study_name, read_study_records
+from dagtune.resumecheck import load_state
 from dagtune.runner import CheckpointBackend, PathRunner, checkpoint_parts
 from dagtune.tasks import PathTask, Segment, TrainerSpec
 from dagtune.trainer import Trainer, build_trainer, capture_rng, isolated_rng, restore_rng
@@ -202,7 +203,7 @@ class Restorer:
         with isolated_rng():
             trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
             if path.step > 0:
-                trainer.load_state_dict(checkpoint_parts(state)[0])
+                load_state(trainer, checkpoint_parts(state)[0])
         if rng:
             restore_rng(state["rng"])
         return trainer

@@ -38,6 +38,7 @@ from dagtune.evalcheck import state_digests
 from dagtune.trainer import ResumableBatches, Trainer, capture_rng
 
 __all__ = [
+    "LoadStateError",
     "ResumeChangedTrainingError",
     "ResumeChecks",
     "StepOutcome",
@@ -45,6 +46,7 @@ __all__ = [
     "failed_outcome",
     "held_state",
     "likely_causes",
+    "load_state",
     "out_of_memory",
     "step_outcome",
     "trainer_outcome",
@@ -83,6 +85,37 @@ class ResumeChangedTrainingError(TrainerCheckError, RuntimeError):
             "check_resume=0 turns the check off. The stage is not retried: it would fail the "
             "same way.)"
         )
+
+
+class LoadStateError(TrainerCheckError, RuntimeError):
+    """``load_state_dict`` raised on a trainer that ``__init__`` had just built. dagtune
+    resumes a stage (and checks resuming) by building a fresh trainer, loading the checkpoint
+    into it, and only then calling ``setup`` with every value, so the trainer's state must be
+    built in ``__init__``. `trainer` names the class, `error` is what it raised."""
+
+    def __init__(self, trainer: str, error: BaseException):
+        self.trainer, self.error = trainer, error
+        super().__init__(
+            f"{trainer}.load_state_dict() raised {type(error).__name__}: {error}, on a trainer that "
+            f"{trainer}.__init__ had just built. dagtune resumes a stage from a checkpoint by building a "
+            "fresh trainer, calling load_state_dict() and only then setup() with every value, so "
+            "load_state_dict() must work before any setup(): build what state_dict() holds (model, "
+            "optimizer, data order) in __init__. A hyper-parameter that decides the model's shape "
+            "can't be applied after loading: make it a trainer argument (trainer_kwargs), one study "
+            "per shape. (The stage is not retried: it would fail the same way.)"
+        )
+
+
+def load_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
+    """Load a checkpoint's trainer `state` into `trainer`, which ``__init__`` has just built:
+    a failure is the trainer's code, told as such (`LoadStateError`); running out of memory
+    is not, and is raised as it came."""
+    try:
+        trainer.load_state_dict(state)  # type: ignore[arg-type]
+    except Exception as error:
+        if out_of_memory(error):
+            raise
+        raise LoadStateError(getattr(type(trainer), "__qualname__", repr(type(trainer))), error) from error
 
 
 def _count(n: int, word: str) -> str:

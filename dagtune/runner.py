@@ -74,12 +74,14 @@ from dagtune.notices import (
 )
 from dagtune.records import CheckpointInfo
 from dagtune.resumecheck import (
+    LoadStateError,
     ResumeChangedTrainingError,
     ResumeChecks,
     StepOutcome,
     differences,
     failed_outcome,
     likely_causes,
+    load_state,
     out_of_memory,
     trainer_outcome,
 )
@@ -652,7 +654,7 @@ class PathRunner:
         trainer, state, rng_state, carried, origin = path.read_point(self.store, self.live, node, step)
         if trainer is None:
             trainer = build_trainer(spec.cls, spec.kwargs, spec.seed)
-            trainer.load_state_dict(state)
+            load_state(trainer, state)
         restore_rng(rng_state)
         return trainer, path.resumed(node, step, origin, found, carried)
 
@@ -816,10 +818,12 @@ class PathRunner:
         with isolated_rng():
             try:
                 fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
-                fresh.load_state_dict(trainer_state)
+                load_state(fresh, trainer_state)
                 restore_rng(rng_state)
                 fresh.setup(SetupValues(values))
                 return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+            except LoadStateError:  # every resume of this trainer would fail: not a difference
+                raise
             except Exception as error:  # the resumed trainer's failure is what it computed
                 if out_of_memory(error):
                     raise _NoRoomError(f"{type(error).__name__}: {error}") from error

@@ -17,12 +17,18 @@ import pytest
 import torch
 from clusters import local_client
 from fusion_helpers import TinyMLP
-from user_trainers import ForgetsTheOptimizer, ForgetsTheScheduler, MnistStyle, TooBigForTwo
+from user_trainers import BuildsInSetup, ForgetsTheOptimizer, ForgetsTheScheduler, MnistStyle, TooBigForTwo
 
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.notices import NondeterministicTrainingWarning, TrialsFailedWarning
-from dagtune.resumecheck import ResumeChangedTrainingError, ResumeChecks, differences, trainer_outcome
+from dagtune.resumecheck import (
+    LoadStateError,
+    ResumeChangedTrainingError,
+    ResumeChecks,
+    differences,
+    trainer_outcome,
+)
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
 from dagtune.summary import error_line
@@ -128,6 +134,38 @@ def test_a_failed_resume_check_is_not_retried():
     message = " ".join(straight.error.split())
     assert "After step 3, a trainer loaded from the checkpoint at step 2 differs" in message
     assert "The stage is not retried: it would fail the same way." in message
+
+
+LOAD_FAILED = (
+    "BuildsInSetup.load_state_dict() raised AttributeError: 'NoneType' object has no attribute "
+    "'load_state_dict', on a trainer that BuildsInSetup.__init__ had just built."
+)
+
+
+def test_a_trainer_that_builds_its_model_in_setup_is_told_so_at_the_first_check():
+    """The check's fresh trainer can't load the checkpoint: that is said as it is (which
+    method raised, on what trainer, what to do), not as a difference in ``train()``."""
+    with pytest.raises(TrialError) as failure:
+        run_alone(BuildsInSetup, {"lr": 0.05}, 3)
+    message = " ".join(str(failure.value).split())
+    assert LOAD_FAILED in message
+    assert "build what state_dict() holds (model, optimizer, data order) in __init__" in message
+    assert "train() raised" not in message
+    assert f"{LoadStateError.__module__}.LoadStateError: {LOAD_FAILED}" in message
+
+
+def test_a_stage_resumed_into_a_trainer_that_builds_in_setup_fails_once_and_says_why():
+    """With the check off, the branches' stages fail where they load their checkpoint, with
+    the same explanation, and are not trained again however many retries the study allows."""
+    with pytest.warns(TrialsFailedWarning):
+        _, once = grid(BuildsInSetup, check_resume=0, max_retries=0)
+    with pytest.warns(TrialsFailedWarning):
+        study, retried = grid(BuildsInSetup, check_resume=0, max_retries=3)
+    assert retried.report["executed_steps"] == once.report["executed_steps"]
+    branches = [t for t in study.coordinator.trials.values() if t.config["lr"] != dt.Constant(0.05)]
+    assert branches and all(t.status == "failed" for t in branches)
+    assert all(LOAD_FAILED in " ".join(t.error.split()) for t in branches)
+    assert all("LoadStateError" in error_line(t.error) for t in branches)
 
 
 def test_nondeterministic_training_is_a_warning_not_a_failure():

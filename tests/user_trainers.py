@@ -131,6 +131,22 @@ class ForgetsTheOptimizer(MnistStyle):
         self.model.load_state_dict(state["model"])
 
 
+class BuildsInSetup(MnistStyle):
+    """Builds its model and optimizer at its first ``setup`` (where a hyper-parameter that
+    shapes the model would be read), so a trainer that ``__init__`` just built has none to
+    load a checkpoint into."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.model = self.optimizer = None
+
+    def setup(self, hp):
+        if self.model is None:
+            self.model = Net()
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        super().setup(hp)
+
+
 class ForgetsTheScheduler(MnistStyle):
     """Decays the learning rate with its own ``StepLR`` (as the MNIST example does) but saves
     no scheduler: a resumed trainer starts its decay over."""
