@@ -313,7 +313,7 @@ def _comb_links(n: int, monkeypatch) -> int:
     return counted
 
 
-def test_a_sibling_at_a_new_branch_step_asks_one_point_not_every_sibling_s(monkeypatch):
+def test_a_sibling_at_a_new_branch_step_asks_one_point_not_every_siblings(monkeypatch):
     """Siblings branching off one node at distinct steps: each new one rebuilds that node, which
     asked every one of its branch points again for its link (work per sibling growing with the
     siblings: 35 and 395 points per sibling at 40 and 400). Only the points whose answer may
