@@ -274,3 +274,49 @@ def test_a_change_rebuilds_only_the_nodes_on_its_path():
     assert rebuilds(lambda: plan.record_checkpoint(node, 20, CKPT)) <= depth
     assert rebuilds(lambda: planner.task_launched("task", [(node, 20, 70)], 20)) <= depth
     assert rebuilds(lambda: planner.task_progressed("task", 25)) == 0  # it passed no point the tree needs
+
+
+def _comb(n: int) -> list[tuple[dict, int]]:
+    """A long trial and `n` siblings branching off it one step apart (sibling i at step i)."""
+    return [({"lr": 0.1}, 10_000)] + [
+        ({"lr": dt.Steps([0.1, 0.01 * i], [i])}, i + 2) for i in range(1, n + 1)
+    ]
+
+
+def _comb_links(n: int, monkeypatch) -> int:
+    """How many branch points the live tree asks its answer at (`_source_at`) while the last 11
+    of `n` siblings are submitted one by one, each settled, with the long trial's task running
+    and a checkpoint committed in between; then the planner is checked against a rebuild."""
+    from dagtune.plan import _live
+
+    session = Session(_comb(n), "critical_path", 0.0)
+    asked = 0
+    source_at = _live.LiveStageTree._source_at
+
+    def counting(self, parent: str, step: int) -> tuple:
+        nonlocal asked
+        asked += 1
+        return source_at(self, parent, step)
+
+    monkeypatch.setattr(_live.LiveStageTree, "_source_at", counting)
+    for i in range(n + 1):
+        if i == n - 10:
+            session.apply("pick", 0, 0)  # the long trial's root stage runs: the branch points' answers change
+            root = session.requests[0][0]
+            session.plan.record_checkpoint(root, n // 2, CKPT)
+            session.planner.settle()
+            asked = 0
+        session.apply("submit", i, 0)
+        session.planner.settle()
+    counted = asked
+    session.check()
+    return counted
+
+
+def test_a_sibling_at_a_new_branch_step_asks_one_point_not_every_siblings(monkeypatch):
+    """Siblings branching off one node at distinct steps: each new one rebuilds that node, which
+    asked every one of its branch points again for its link (work per sibling growing with the
+    siblings: 35 and 395 points per sibling at 40 and 400). Only the points whose answer may
+    have changed are asked now, two per sibling (its head links to its branch point, then
+    the parent settles that new point): the same count at 40 siblings as at 400."""
+    assert _comb_links(40, monkeypatch) == _comb_links(400, monkeypatch) == 2 * 11

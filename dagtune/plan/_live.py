@@ -27,7 +27,10 @@ scheduler keeps priorities and its ready queue without walking the tree.
 Cost of one change: the node it touches and each ancestor whose contribution changes are
 recomputed, each in O(w log c) for w wanted steps and c checkpoints on that node; linking a
 new child stage is O(1); a branch point whose source changes (checkpoint committed, task
-launched) relinks the children waiting on it, once per change of that point.
+launched) relinks the children waiting on it, once per change of that point. Only the
+branch points a rebuild may have changed are asked (`_moved`: a checkpoint, the stage ending
+there or the task serving it came or went, a first child branched there), so a node with w
+branch points costs a change one point, not w.
 """
 
 from __future__ import annotations
@@ -236,13 +239,14 @@ class _NodeState:
     """What the tree holds for one plan node: its stages by end step, the points running
     tasks serve on it, what its children ask of it, and what it asks of its parent."""
 
-    __slots__ = ("stages", "served", "asks", "links", "head", "asked", "checkpoints")
+    __slots__ = ("stages", "served", "asks", "links", "moved", "head", "asked", "checkpoints")
 
     def __init__(self) -> None:
         self.stages: dict[int, LiveStage] = {}
         self.served: dict[int, str] = {}  # step -> task delivering that point
         self.asks: dict[int, _MinRank] = {}  # branch step -> children needing its state, by rank
         self.links: dict[int, tuple] = {}  # branch step -> what its children continue from
+        self.moved: set[int] | None = None  # steps whose answer to children may have changed
         self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
         self.asked: int | None = None  # the rank this node asks its parent's state with
         self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
@@ -291,6 +295,7 @@ class LiveStageTree:
             state = self._states.get(node)
             if state is not None:
                 state.checkpoints = None
+                self._moved(state, step)
                 self._touch(node)
 
     def launch(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
@@ -485,8 +490,11 @@ class LiveStageTree:
         state.stages = new
         removed = list(old.values())
         for stage in removed:
+            self._moved(state, stage.end)
             if stage.origin == "head":
                 self._unlink(stage)
+        for stage in added:
+            self._moved(state, stage.end)
 
         self._serve(node_id, state, served)
         self._ask_parent(node, state, asked)
@@ -512,6 +520,7 @@ class LiveStageTree:
             return
         for step, task in state.served.items():
             if served.get(step) != task:
+                self._moved(state, step)
                 self._relied_changed.add(task)
                 points = self._relied.get(task)
                 if points is not None:
@@ -520,6 +529,7 @@ class LiveStageTree:
                         del self._relied[task]
         for step, task in served.items():
             if state.served.get(step) != task:
+                self._moved(state, step)
                 self._relied_changed.add(task)
                 self._relied.setdefault(task, set()).add((node_id, step))
         state.served = served
@@ -547,6 +557,7 @@ class LiveStageTree:
         else:
             if asks is None:
                 asks = up.asks[node.start] = _MinRank()
+                self._moved(up, node.start)  # a new branch point: its answer is still to link
             asks.set(node.id, asked)
         after = asks.least() if asks is not None and asks.ranks else None
         if after != before:
@@ -577,11 +588,29 @@ class LiveStageTree:
         link = state.links.get(node.start) if state is not None else None
         self._link(node, head, link if link is not None else self._source_at(node.parent, node.start))
 
+    @staticmethod
+    def _moved(state: _NodeState, step: int) -> None:
+        """Note that `state`'s answer at `step` (`_source_at`) may have changed: a checkpoint,
+        the stage ending there or the task serving it came or went, or children began to
+        branch there."""
+        if state.moved is None:
+            state.moved = set()
+        state.moved.add(step)
+
     def _relink_children(self, node, state: _NodeState) -> None:
-        """Children branching where this node's answer changed follow the change."""
-        for step in [s for s in state.links if s not in state.asks]:
-            del state.links[step]
-        for step, asks in state.asks.items():
+        """Children branching where this node's answer changed follow the change.
+
+        Only the branch points noted by `_moved` since the last call are asked again (what a
+        change can reach), not every point children branch at: a node with many children at
+        distinct steps costs each new child one point, not all of them. `links` needs no
+        sweep: `_ask_parent` drops a point's link with its last child."""
+        moved, state.moved = state.moved, None
+        if not moved:
+            return
+        for step in sorted(moved):  # as they were linked: by step
+            asks = state.asks.get(step)
+            if asks is None:
+                continue
             link = self._source_at(node.id, step)
             if state.links.get(step) == link:
                 continue

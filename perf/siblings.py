@@ -1,0 +1,106 @@
+"""Many siblings under one plan node (issue 24, `perf/RESULTS.md` 9u): does a new sibling cost
+the live stage tree work per sibling already there?
+
+Two shapes, each submitted one trial at a time with the planner settled after each (as a
+scheduling round between submissions does): ``same step``, N trials sharing a one-step
+prefix and branching off it at step 1; ``distinct steps``, a long trial and N siblings
+branching off it one step apart (sibling i at step i). Counted per sibling: the branch points
+the live tree asked its answer at (`LiveStageTree._source_at`), the children it relinked, the
+node rebuilds and the wanted steps they walked; and the planner's CPU per sibling
+(`IncrementalPlanner`: the live tree, its priorities, the ready queue), this process alone,
+no executor.
+
+    PYTHONPATH=$PWD python -m perf.siblings [--sizes 50,500,5000] [--distinct 250,500,1000,2000]
+
+Not a section of `python -m perf`: a diagnostic that prints its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import dagtune as dt
+from dagtune.config import normalize_config
+from dagtune.plan import SearchPlan, _live
+from dagtune.planner import IncrementalPlanner
+from dagtune.scheduling import CostModel, policy_named
+
+
+def same_step(n: int) -> list[tuple[dict, int]]:
+    return [({"x": dt.Steps([0, i + 1], [1])}, 2) for i in range(n + 1)]
+
+
+def distinct_steps(n: int) -> list[tuple[dict, int]]:
+    return [({"x": 0}, 1_000_000)] + [({"x": dt.Steps([0, -i], [i])}, i + 1) for i in range(1, n + 1)]
+
+
+class Counts:
+    """`LiveStageTree._source_at` and `_link` calls (the latter from `_relink_children` only),
+    and the wanted steps its node rebuilds walked (`_wanted`'s entries)."""
+
+    def __init__(self) -> None:
+        self.asked = self.relinked = self.walked = 0
+        self._relinking = False
+        tree = _live.LiveStageTree
+        source_at, link, relink, wanted = tree._source_at, tree._link, tree._relink_children, tree._wanted
+
+        def counted_wanted(live, node, state):
+            steps = wanted(live, node, state)
+            self.walked += len(steps)
+            return steps
+
+        def counted_source_at(live, parent, step):
+            self.asked += 1
+            return source_at(live, parent, step)
+
+        def counted_link(live, node, head, to):
+            self.relinked += self._relinking
+            return link(live, node, head, to)
+
+        def counted_relink(live, node, state):
+            self._relinking = True
+            try:
+                return relink(live, node, state)
+            finally:
+                self._relinking = False
+
+        tree._source_at, tree._link, tree._relink_children = counted_source_at, counted_link, counted_relink
+        tree._wanted = counted_wanted
+
+
+def run(shape, n: int, counts: Counts) -> str:
+    trials = [(normalize_config(c), s) for c, s in shape(n)]
+    plan = SearchPlan()
+    planner = IncrementalPlanner(plan, CostModel(), policy_named("critical_path"))
+    plan.add_request(*trials[0], waiter=0)  # the first trial: what the siblings branch off
+    planner.settle()
+    counts.asked = counts.relinked = counts.walked = 0
+    rebuilds, cpu = planner.live.rebuilds, time.process_time()
+    for i, (config, steps) in enumerate(trials[1:], 1):
+        plan.add_request(config, steps, waiter=i)
+        planner.settle()
+    cpu = time.process_time() - cpu
+    rebuilds = planner.live.rebuilds - rebuilds
+    return (
+        f"{shape.__name__.replace('_', ' ')}, {n} siblings: per sibling {counts.asked / n:.1f} points asked, "
+        f"{counts.relinked / n:.2f} children relinked, {rebuilds / n:.2f} node rebuilds "
+        f"walking {counts.walked / n:.1f} wanted steps, "
+        f"{1e3 * cpu / n:.3f} ms of planner CPU"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="50,500,5000")
+    parser.add_argument("--distinct", default="250,500,1000,2000")
+    args = parser.parse_args()
+    counts = Counts()
+    for n in map(int, args.sizes.split(",")):
+        print(run(same_step, n, counts), flush=True)
+    for n in map(int, args.distinct.split(",")):
+        print(run(distinct_steps, n, counts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
