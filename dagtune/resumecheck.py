@@ -96,13 +96,13 @@ class LoadStateError(TrainerCheckError, RuntimeError):
     def __init__(self, trainer: str, error: BaseException):
         self.trainer, self.error = trainer, error
         super().__init__(
-            f"{trainer}.load_state_dict() raised {type(error).__name__}: {error}, on a trainer that "
-            f"{trainer}.__init__ had just built. dagtune resumes a stage from a checkpoint by building a "
-            "fresh trainer, calling load_state_dict() and only then setup() with every value, so "
-            "load_state_dict() must work before any setup(): build what state_dict() holds (model, "
-            "optimizer, data order) in __init__. A hyper-parameter that decides the model's shape "
-            "can't be applied after loading: make it a trainer argument (trainer_kwargs), one study "
-            "per shape. (The stage is not retried: it would fail the same way.)"
+            f"{trainer}.load_state_dict() failed on a trainer that {trainer}.__init__ had just built: "
+            "build what state_dict() holds (model, optimizer, data order) in __init__, not in setup() "
+            f"({type(error).__name__}: {error}). dagtune resumes a stage from a checkpoint by building a "
+            "fresh trainer, calling load_state_dict() and only then setup() with every value. A "
+            "hyper-parameter that decides the model's shape can't be applied after loading: make it a "
+            "trainer argument (trainer_kwargs), one study per shape. (The stage is not retried: it "
+            "would fail the same way.)"
         )
 
 

@@ -137,8 +137,9 @@ def test_a_failed_resume_check_is_not_retried():
 
 
 LOAD_FAILED = (
-    "BuildsInSetup.load_state_dict() raised AttributeError: 'NoneType' object has no attribute "
-    "'load_state_dict', on a trainer that BuildsInSetup.__init__ had just built."
+    "BuildsInSetup.load_state_dict() failed on a trainer that BuildsInSetup.__init__ had just built: "
+    "build what state_dict() holds (model, optimizer, data order) in __init__, not in setup() "
+    "(AttributeError: 'NoneType' object has no attribute 'load_state_dict')."
 )
 
 
@@ -149,7 +150,7 @@ def test_a_trainer_that_builds_its_model_in_setup_is_told_so_at_the_first_check(
         run_alone(BuildsInSetup, {"lr": 0.05}, 3)
     message = " ".join(str(failure.value).split())
     assert LOAD_FAILED in message
-    assert "build what state_dict() holds (model, optimizer, data order) in __init__" in message
+    assert "calling load_state_dict() and only then setup() with every value" in message
     assert "train() raised" not in message
     assert f"{LoadStateError.__module__}.LoadStateError: {LOAD_FAILED}" in message
 
