@@ -18,7 +18,8 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import KeptFigures, report_figures
 from dagtune.records import Trial, TrialSnapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-from dagtune.summary import trained_from_plan
+from dagtune.study._kept_best import KeptBest
+from dagtune.summary import best_of, merge_rate_so_far, metric_of, trained_from_plan
 
 
 def shown(snapshot: TrialSnapshot) -> tuple:
@@ -41,6 +42,12 @@ def same_as_from_scratch(study: dt.Study) -> dt.records.StudyView:
     assert isinstance(view.configs, MappingProxyType) and isinstance(view.trained, MappingProxyType)
     assert dict(view.report) == coordinator.report()
     assert study.view().configs is None and len(study.view().trials) == len(trials)
+    figures = view.figures
+    metric, mode = (view.metric, view.mode) if view.metric is not None else metric_of(trials)
+    assert (figures.metric, figures.mode) == (metric, mode)
+    best = best_of(trials, metric, mode)
+    assert (figures.best and shown(figures.best)) == (best and shown(best))
+    assert (figures.merge_rate_ended, figures.ended) == merge_rate_so_far(trials)
     return view
 
 
@@ -191,5 +198,49 @@ def test_kept_figures_are_the_report_figures_through_random_changes():
         figures.change(old, kept[trial_id])
         if change % 3 == 0:  # figures asked now and then: what was kept is patched in between
             assert figures.figures(**work) == report_figures(list(kept.values()), **work), change
+            assert figures.merge_rate_ended() == merge_rate_so_far(kept.values()), change
             ended += all(t.done for t in kept.values())
     assert {t.status for t in trials.values()} == {"pending", "completed", "stopped"} and ended > 5
+
+
+def test_the_kept_best_is_best_of_through_random_changes():
+    """Trials given final metrics (ties, NaN, infinities, a missing metric), steps, curves and
+    every status at random, and the metric and mode asked changed now and then: after each
+    change the kept best is `best_of` (its tie rule: completed first, then the longest, then
+    the first) and the kept guess `metric_of`."""
+    rng = random.Random(11)
+    trials: dict[int, Trial] = {}
+    kept: dict[int, TrialSnapshot] = {}
+    best = KeptBest(kept)
+    asked = ("val_loss", "min")
+    values = [0.5, 0.5, 1.0, 2.0, float("nan"), float("inf"), -float("inf")]
+    statuses = ["pending", "completed", "stopped", "failed", "diverged"]
+    found = set()
+    for change in range(800):
+        trial_id = rng.randrange(len(trials) + (len(trials) < 8))
+        if trial_id == len(trials):
+            trials[trial_id] = Trial(trial_id, {"lr": dt.Constant(0.1)}, 8)
+        trial = trials[trial_id]
+        what = rng.randrange(4)
+        if what == 0:
+            name = rng.choice(["val_loss", "val_loss", "acc"])
+            trial.metrics = {name: rng.choice(values)} if rng.random() < 0.9 else None
+        elif what == 1:
+            trial.status = rng.choice(statuses)
+        elif what == 2:
+            trial.steps = rng.choice([4, 8, 8])
+        else:
+            names = rng.choice([("loss",), ("val_acc",), ("val_loss", "acc")])
+            trial.curve = [(step, dict.fromkeys(names, 1.0)) for step in range(rng.randrange(3))]
+        old = kept.get(trial_id)
+        kept[trial_id] = trial.snapshot()
+        best.change(old, kept[trial_id])
+        if change % 50 == 0:
+            asked = rng.choice([("val_loss", "min"), ("val_loss", "max"), ("acc", "max"), (None, "max")])
+        if change % 2 == 0:
+            expected = best_of(kept.values(), *asked)
+            got = best.best(*asked)
+            assert (got and got.id) == (expected and expected.id), change
+            found.add(None if got is None else got.status)
+            assert best.metric() == metric_of(kept.values()), change
+    assert {None, "completed", "failed"} <= found

@@ -26,7 +26,7 @@ from dagtune.config import Config
 from dagtune.dashboard.kept import KeptSnapshot, spans_by_node
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout, overlaps
 from dagtune.importance import importance_columns, method_of_columns, score_columns
-from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial
+from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial, ViewFigures
 from dagtune.summary import (
     best_note,
     best_of,
@@ -81,6 +81,7 @@ def compose(
     gpus: float | None = None,
     labels: MutableMapping[tuple[str, str | None], str] | None = None,
     kept: KeptSnapshot | None = None,
+    figures: ViewFigures | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
@@ -105,7 +106,9 @@ def compose(
     running study's snapshot labels only the nodes new since the last one. `kept` (a running
     study's feed's `KeptSnapshot`, its labels used instead of `labels`) keeps the tree's layout
     and the curves too, so the snapshot redoes only what changed since the feed's last one:
-    the same snapshot as one made from scratch.
+    the same snapshot as one made from scratch. `figures` (a live study's, kept as its trials
+    change: `dagtune.records.ViewFigures`) give the best trial, where they are by the metric
+    and mode shown, and the live merge rate, so that these read no trial.
     """
     parts = {
         "study": study,
@@ -115,6 +118,7 @@ def compose(
         "link": link,
         "importance": importance,
         "gpus": gpus,
+        "figures": figures,
     }
     if kept is not None:
         return _kept_compose(trials, metric, mode, configs, trained, running, queued, critical, kept, **parts)
@@ -228,11 +232,19 @@ def _assembled(
     link: Any,
     importance: bool,
     gpus: float | None,
+    figures: ViewFigures | None,
 ) -> dict:
-    """The snapshot, from its tree and curves and the figures read off every trial."""
-    best = best_of(trials, metric, mode)
+    """The snapshot, from its tree and curves and the figures of the trials (`figures` where
+    given, else read off every trial)."""
+    if figures is not None and (figures.metric, figures.mode) == (metric, mode):
+        best = figures.best
+    else:
+        best = best_of(trials, metric, mode)
+    if figures is not None:
+        so_far, ended = figures.merge_rate_ended, figures.ended
+    else:
+        so_far, ended = merge_rate_so_far(trials)
     finished = importance and not any(t.status == PENDING for t in trials)
-    so_far, ended = merge_rate_so_far(trials)
     failed = failures(trials)
     return {
         "format": FORMAT,
@@ -466,6 +478,7 @@ def _live_snapshot(
         gpus=view.gpus,
         labels=labels,
         kept=kept,
+        figures=view.figures,
     )
     if not any(t.status == PENDING for t in trials):
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
