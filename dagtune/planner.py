@@ -69,11 +69,11 @@ class _KeptOrder:
     root whose priority changed), so a view no longer sorts every stage (0.097 of 0.109 s of
     a view at 10,000 trials, perf/RESULTS.md 9l).
 
-    Nothing is kept until the first `update` (a planner nobody views pays one set insertion
-    per change, not even that: `changed` is a no-op until then). An update places each
-    changed stage again (a bisection and a list insertion, a memory move), or sorts them all
-    once when more than an eighth of them changed. `placed` counts the stages placed (the
-    tests that count a view's work read it)."""
+    Nothing is kept until the first `update` (a planner nobody views pays no set insertion:
+    `changed` is a no-op until then). An update places each changed stage again (a bisection
+    and a list insertion, a memory move), or sorts them all once when more than an eighth of
+    them changed. `placed` counts the stages placed (the tests that count a view's work read
+    it)."""
 
     _RESORT = 8
 
@@ -90,9 +90,14 @@ class _KeptOrder:
         self.placed = 0
 
     def changed(self, stage: LiveStage) -> None:
-        """`stage` was added, removed or changed (its start, parent or, for a root, priority)."""
-        if self._changed is not None:
-            self._changed.add(stage.index)
+        """`stage` was added, removed or changed (its start, parent or, for a root, priority).
+        Once more stages changed than are live, the next update sorts them all again, and
+        nothing is collected until then (no view for a long time: the set stops growing)."""
+        changed = self._changed
+        if changed is not None:
+            changed.add(stage.index)
+            if len(changed) > 2 * len(self._live) + 64:
+                self._changed = None
 
     def top(self) -> LiveStage | None:
         """The root with the longest path below it, the first in the builder's order among
