@@ -31,6 +31,7 @@ from dagtune.summary import (
     best_note,
     best_of,
     config_text,
+    error_line,
     failures,
     finite,
     merge_rate_so_far,
@@ -108,7 +109,8 @@ def compose(
     and the curves too, so the snapshot redoes only what changed since the feed's last one:
     the same snapshot as one made from scratch. `figures` (a live study's, kept as its trials
     change: `dagtune.records.ViewFigures`) give the best trial, where they are by the metric
-    and mode shown, and the live merge rate, so that these read no trial.
+    and mode shown, the live merge rate, the failures and the hyper-parameters' names, so that
+    these read no trial.
     """
     parts = {
         "study": study,
@@ -242,10 +244,15 @@ def _assembled(
         best = best_of(trials, metric, mode)
     if figures is not None:
         so_far, ended = figures.merge_rate_ended, figures.ended
+        first = figures.first_failed
+        failed = figures.failed, None if first is None else [first.id, error_line(first.error)]
+        hp = list(figures.hyper_parameters)
     else:
         so_far, ended = merge_rate_so_far(trials)
+        listed = failures(trials)
+        failed = len(listed), list(listed[0]) if listed else None
+        hp = sorted({name for t in trials for name in t.config})
     finished = importance and not any(t.status == PENDING for t in trials)
-    failed = failures(trials)
     return {
         "format": FORMAT,
         "study": study,
@@ -255,10 +262,10 @@ def _assembled(
         "time": time.time(),
         "metric": metric,
         "mode": mode,
-        "hp": sorted({name for t in trials for name in t.config}),
+        "hp": hp,
         "counters": {**counters, "merge_rate_ended": so_far, "ended": ended},
         "gpus": gpus or 0,
-        "failures": {"count": len(failed), "first": list(failed[0]) if failed else None},
+        "failures": {"count": failed[0], "first": failed[1]},
         "best": None
         if best is None
         else {
@@ -453,8 +460,9 @@ def _live_snapshot(
     view: StudyView = study.view(schedule=True)
     schedule = view.schedule or ScheduleView()
     trials = list(view.trials)
+    statuses = status_counts(trials) if view.figures is None else dict(view.figures.statuses)
     counters = {
-        **status_counts(trials),
+        **statuses,
         **view.report,
         "gpu_seconds_saved": saved_seconds(view.report),
         "running_tasks": schedule.running_tasks,
@@ -480,6 +488,6 @@ def _live_snapshot(
         kept=kept,
         figures=view.figures,
     )
-    if not any(t.status == PENDING for t in trials):
+    if not statuses[PENDING]:
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
     return snapshot

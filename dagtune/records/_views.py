@@ -44,15 +44,21 @@ class ViewFigures:
     """Figures of a view's trials that a view from scratch reads every trial for, kept by the
     study as its trials change: the `best` trial (`dagtune.summary.best_of`) by `metric` and
     `mode` (the study's, or where it names none the metric `dagtune.summary.metric_of` guesses
-    from every metric the trials reported, and its mode), and the live merge rate over the
-    trials that ended and how many did (`merge_rate_ended`, `ended`:
-    `dagtune.summary.merge_rate_so_far`)."""
+    from every metric the trials reported, and its mode); the live merge rate over the trials
+    that ended and how many did (`merge_rate_ended`, `ended`: `dagtune.summary.merge_rate_so_far`);
+    the trials by status (`statuses`: `dagtune.summary.status_counts`); how many `failed` and
+    the first of them by id (`first_failed`, None if none: `dagtune.summary.failures`); and the
+    names of the trials' hyper-parameters, sorted."""
 
     metric: str | None
     mode: str
     best: TrialSnapshot | None
     merge_rate_ended: float | None
     ended: int
+    statuses: Mapping[str, int]
+    failed: int
+    first_failed: TrialSnapshot | None
+    hyper_parameters: tuple[str, ...]
 
 
 @dataclass(frozen=True)
