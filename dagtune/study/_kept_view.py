@@ -113,7 +113,7 @@ class KeptView:
             best=page.best(metric, mode),
             merge_rate_ended=rate,
             ended=ended,
-            statuses=page.statuses(),
+            statuses=MappingProxyType(page.statuses()),
             failed=failed,
             first_failed=first,
             hyper_parameters=page.hyper_parameters(),
