@@ -38,6 +38,7 @@ __all__ = [
     "HeldStages",
     "Pausable",
     "SchedulingPolicy",
+    "held_stages",
     "policy_named",
     "schedule_view",
     "view_of_stages",
@@ -113,7 +114,7 @@ def schedule_view(plan: SearchPlan, running: Mapping[str, Any], cost: CostModel)
     claims nothing: drawing changes no plan and no task."""
     tree = build_stage_tree(plan, running.peek())  # type: ignore[attr-defined]
     priority = critical_path_priorities(tree, cost, plan)
-    held = HeldStages(
+    held = held_stages(
         tree.stages,
         lambda stage: priority[stage.index],
         lambda stage: [tree.stages[c] for c in stage.children],
@@ -122,27 +123,46 @@ def schedule_view(plan: SearchPlan, running: Mapping[str, Any], cost: CostModel)
 
 
 class HeldStages(NamedTuple):
-    """A stage tree, however it is held (rebuilt, or the incremental planner's live one):
-    `stages` in the order `build_stage_tree` numbers them (each with ``node``, ``start``,
-    ``end``, ``parent`` (None for a root) and ``source_task``), and the `priority` and the
-    `children` (in the builder's order) of one stage."""
+    """A stage tree as a view reads it, however it is held (rebuilt, or the incremental
+    planner's live one, which keeps these between views): the `queued` stages' spans
+    ``(node, start, end)`` in the order `build_stage_tree` numbers the stages, the `top`
+    stage (the root with the longest path below it, the first in that order among equals;
+    None without stages), and the `priority` and the `children` (in the builder's order) of
+    one stage (each with ``node``, ``start``, ``end`` and ``source_task``)."""
 
-    stages: Sequence[Any]
+    queued: Sequence[Span]
+    top: Any | None
     priority: Callable[[Any], float]
     children: Callable[[Any], Iterable[Any]]
+
+
+def held_stages(
+    stages: Sequence[Any], priority: Callable[[Any], float], children: Callable[[Any], Iterable[Any]]
+) -> HeldStages:
+    """`HeldStages` of `stages` in the builder's order (each also with ``parent``: None for a
+    root), walking them all."""
+    roots = [s for s in stages if s.parent is None]
+    return HeldStages(
+        tuple((s.node, s.start, s.end) for s in stages),
+        max(roots, key=priority) if roots else None,  # `max` keeps the first of equals
+        priority,
+        children,
+    )
 
 
 def view_of_stages(
     held: HeldStages, running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
 ) -> ScheduleView:
     """The `ScheduleView` of the stage tree `held`. Ties on the critical path go to the stage
-    first in the builder's order, as the scheduler's do."""
+    first in the builder's order, as the scheduler's do. It reads the running tasks and the
+    critical path, not every stage (`held` has the queued spans and the top stage)."""
+    queued = held.queued if isinstance(held.queued, tuple) else tuple(held.queued)
     return ScheduleView(
         running=tuple(span for run in running.values() for span in _spans_left(run)),
-        queued=tuple((s.node, s.start, s.end) for s in held.stages),
+        queued=queued,
         critical=tuple(_critical_spans(held, running, cost, plan)),
         running_tasks=len(running),
-        queued_stages=len(held.stages),
+        queued_stages=len(queued),
     )
 
 
@@ -152,11 +172,9 @@ def _critical_spans(
     """The critical path: from the stage with the longest path below it (and the running
     task it waits for, if any) down its longest branch; with nothing queued, the running
     task with the most work left. `max` keeps the first of equals: the earliest stage."""
-    stages, priority, children = held
+    _, stage, priority, children = held
     spans: list[Span] = []
-    roots = [s for s in stages if s.parent is None]
-    if roots:
-        stage = max(roots, key=priority)
+    if stage is not None:
         if stage.source_task in running:
             spans.extend(_spans_left(running[stage.source_task]))
         while True:

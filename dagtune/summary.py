@@ -20,6 +20,7 @@ from dagtune.records import COMPLETED, FAILED, PENDING, STATUSES, Trial
 
 __all__ = [
     "UNKNOWN_FROM_STORAGE",
+    "best_key",
     "best_note",
     "best_of",
     "config_text",
@@ -78,13 +79,20 @@ def config_text(config: Mapping[str, Any]) -> str:
 def best_of(trials: Iterable[Trial], metric: str | None, mode: str) -> Trial | None:
     """The trial with the best final `metric`: completed trials first, then the longest, then
     the first; a NaN or infinite value is never the best. The one definition `Result.best`
-    and every view use."""
-    scored = [t for t in trials if metric and t.metrics and finite(t.metrics.get(metric))]
+    and every view use (a study keeps it as its trials change: `best_key`)."""
+    scored = [(key, t) for t in trials if (key := best_key(t, metric, mode)) is not None]
     if not scored:
         return None
-    pool = [t for t in scored if t.status == COMPLETED] or scored
-    sign = 1.0 if mode == "max" else -1.0
-    return max(pool, key=lambda t: (sign * t.metrics[metric], t.steps, -t.id))
+    pool = [pair for pair in scored if pair[1].status == COMPLETED] or scored
+    return max(pool, key=lambda pair: pair[0])[1]
+
+
+def best_key(trial: Trial, metric: str | None, mode: str) -> tuple[float, int, int] | None:
+    """`best_of`'s rank of `trial` among the trials of its pool (completed ones, else all
+    scored): the largest is the best; None where it is not scored (no finite final `metric`)."""
+    if not (metric and trial.metrics and finite(value := trial.metrics.get(metric))):
+        return None
+    return ((1.0 if mode == "max" else -1.0) * value, trial.steps, -trial.id)
 
 
 def best_note(trial: Trial) -> str:

@@ -23,8 +23,10 @@ first one timed apart (``snapshot_feed_first_s``: it lays out everything) and wh
 walked (``feed_walked``: trials, segments, points, nodes cut). ``view_feed_s`` is the view
 alone taken the same way (`--pumps-between` pumps before each: on code that keeps the trials'
 snapshots between views, it copies the trials that changed; ``view_s`` above is a view taken
-again with nothing changed), with the trials its last one snapshotted (``view_feed_snapshotted``;
-None on code that keeps nothing).
+again with nothing changed), with the trials its last one snapshotted (``view_feed_snapshotted``:
+calls of `dagtune.records.Trial.snapshot` in it, counted by wrapping that public method, so on
+any code) and the stages its schedule placed again or read on the critical path
+(``view_feed_stages_read``: `IncrementalPlanner.view_reads`; None on code without).
 
 Besides those, the script says what getting there cost, by phase, in CPU seconds: the
 submissions (``submit_s``) and the pumps (``pump_s``, with the pumps' count and the CPU of
@@ -50,7 +52,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dagtune as dt
 from dagtune.dashboard.snapshot import live_snapshot
+from dagtune.records import Trial
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
 from perf.collector import Collections
 
@@ -136,7 +140,7 @@ def measure(
         feed_first_s = time.process_time() - began
         feed_seconds: list[float] = []
         view_seconds: list[float] = []
-        snapshotted = None
+        snapshotted = stages_read = None
         for _ in range(repeat):  # the study goes on between the feed's snapshots
             for _ in range(pumps_between):
                 coordinator.pump()
@@ -145,12 +149,13 @@ def measure(
             feed_seconds.append(time.process_time() - began)
             for _ in range(pumps_between):  # and between the views timed alone
                 coordinator.pump()
-            before = kept_snapshotted(study)
-            began = time.process_time()
-            study.view(schedule=True)
-            view_seconds.append(time.process_time() - began)
-            after = kept_snapshotted(study)
-            snapshotted = None if after is None else after - (before or 0)
+            reads = getattr(coordinator.planner, "view_reads", None)
+            with counting(Trial, "snapshot") as calls:
+                began = time.process_time()
+                study.view(schedule=True)
+                view_seconds.append(time.process_time() - began)
+            snapshotted = calls[0]
+            stages_read = None if reads is None else coordinator.planner.view_reads - reads
         if profile_snapshot is not None:
             for _ in range(pumps_between):
                 coordinator.pump()
@@ -177,17 +182,28 @@ def measure(
             "feed_walked": walked,
             "view_feed_s": round(statistics.median(view_seconds), 3),
             "view_feed_snapshotted": snapshotted,
+            "view_feed_stages_read": stages_read,
             "objects_tracked": len(gc.get_objects()),
         }
     finally:
         study.close()
 
 
-def kept_snapshotted(study: Any) -> int | None:
-    """The trials the study's views snapshotted so far, where it keeps them between views
-    (`dagtune.study._kept_view.KeptView`; None on code without)."""
-    kept = getattr(study, "_kept_view", None)
-    return None if kept is None else kept.snapshotted
+@contextmanager
+def counting(owner: type, name: str) -> Iterator[list[int]]:
+    """Count the calls of `owner`'s method `name` while inside (the count in the list given)."""
+    method = getattr(owner, name)
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return method(*args, **kwargs)
+
+    setattr(owner, name, counted)
+    try:
+        yield calls
+    finally:
+        setattr(owner, name, method)
 
 
 def feed_snapshot(labels: dict) -> Callable[[Any], dict | None]:

@@ -15,6 +15,7 @@ from dagtune.dashboard import snapshot as snapshots
 from dagtune.dashboard.kept import KeptSnapshot
 from dagtune.dashboard.snapshot import live_snapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
+from dagtune.summary import best_of, failures, merge_rate_so_far, metric_of, status_counts
 
 
 def same_as_from_scratch(study: dt.Study, kept: KeptSnapshot) -> dict:
@@ -26,6 +27,16 @@ def same_as_from_scratch(study: dt.Study, kept: KeptSnapshot) -> dict:
         assert incremental[key] == scratch[key], key
     assert list(incremental["parents"]) == list(scratch["parents"])  # in the same order
     assert incremental.keys() == scratch.keys()
+    trials = study.view().trials  # the figures the page keeps are the summary's
+    best = best_of(trials, *metric_of(trials))
+    assert incremental["best"] == (None if best is None else scratch["best"])
+    assert best is None or incremental["best"]["trial"] == best.id
+    counters = incremental["counters"]
+    assert (counters["merge_rate_ended"], counters["ended"]) == merge_rate_so_far(trials)
+    assert {s: counters[s] for s in status_counts(trials)} == status_counts(trials)
+    failed = failures(trials)
+    assert incremental["failures"] == {"count": len(failed), "first": list(failed[0]) if failed else None}
+    assert incremental["hp"] == sorted({name for t in trials for name in t.config})
     return incremental
 
 
@@ -110,6 +121,39 @@ def test_a_kept_snapshot_walks_what_changed_not_the_study():
     small, large = walked_after_one_change(50), walked_after_one_change(500)
     assert small == large, (small, large)
     assert 0 < large["trials"] <= 10 and 0 < large["nodes"] <= 12 and "orders" not in large
+
+
+def figures_read_after_one_change(trials: int, monkeypatch) -> tuple[int, int]:
+    """The trials a feed's snapshot reads for its best trial, live merge rate, status counts and
+    failures after one pump of a mid-run grid of `trials` trials on one worker, and the walks
+    of every trial."""
+    study = mid_run_grid(trials)
+    kept = KeptSnapshot()
+    first = live_snapshot(study, kept=kept)
+    assert first["best"] is not None and first["counters"]["ended"] > 0
+    figures, best = study._kept_view._figures, study._kept_view._page
+    read, walks = best.read, figures.walks
+
+    def walks_every_trial(*args, **kwargs):
+        raise AssertionError("a live snapshot read every trial for its figures")
+
+    monkeypatch.setattr(snapshots, "best_of", walks_every_trial)
+    monkeypatch.setattr(snapshots, "merge_rate_so_far", walks_every_trial)
+    monkeypatch.setattr(snapshots, "status_counts", walks_every_trial)
+    monkeypatch.setattr(snapshots, "failures", walks_every_trial)
+    study.coordinator.pump()
+    live_snapshot(study, kept=kept)
+    monkeypatch.undo()
+    same_as_from_scratch(study, kept)
+    study.close()
+    return best.read - read, figures.walks - walks
+
+
+def test_a_kept_snapshot_reads_the_changed_trials_for_its_figures(monkeypatch):
+    small = figures_read_after_one_change(50, monkeypatch)
+    large = figures_read_after_one_change(500, monkeypatch)
+    assert small == large, (small, large)
+    assert 0 < large[0] <= 10 and large[1] == 0
 
 
 def test_a_kept_snapshot_starts_again_where_a_trial_was_rewritten():

@@ -24,7 +24,7 @@ from dagtune.config import normalize_config
 from dagtune.plan import SearchPlan, build_stage_tree
 from dagtune.planner import IncrementalPlanner
 from dagtune.records import CheckpointInfo
-from dagtune.scheduling import CostModel, HeldStages, critical_path_priorities, policy_named, view_of_stages
+from dagtune.scheduling import CostModel, critical_path_priorities, held_stages, policy_named, view_of_stages
 
 CKPT = CheckpointInfo(nbytes=1, sha256="0" * 64)
 
@@ -150,7 +150,7 @@ class Session:
         for node, seconds in planner.estimates._estimates.items():
             assert abs(seconds - self.cost.step_seconds(node, plan)) <= self.tolerance * seconds
         runs = {key: _Run(segments, progress) for key, (segments, progress) in self.running.tasks.items()}
-        held = HeldStages(
+        held = held_stages(
             reference.stages, lambda s: priority[s.index], lambda s: [reference.stages[c] for c in s.children]
         )
         drawn = view_of_stages(held, runs, self.cost, plan)

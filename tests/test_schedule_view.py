@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from live_study_helpers import SPACE, FailsLate
+from live_study_helpers import SPACE, FailsLate, mid_run_grid, run_algorithm
 
 import dagtune as dt
+import dagtune.planner
 import dagtune.scheduling as scheduling
 from dagtune.plan import SearchPlan
 from dagtune.records import ScheduleView
@@ -42,8 +43,18 @@ def rebuilt(study: dt.Study) -> ScheduleView:
     return schedule_view(coordinator.plan, coordinator.running, costs)  # type: ignore[arg-type]
 
 
+@pytest.fixture(params=["kept", "patched"])
+def patched(request, monkeypatch) -> str:
+    """``patched``: the planner's kept order places every change again, however many (by
+    default it sorts all the stages again when more than an eighth of them changed, which a
+    small study's rounds often do)."""
+    if request.param == "patched":
+        monkeypatch.setattr(dagtune.planner._KeptOrder, "_RESORT", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("workers", [1, 3])
-def test_the_schedule_off_the_live_tree_is_the_rebuilt_ones_at_every_moment(workers):
+def test_the_schedule_off_the_live_tree_is_the_rebuilt_ones_at_every_moment(workers, patched):
     study = dt.Study(FailsLate, executor=SimulatedExecutor(workers), max_retries=0)
     handles = [study.submit(config, 8) for config in SPACE]
     study.submit({"lr": 0.1, "batch_size": 32}, 3)  # a prefix of another trial
@@ -68,6 +79,70 @@ def test_the_schedule_off_the_live_tree_is_the_rebuilt_ones_at_every_moment(work
     assert {"failed", "stopped", "completed"} <= statuses
     assert study.view(schedule=True).schedule == ScheduleView() == rebuilt(study)
     study.close()
+
+
+class Checked:
+    """A listener that compares the study's schedule with the rebuilt one at every result and
+    end (inside the coordinator's delivery)."""
+
+    def __init__(self, study: dt.Study):
+        self.study, self.checked = study, 0
+
+    def check(self, *_: object) -> None:
+        assert self.study.view(schedule=True).schedule == rebuilt(self.study)
+        self.checked += 1
+
+    on_result = on_complete = on_end = check
+
+
+@pytest.mark.parametrize("algorithm", ["asha", "median"])
+def test_the_schedule_off_the_live_tree_is_the_rebuilt_ones_through_an_algorithm(algorithm, patched):
+    """ASHA extends trials (promotions), median stopping stops them."""
+    study = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(3))
+    checked = Checked(study)
+    study.coordinator.listeners.append(checked)
+    run_algorithm(study, algorithm)
+    assert checked.checked > 20
+    assert study.view(schedule=True).schedule == rebuilt(study)
+    study.close()
+
+
+def read_by_a_view_after_pumps(trials: int) -> tuple[int, int]:
+    """The stages a schedule view places again or reads after ten pumps of a mid-run grid of
+    `trials` trials on one worker (stages start, end and move), and after nothing changed (its
+    critical path only)."""
+    study = mid_run_grid(trials)
+    coordinator, planner = study.coordinator, study.coordinator.planner
+    sorts = [0]
+
+    def counting(*args, **kwargs):
+        sorts[0] += 1
+        return sorted(*args, **kwargs)
+
+    first = study.view(schedule=True).schedule
+    assert first.queued_stages > trials // 2  # most trials wait: their stages are queued
+    before = planner.view_reads
+    study.view(schedule=True)
+    unchanged = planner.view_reads - before
+    for _ in range(10):
+        coordinator.pump()
+    before = planner.view_reads
+    dagtune.planner.sorted = counting  # type: ignore[attr-defined]  # the module's, for this view
+    try:
+        schedule = study.view(schedule=True).schedule
+    finally:
+        del dagtune.planner.sorted  # type: ignore[attr-defined]
+    assert schedule == rebuilt(study)
+    assert sorts == [0]  # no stage sorted
+    read = planner.view_reads - before
+    study.close()
+    return read, unchanged
+
+
+def test_a_schedule_view_reads_what_changed_not_the_stages():
+    small, large = read_by_a_view_after_pumps(50), read_by_a_view_after_pumps(500)
+    assert small == large, (small, large)
+    assert large[1] < large[0] <= 40
 
 
 def test_a_policy_with_its_own_pick_keeps_the_rebuilt_schedule():

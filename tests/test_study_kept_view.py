@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import fields
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 from live_study_helpers import SPACE, FailsLate, mid_run_grid, run_algorithm
@@ -18,7 +18,8 @@ from dagtune.checkpoints import CheckpointStore
 from dagtune.coordinator import KeptFigures, report_figures
 from dagtune.records import Trial, TrialSnapshot
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
-from dagtune.summary import trained_from_plan
+from dagtune.study._page_figures import PageFigures
+from dagtune.summary import best_of, failures, merge_rate_so_far, metric_of, status_counts, trained_from_plan
 
 
 def shown(snapshot: TrialSnapshot) -> tuple:
@@ -41,7 +42,24 @@ def same_as_from_scratch(study: dt.Study) -> dt.records.StudyView:
     assert isinstance(view.configs, MappingProxyType) and isinstance(view.trained, MappingProxyType)
     assert dict(view.report) == coordinator.report()
     assert study.view().configs is None and len(study.view().trials) == len(trials)
+    figures = view.figures
+    metric, mode = (view.metric, view.mode) if view.metric is not None else metric_of(trials)
+    assert (figures.metric, figures.mode) == (metric, mode)
+    best = best_of(trials, metric, mode)
+    assert (figures.best and shown(figures.best)) == (best and shown(best))
+    assert (figures.merge_rate_ended, figures.ended) == merge_rate_so_far(trials)
+    assert same_page_figures(figures, trials)
     return view
+
+
+def same_page_figures(figures, trials) -> bool:
+    """Whether the kept status counts, failures and hyper-parameters' names are the summary's."""
+    failed = failures(trials)
+    first = figures.first_failed
+    assert figures.statuses == status_counts(trials)
+    assert (figures.failed, first and first.id) == (len(failed), failed[0][0] if failed else None)
+    assert figures.hyper_parameters == tuple(sorted({n for t in trials for n in t.config}))
+    return True
 
 
 @pytest.mark.parametrize(("workers", "reuse"), [(1, True), (3, True), (2, False)])
@@ -191,5 +209,64 @@ def test_kept_figures_are_the_report_figures_through_random_changes():
         figures.change(old, kept[trial_id])
         if change % 3 == 0:  # figures asked now and then: what was kept is patched in between
             assert figures.figures(**work) == report_figures(list(kept.values()), **work), change
+            assert figures.merge_rate_ended() == merge_rate_so_far(kept.values()), change
             ended += all(t.done for t in kept.values())
     assert {t.status for t in trials.values()} == {"pending", "completed", "stopped"} and ended > 5
+
+
+def test_the_page_figures_are_the_summarys_through_random_changes():
+    """Trials given final metrics (ties, NaN, infinities, a missing metric), steps, curves and
+    every status at random, and the metric and mode asked changed now and then: after each
+    change the kept best is `best_of` (its tie rule: completed first, then the longest, then
+    the first), the kept guess `metric_of`, and the statuses, failures and names the
+    summary's."""
+    rng = random.Random(11)
+    trials: dict[int, Trial] = {}
+    kept: dict[int, TrialSnapshot] = {}
+    best = PageFigures(kept)
+    asked = ("val_loss", "min")
+    values = [0.5, 0.5, 1.0, 2.0, float("nan"), float("inf"), -float("inf")]
+    statuses = ["pending", "completed", "stopped", "failed", "diverged"]
+    found = set()
+    for change in range(800):
+        trial_id = rng.randrange(len(trials) + (len(trials) < 8))
+        if trial_id == len(trials):
+            trials[trial_id] = Trial(trial_id, {"lr": dt.Constant(0.1)}, 8)
+        trial = trials[trial_id]
+        what = rng.randrange(5)
+        if what == 0:
+            name = rng.choice(["val_loss", "val_loss", "acc"])
+            trial.metrics = {name: rng.choice(values)} if rng.random() < 0.9 else None
+        elif what == 1:
+            trial.status = rng.choice(statuses)
+        elif what == 2:
+            trial.steps = rng.choice([4, 8, 8])
+        elif what == 3:  # points replaced
+            names = rng.choice([("loss",), ("val_acc",), ("val_loss", "acc")])
+            trial.curve = [(step, dict.fromkeys(names, 1.0)) for step in range(rng.randrange(3))]
+        else:  # points grown
+            names = rng.choice([("loss",), ("val_acc",), ("val_loss", "acc")])
+            trial.points.append(dt.records.MetricsPoint.of(len(trial.points), dict.fromkeys(names, 1.0)))
+            trial.config = rng.choice(
+                [{"lr": dt.Constant(0.1)}, {"lr": dt.Constant(0.1), "bs": dt.Constant(2)}]
+            )
+        old = kept.get(trial_id)
+        kept[trial_id] = trial.snapshot()
+        best.change(old, kept[trial_id])
+        if change % 50 == 0:
+            asked = rng.choice([("val_loss", "min"), ("val_loss", "max"), ("acc", "max"), (None, "max")])
+        if change % 2 == 0:
+            expected = best_of(kept.values(), *asked)
+            got = best.best(*asked)
+            assert (got and got.id) == (expected and expected.id), change
+            found.add(None if got is None else got.status)
+            assert best.metric() == metric_of(kept.values()), change
+            failed, first = best.failed()
+            shown_now = SimpleNamespace(
+                statuses=best.statuses(),
+                failed=failed,
+                first_failed=first,
+                hyper_parameters=best.hyper_parameters(),
+            )
+            assert same_page_figures(shown_now, list(kept.values())), change
+    assert {None, "completed", "failed"} <= found

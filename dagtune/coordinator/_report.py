@@ -157,6 +157,60 @@ def fused_figures(group_sizes: Mapping[int, int]) -> dict:
     return {"fused_tasks": tasks, "group_sizes": sizes, "mean_group_size": trials / tasks if tasks else 0.0}
 
 
+class _Reached:
+    """The trial and unique steps of some trials, kept as they are counted in and out: the
+    trial steps' sum; per node of the trials' paths, how many trials reach each furthest step
+    on it (the unique steps are the sum over the nodes of the largest less the node's start:
+    `reached_along_paths`); how many trials, and how many reached steps off a shared path."""
+
+    def __init__(self) -> None:
+        self.trials = 0
+        self.trial_steps = 0
+        self.unique_steps = 0
+        self.off_paths = 0  # trials that reached steps without a shared path
+        self._furthest: dict[str, dict[int, int]] = {}  # node -> furthest step -> trials
+
+    def count(self, trial: Trial, sign: int) -> None:
+        """Count `trial` in (`sign` 1) or out (-1)."""
+        reached = trial.reached
+        self.trials += sign
+        self.trial_steps += sign * reached
+        if reached <= 0:
+            return
+        if not trial.segments or trial.salt:
+            self.off_paths += sign
+            return
+        for node, start, end in trial.segments:
+            if reached <= start:
+                break
+            self._at(node, start, min(end, reached), sign)
+
+    def _at(self, node: str, start: int, step: int, sign: int) -> None:
+        counts = self._furthest.setdefault(node, {})
+        before = max(counts, default=start)
+        counts[step] = counts.get(step, 0) + sign
+        if not counts[step]:
+            del counts[step]
+        self.unique_steps += max(counts, default=start) - before
+        if not counts:
+            del self._furthest[node]
+
+    def figures(self) -> dict:
+        """`trial_figures` of the trials counted in (all on shared paths: ``off_paths`` 0)."""
+        return {
+            "trials": self.trials,
+            "trial_steps": self.trial_steps,
+            "unique_steps": self.unique_steps,
+            "merge_rate": self.trial_steps / self.unique_steps if self.unique_steps else 1.0,
+        }
+
+
+def _ended(trial: Trial) -> bool:
+    """Whether `trial` counts in the live merge rate (`dagtune.summary.merge_rate_so_far`):
+    it ended, with steps reached."""
+    return trial.done and trial.reached > 0
+
+
 class KeptFigures:
     """`report_figures` of the trials in `trials` (a mapping kept by the caller) kept as they
     change: each change of a trial is told as its copy before and after (`change`: frozen
@@ -164,23 +218,29 @@ class KeptFigures:
     trials. The same figures as `report_figures` of ``trials.values()``, exactly (integer
     sums, the same minimum and maximum); where a trial that reached steps has no shared path
     (a trial-based study's private paths), the trials' figures are counted again
-    (`trial_figures`), as that defines them.
+    (`trial_figures`), as that defines them. `merge_rate_ended` is the live merge rate the
+    page shows (`dagtune.summary.merge_rate_so_far`), kept the same way.
 
-    Kept: the trial steps' sum; per node of the trials' paths, how many trials reach each
-    furthest step on it (the unique steps are the sum over the nodes of the largest less the
-    node's start: `reached_along_paths`); the trials pending; the first submission and the
-    last end, walked again only after the trial that held one of them changed it."""
+    Kept: the trial and unique steps of all the trials and of those that ended
+    (`_Reached`); the trials pending; the first submission and the last end, walked again
+    only after the trial that held one of them changed it."""
 
     def __init__(self, trials: Mapping[int, Trial]) -> None:
         self.trials = trials
-        self.trial_steps = 0
-        self.unique_steps = 0
-        self._furthest: dict[str, dict[int, int]] = {}  # node -> furthest step -> trials
-        self._off_paths = 0  # trials that reached steps without a shared path
+        self._all = _Reached()
+        self._ended = _Reached()  # the trials that ended with steps reached
         self._pending = 0
         self._first: float | None = None  # None: to be walked again
         self._last: float | None = None
         self.walks = 0  # walks of every trial (for the tests that count them)
+
+    @property
+    def trial_steps(self) -> int:
+        return self._all.trial_steps
+
+    @property
+    def unique_steps(self) -> int:
+        return self._all.unique_steps
 
     def change(self, old: Trial | None, new: Trial) -> None:
         """A trial changed from `old` (None: it is new) to `new`."""
@@ -200,28 +260,21 @@ class KeptFigures:
                 self._last = max(last, new.finished_at)
 
     def _count(self, trial: Trial, sign: int) -> None:
-        reached = trial.reached
-        self.trial_steps += sign * reached
+        self._all.count(trial, sign)
         self._pending += sign * (not trial.done)
-        if reached <= 0:
-            return
-        if not trial.segments or trial.salt:
-            self._off_paths += sign
-            return
-        for node, start, end in trial.segments:
-            if reached <= start:
-                break
-            self._at(node, start, min(end, reached), sign)
+        if _ended(trial):
+            self._ended.count(trial, sign)
 
-    def _at(self, node: str, start: int, step: int, sign: int) -> None:
-        counts = self._furthest.setdefault(node, {})
-        before = max(counts, default=start)
-        counts[step] = counts.get(step, 0) + sign
-        if not counts[step]:
-            del counts[step]
-        self.unique_steps += max(counts, default=start) - before
-        if not counts:
-            del self._furthest[node]
+    def merge_rate_ended(self) -> tuple[float | None, int]:
+        """`dagtune.summary.merge_rate_so_far` of the trials: the merge rate of those that
+        ended with steps reached (None while none has), and how many."""
+        ended = self._ended
+        if not ended.trials:
+            return None, 0
+        if ended.off_paths:
+            self.walks += 1
+            return trial_figures([t for t in self.trials.values() if _ended(t)])["merge_rate"], ended.trials
+        return ended.figures()["merge_rate"], ended.trials
 
     def figures(
         self,
@@ -232,16 +285,11 @@ class KeptFigures:
     ) -> dict:
         """`report_figures` of the trials, with this work."""
         trials = self.trials.values()
-        if self._off_paths:
+        if self._all.off_paths:
             self.walks += 1
             figures = trial_figures(list(trials))
         else:
-            figures = {
-                "trials": len(trials),
-                "trial_steps": self.trial_steps,
-                "unique_steps": self.unique_steps,
-                "merge_rate": self.trial_steps / self.unique_steps if self.unique_steps else 1.0,
-            }
+            figures = {**self._all.figures(), "trials": len(trials)}
         if not trials:
             return _figures(figures, now, now, executed_steps, gpu_seconds, group_sizes)
         if self._first is None:

@@ -26,11 +26,12 @@ from dagtune.config import Config
 from dagtune.dashboard.kept import KeptSnapshot, spans_by_node
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout, overlaps
 from dagtune.importance import importance_columns, method_of_columns, score_columns
-from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial
+from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial, ViewFigures
 from dagtune.summary import (
     best_note,
     best_of,
     config_text,
+    error_line,
     failures,
     finite,
     merge_rate_so_far,
@@ -81,6 +82,7 @@ def compose(
     gpus: float | None = None,
     labels: MutableMapping[tuple[str, str | None], str] | None = None,
     kept: KeptSnapshot | None = None,
+    figures: ViewFigures | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
@@ -105,7 +107,10 @@ def compose(
     running study's snapshot labels only the nodes new since the last one. `kept` (a running
     study's feed's `KeptSnapshot`, its labels used instead of `labels`) keeps the tree's layout
     and the curves too, so the snapshot redoes only what changed since the feed's last one:
-    the same snapshot as one made from scratch.
+    the same snapshot as one made from scratch. `figures` (a live study's, kept as its trials
+    change: `dagtune.records.ViewFigures`) give the best trial, where they are by the metric
+    and mode shown, the live merge rate, the failures and the hyper-parameters' names, so that
+    these read no trial.
     """
     parts = {
         "study": study,
@@ -115,6 +120,7 @@ def compose(
         "link": link,
         "importance": importance,
         "gpus": gpus,
+        "figures": figures,
     }
     if kept is not None:
         return _kept_compose(trials, metric, mode, configs, trained, running, queued, critical, kept, **parts)
@@ -228,12 +234,25 @@ def _assembled(
     link: Any,
     importance: bool,
     gpus: float | None,
+    figures: ViewFigures | None,
 ) -> dict:
-    """The snapshot, from its tree and curves and the figures read off every trial."""
-    best = best_of(trials, metric, mode)
+    """The snapshot, from its tree and curves and the figures of the trials (`figures` where
+    given, else read off every trial)."""
+    if figures is not None and (figures.metric, figures.mode) == (metric, mode):
+        best = figures.best
+    else:
+        best = best_of(trials, metric, mode)
+    if figures is not None:
+        so_far, ended = figures.merge_rate_ended, figures.ended
+        first = figures.first_failed
+        failed = figures.failed, None if first is None else [first.id, error_line(first.error)]
+        hp = list(figures.hyper_parameters)
+    else:
+        so_far, ended = merge_rate_so_far(trials)
+        listed = failures(trials)
+        failed = len(listed), list(listed[0]) if listed else None
+        hp = sorted({name for t in trials for name in t.config})
     finished = importance and not any(t.status == PENDING for t in trials)
-    so_far, ended = merge_rate_so_far(trials)
-    failed = failures(trials)
     return {
         "format": FORMAT,
         "study": study,
@@ -243,10 +262,10 @@ def _assembled(
         "time": time.time(),
         "metric": metric,
         "mode": mode,
-        "hp": sorted({name for t in trials for name in t.config}),
+        "hp": hp,
         "counters": {**counters, "merge_rate_ended": so_far, "ended": ended},
         "gpus": gpus or 0,
-        "failures": {"count": len(failed), "first": list(failed[0]) if failed else None},
+        "failures": {"count": failed[0], "first": failed[1]},
         "best": None
         if best is None
         else {
@@ -441,8 +460,9 @@ def _live_snapshot(
     view: StudyView = study.view(schedule=True)
     schedule = view.schedule or ScheduleView()
     trials = list(view.trials)
+    statuses = status_counts(trials) if view.figures is None else dict(view.figures.statuses)
     counters = {
-        **status_counts(trials),
+        **statuses,
         **view.report,
         "gpu_seconds_saved": saved_seconds(view.report),
         "running_tasks": schedule.running_tasks,
@@ -466,7 +486,8 @@ def _live_snapshot(
         gpus=view.gpus,
         labels=labels,
         kept=kept,
+        figures=view.figures,
     )
-    if not any(t.status == PENDING for t in trials):
+    if not statuses[PENDING]:
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])
     return snapshot

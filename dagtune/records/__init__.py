@@ -79,7 +79,7 @@ from dagtune.records._trial_records import (
     parse_trial_record,
     read_study_records,
 )
-from dagtune.records._views import Activity, ScheduleView, Span, StudyView
+from dagtune.records._views import Activity, ScheduleView, Span, StudyView, ViewFigures
 
 __all__ = [
     "CAUSES",
@@ -112,6 +112,7 @@ __all__ = [
     "TrialRecord",
     "TrialSnapshot",
     "TrialState",
+    "ViewFigures",
     "Worked",
     "check_steps",
     "is_study_name",

@@ -18,7 +18,7 @@ from typing import Any
 from dagtune.config import Config
 from dagtune.records._trial import TrialSnapshot
 
-__all__ = ["Activity", "ScheduleView", "Span", "StudyView"]
+__all__ = ["Activity", "ScheduleView", "Span", "StudyView", "ViewFigures"]
 
 #: a piece of a plan node's path: ``(node, first step, end step)``, steps ``[start, end)``
 Span = tuple[str, int, int]
@@ -40,6 +40,28 @@ class ScheduleView:
 
 
 @dataclass(frozen=True)
+class ViewFigures:
+    """Figures of a view's trials that a view from scratch reads every trial for, kept by the
+    study as its trials change: the `best` trial (`dagtune.summary.best_of`) by `metric` and
+    `mode` (the study's, or where it names none the metric `dagtune.summary.metric_of` guesses
+    from every metric the trials reported, and its mode); the live merge rate over the trials
+    that ended and how many did (`merge_rate_ended`, `ended`: `dagtune.summary.merge_rate_so_far`);
+    the trials by status (`statuses`: `dagtune.summary.status_counts`); how many `failed` and
+    the first of them by id (`first_failed`, None if none: `dagtune.summary.failures`); and the
+    names of the trials' hyper-parameters, sorted."""
+
+    metric: str | None
+    mode: str
+    best: TrialSnapshot | None
+    merge_rate_ended: float | None
+    ended: int
+    statuses: Mapping[str, int]
+    failed: int
+    first_failed: TrialSnapshot | None
+    hyper_parameters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class StudyView:
     """A study as it was at one moment (`Study.view()`).
 
@@ -51,7 +73,8 @@ class StudyView:
     half of a surrogate study, `gpus` the GPUs each of its stages asks for, `demand` its
     stages ready to run with no free worker slot. With a `schedule` (asked with
     ``view(schedule=True)``) it also holds the plan nodes' configs and the last step trained
-    on each node its trials pass (`configs`, `trained`); without, those are empty.
+    on each node its trials pass (`configs`, `trained`) and the figures the page shows of
+    its trials (`figures`: `ViewFigures`); without, those are empty.
     """
 
     name: str
@@ -68,6 +91,7 @@ class StudyView:
     schedule: ScheduleView | None = None
     configs: Mapping[str, Config] | None = None
     trained: Mapping[str, int] | None = None
+    figures: ViewFigures | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any
 
 from dagtune.config import Config
 from dagtune.coordinator import KeptFigures
-from dagtune.records import TrialSnapshot
+from dagtune.records import TrialSnapshot, ViewFigures
+from dagtune.study._page_figures import PageFigures
 from dagtune.summary import trained_to
 
 __all__ = ["KeptView"]
@@ -23,8 +24,8 @@ class KeptView:
     changed: the trials the ledger says changed (`TrialLedger.changes`: every change of a
     trial's fields adds its id there) and the nodes the plan says changed (its `observers`:
     metrics and checkpoints recorded or dropped), and the coordinator's report of the trials
-    from figures kept as each snapshot changes (`dagtune.coordinator.KeptFigures`). The first
-    call snapshots every trial.
+    and the page's figures of them from figures kept as each snapshot changes
+    (`dagtune.coordinator.KeptFigures`, `PageFigures`). The first call snapshots every trial.
 
     `snapshotted` and `retrained` count the trials snapshotted and the nodes whose trained step
     was read again (what a view costs, for the tests that count it). Used under the study's
@@ -38,6 +39,7 @@ class KeptView:
         coordinator.ledger.changes.append(self._changed)
         self._snapshots: dict[int, TrialSnapshot] = {}
         self._figures = KeptFigures(self._snapshots)
+        self._page = PageFigures(self._snapshots)
         self._tuple: tuple[TrialSnapshot, ...] = ()
         self._uses: Counter[str] = Counter()  # node -> trials whose segments pass it
         self._configs: dict[str, Config] = {}
@@ -74,7 +76,7 @@ class KeptView:
             for snapshot in kept.values():
                 self._forget(snapshot)
             kept.clear()
-            self._figures = KeptFigures(kept)
+            self._figures, self._page = KeptFigures(kept), PageFigures(kept)
             ids, tail = set(trials), list(trials)
         for trial_id in tail:
             kept[trial_id] = None  # type: ignore[assignment]  # its place in the order
@@ -85,6 +87,7 @@ class KeptView:
             new = kept[trial_id] = trials[trial_id].snapshot()
             self._use(new)
             self._figures.change(old, new)
+            self._page.change(old, new)
         self.snapshotted += len(ids)
         self._tuple = tuple(kept.values())
         return self._tuple
@@ -93,6 +96,28 @@ class KeptView:
         """The coordinator's report (`Coordinator.report`) of the trials (as of the last
         `trials`), from figures kept as they change (`KeptFigures`)."""
         return MappingProxyType(self._figures.figures(**self.coordinator.dispatcher.work({})))
+
+    def figures(self, metric: str | None, mode: str) -> ViewFigures:
+        """The page's figures of the trials (as of the last `trials`): the best by `metric` and
+        `mode` (where `metric` is None, by the metric guessed from the trials'), the live merge
+        rate and the trials it is over, the trials by status, the failed ones and the
+        hyper-parameters' names, from what is kept as they change."""
+        page = self._page
+        if metric is None:
+            metric, mode = page.metric()
+        rate, ended = self._figures.merge_rate_ended()
+        failed, first = page.failed()
+        return ViewFigures(
+            metric=metric,
+            mode=mode,
+            best=page.best(metric, mode),
+            merge_rate_ended=rate,
+            ended=ended,
+            statuses=MappingProxyType(page.statuses()),
+            failed=failed,
+            first_failed=first,
+            hyper_parameters=page.hyper_parameters(),
+        )
 
     def _forget(self, snapshot: TrialSnapshot) -> None:
         uses = self._uses

@@ -639,7 +639,9 @@ class Study:
         """The study as it is now, frozen (`dagtune.records.StudyView`): its trials, report,
         the metric and mode of the algorithm it runs, whether it is closed; with `schedule`,
         also what runs and waits and the critical path (`dagtune.records.ScheduleView`,
-        from the scheduler) and the configs and steps trained of the nodes its trials pass.
+        from the scheduler), the configs and steps trained of the nodes its trials pass and the
+        page's figures of its trials (`dagtune.records.ViewFigures`: the best, the live merge
+        rate).
         Taken under the study's lock; every view reads a study through it. What it copies is
         kept until it changes (`KeptView`): a view taken again snapshots only the trials that
         changed since the previous one, and reports them from figures kept as they change."""
@@ -672,6 +674,7 @@ class Study:
                 else None,
                 configs=configs,
                 trained=trained,
+                figures=kept.figures(metric, mode) if schedule else None,
             )
 
     def activity(self) -> Activity:
