@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from dagtune.changed_trials import ChangedTrials
 from dagtune.checkpoint_leases import Leases, Point
 from dagtune.checkpoints import CheckpointStore
 from dagtune.collector_pause import collector_paused
@@ -227,7 +226,11 @@ class Persistence:
         #: before these times (`clock`, `time.monotonic`) a tick has nothing to do but check the
         #: study's lease: no refresh, results or checkpoint lease is due (`tick`)
         self._quiet_until = self._lease_quiet_until = -float("inf")
-        self._changed = ChangedTrials()  # the trials to write at the next results write
+        #: the ids of the trials changed since the last results write, the ones it compares:
+        #: a set of the coordinator's `TrialLedger.changes` once attached (its every change of
+        #: a trial, restored ones included, adds the id), until the study closes
+        self._changed: set[int] = set()
+        self._ledger_changes: list[set[int]] | None = None  # the ledger's `changes`, once attached
 
     def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
         """Fold the study's journals (its records, its model's search plan): from its resume
@@ -277,7 +280,8 @@ class Persistence:
         are not located again; the state is written here when it is due."""
         coordinator.store = self.store
         coordinator.recorders.append(self._record)
-        coordinator.listeners.append(self._changed)
+        self._ledger_changes = coordinator.ledger.changes
+        self._ledger_changes.append(self._changed)  # before `restore`: it marks the trials it restores
         self._trials = coordinator.trials
         self._held = {
             state.id: state.metrics
@@ -292,7 +296,6 @@ class Persistence:
             restored = coordinator.restore(self.earlier.trials.values(), retry, self.restored.placed)
             if self._fold is not None:
                 self._write_state(restored)
-        self._changed.ids.update(trial.id for trial in restored)
         return restored
 
     def _write_state(self, restored: list[Trial]) -> None:
@@ -311,7 +314,6 @@ class Persistence:
         put_whole(self.store.fs, state_path(self.store.root, self.name), data)
 
     def _record(self, record: dict) -> None:
-        self._changed.record(record)
         kind = record["r"]
         if kind == "submit":
             self._submitters[record["trial"]] = self.records.writer
@@ -361,13 +363,19 @@ class Persistence:
 
     def _write_results(self, coordinator: Coordinator, everything: bool) -> None:
         """Write the results of the trials that changed since the last write (`everything`:
-        compare every trial, as the study's last writes do, whatever was marked)."""
-        changed = self._changed.take()
-        try:
-            self.results.write(coordinator.trials, None if everything else changed)
-        except BaseException:
-            self._changed.ids |= changed  # written next time
-            raise
+        compare every trial, as the study's last writes do, whatever was marked; so is a
+        coordinator whose ledger does not mark them for this session: not attached). The
+        marks are cleared once the write succeeded: a failed one leaves them for the next."""
+        marked = coordinator.ledger.changes is self._ledger_changes
+        self.results.write(coordinator.trials, None if everything or not marked else self._changed)
+        self._changed.clear()
+
+    def _detach(self) -> None:
+        """Stop marking changed trials (the study closes): its set leaves the ledger's
+        `changes` (found by identity: another reader's set may hold the same ids)."""
+        if self._ledger_changes is not None:
+            self._ledger_changes[:] = [ids for ids in self._ledger_changes if ids is not self._changed]
+            self._ledger_changes = None
 
     def flush(self) -> None:
         """Commit both journals' buffered lines now: the plan's first (a trial's end record
@@ -551,6 +559,7 @@ class Persistence:
             self.tick(coordinator, force=True)
             self.results.compact()  # the change log applied: a plain table to read
         finally:
+            self._detach()
             try:
                 self._record_work(coordinator)  # done already unless the tick failed before it
                 self.flush()

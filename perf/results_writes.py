@@ -20,7 +20,7 @@ import zarr
 import zarr.storage
 
 import dagtune as dt
-from dagtune.records import Trial
+from dagtune.records import MetricsPoint, Trial
 from dagtune.results import ResultsWriter
 
 keys = []
@@ -48,7 +48,7 @@ def trials_of(n):
 def advance(trials, ids, step):
     for i in ids:
         t = trials[i]
-        t.curve.append((step, {"loss": 0.5 / (i + step)}))
+        t.points.append(MetricsPoint.of(step, {"loss": 0.5 / (i + step)}))  # `curve`: a copy
         t.reported = step
 
 

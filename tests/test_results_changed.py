@@ -1,7 +1,7 @@
-"""A results write visits the trials that changed, not the table (issue 24): the study marks
-the trials that change as events arrive and the writer compares only those; a resumed
-study's first write stores only what differs from what storage holds; groups of format 4
-still read."""
+"""A results write visits the trials that changed, not the table (issue 24): the study's
+ledger marks the trials that change as events arrive (`TrialLedger.changes`) and the writer
+compares only those; a resumed study's first write stores only what differs from what storage
+holds, and its group ends as one written from scratch; groups of format 4 still read."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import zarr.storage
 from results_helpers import count_stored_keys, curve_of, expected_table, read_curve
 
 import dagtune as dt
-from dagtune.algos import ASHA
+from dagtune.algos import ASHA, GridSearch
 from dagtune.checkpoints import CheckpointStore
+from dagtune.config import config_to_json, normalize_config
+from dagtune.durable import records_header
+from dagtune.plan import Journal
 from dagtune.records import MetricsPoint, Trial
 from dagtune.results import FORMAT, ResultsWriter, open_results
 from dagtune.sim import SimulatedExecutor, SyntheticTrainer
@@ -68,10 +71,11 @@ def test_a_write_visits_the_trials_that_changed_whatever_the_trial_count(tmp_pat
     assert visited == {1_000: 12, 10_000: 12}
 
 
-def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, monkeypatch):
-    """An ASHA search (promotions, stops, ends) on the durable path writes its results at
-    every tick from the trials it marked as changed: after each such write, comparing every
-    trial finds nothing left to write, and most writes visit a few of the trials."""
+@pytest.fixture
+def checked_writes(monkeypatch) -> list[tuple[int, int]]:
+    """Every results write told which trials changed is followed by one comparing every
+    trial, which must find nothing left to write (a change the study did not mark); the
+    list grows by (trials visited, trials) per such write."""
     checked: list[tuple[int, int]] = []
     original = ResultsWriter.write
 
@@ -83,6 +87,14 @@ def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, monkeypat
         return wrote
 
     monkeypatch.setattr(ResultsWriter, "write", write)
+    return checked
+
+
+def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, checked_writes):
+    """An ASHA search (promotions, stops, ends) on the durable path writes its results at
+    every tick from the trials it marked as changed: after each such write, comparing every
+    trial finds nothing left to write, and most writes visit a few of the trials."""
+    checked = checked_writes
     space = dt.Random({"lr": dt.loguniform(0.01, 0.3), "momentum": dt.uniform(0.0, 0.6)}, n=30, seed=1)
     store = CheckpointStore(str(tmp_path))
     with dt.Study(
@@ -93,6 +105,81 @@ def test_a_study_marks_every_change_of_what_its_results_show(tmp_path, monkeypat
         trials = dict(study.coordinator.trials)
     assert len(checked) > 10 and sum(v < n / 2 for v, n in checked) > len(checked) / 2
     pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
+
+
+def _study(path, workers: int = 8, **options) -> dt.Study:
+    return dt.Study(
+        SyntheticTrainer,
+        name="s",
+        storage=str(path),
+        executor=SimulatedExecutor(workers, store=CheckpointStore(str(path))),
+        **options,
+    )
+
+
+def test_a_write_after_one_trial_changed_compares_and_stores_only_it_at_50_and_500_trials(
+    tmp_path, stored_keys
+):
+    """On the durable path, once every trial is written, a trial extended is the one trial
+    the next write compares and stores (one row in the change log): the same store writes
+    at 50 trials as at 500."""
+    written = {}
+    for n in (50, 500):
+        space = dt.Grid({"lr": [0.001 * (i + 1) for i in range(n)]})
+        with _study(tmp_path / f"{n}", workers=64) as study:
+            study.run(GridSearch(space, metric="val_loss", mode="min", steps=2), progress=False)
+            persistence, coordinator = study._persistence, study.coordinator
+            with study._lock:  # the study's loop waits: nothing else changes meanwhile
+                persistence.results_seconds = 0.0
+                persistence.tick(coordinator, force=True)  # every trial compared and written
+                before, stored_keys[:] = persistence.results.logged, []
+                coordinator.ledger.extend(n // 2, 3)
+                persistence.tick(coordinator)
+                assert persistence.results.visited == 1
+                assert persistence.results.logged - before == 1  # its row; no point is new
+                written[n] = sorted(key.rsplit("/c/", 1)[0] for key in stored_keys)  # array, not chunk
+                persistence.results_seconds = 3600.0  # the extended trial trains on, unwritten
+            assert any(ids is persistence._changed for ids in coordinator.ledger.changes)
+        assert all(ids is not persistence._changed for ids in coordinator.ledger.changes)  # closed
+    assert written == {50: ["log", "zarr.json"], 500: ["log", "zarr.json"]}  # one entry, committed
+
+
+def test_a_resumed_study_ends_with_the_results_of_one_written_from_scratch(tmp_path, checked_writes):
+    """A study opened again restores its trials (one pending, one failed outside the trainer:
+    retried), its algorithm adopts them (their results replayed) and trains on; every write
+    told which trials changed leaves nothing for a write comparing every trial, and its
+    results group reads as one written from scratch for the same trials."""
+    space = dt.Random({"lr": dt.loguniform(0.01, 0.3)}, n=12, seed=3)
+    with _study(tmp_path) as first:
+        first._persistence.results_seconds = 0.0
+        first.run(ASHA(space, "val_loss", "min", max_steps=3, eta=3), progress=False)
+        added = len(first.coordinator.trials)
+    journal = Journal(
+        CheckpointStore(str(tmp_path)).fs, f"{tmp_path}/studies/s/journal", header=records_header("s")
+    )
+    for i, lr in ((added, 0.05), (added + 1, 0.07)):
+        config = config_to_json(normalize_config({"lr": lr}))
+        journal.append({"r": "submit", "trial": i, "config": config, "steps": 4})
+    failed = {"status": "failed", "steps": 0, "metrics": None, "error": "lost", "cause": "workers"}
+    journal.append({"r": "end", "trial": added + 1, **failed}, sync=True)
+    with _study(tmp_path) as second:
+        second._persistence.results_seconds = 0.0
+        assert {second.trials[i].status for i in (added, added + 1)} == {"pending"}
+        second.run(ASHA(space, "val_loss", "min", max_steps=9, eta=3), progress=False)
+        for i in (added, added + 1):
+            second.trials[i].result()
+        trials = dict(second.coordinator.trials)
+    assert {trials[i].status for i in (added, added + 1)} == {"completed"}
+    assert any(visited < n for visited, n in checked_writes)
+    fresh = ResultsWriter(
+        str(tmp_path / "fresh" / "studies" / "s" / "results.zarr"), None, study="s", identity="x"
+    )
+    fresh.write(trials)
+    fresh.compact()
+    resumed, scratch = open_results(str(tmp_path), "s"), open_results(str(tmp_path / "fresh"), "s")
+    pd.testing.assert_frame_equal(resumed.trials, scratch.trials)
+    pd.testing.assert_frame_equal(resumed.curve("val_loss"), scratch.curve("val_loss"))
+    pd.testing.assert_frame_equal(resumed.trials, expected_table(trials))
 
 
 def test_a_resumed_group_is_written_by_what_differs_from_it(tmp_path, stored_keys):

@@ -72,7 +72,8 @@ class TrialLedger:
         self.recorders: list[Callable[[dict], None]] = []
         #: sets the id of every trial that changes is added to, whatever the change (submitted,
         #: restored, extended, placed, a result, an end, a restored trial adopted): a reader that
-        #: keeps copies of trials (a study's kept view) copies again only those
+        #: keeps copies of trials (a study's kept view) copies again only those, and a study's
+        #: results writes compare only those (`dagtune.durable`)
         self.changes: list[set[int]] = []
         self.trials: dict[int, Trial] = {}
         self.interrupted: set[int] = set()  # pending trials whose requests an interrupt withdrew
