@@ -230,7 +230,7 @@ class Persistence:
         #: a set of the coordinator's `TrialLedger.changes` once attached (its every change of
         #: a trial, restored ones included, adds the id), until the study closes
         self._changed: set[int] = set()
-        self._ledger_changes: list[set[int]] | None = None  # the ledger's `changes`, once attached
+        self._ledger: Any = None  # the coordinator's ledger (`TrialLedger`), once attached
 
     def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
         """Fold the study's journals (its records, its model's search plan): from its resume
@@ -280,8 +280,8 @@ class Persistence:
         are not located again; the state is written here when it is due."""
         coordinator.store = self.store
         coordinator.recorders.append(self._record)
-        self._ledger_changes = coordinator.ledger.changes
-        self._ledger_changes.append(self._changed)  # before `restore`: it marks the trials it restores
+        self._ledger = coordinator.ledger
+        self._changed = self._ledger.watch_changes()  # before `restore`: it marks the trials it restores
         self._trials = coordinator.trials
         self._held = {
             state.id: state.metrics
@@ -366,16 +366,16 @@ class Persistence:
         compare every trial, as the study's last writes do, whatever was marked; so is a
         coordinator whose ledger does not mark them for this session: not attached). The
         marks are cleared once the write succeeded: a failed one leaves them for the next."""
-        marked = coordinator.ledger.changes is self._ledger_changes
+        marked = coordinator.ledger is self._ledger
         self.results.write(coordinator.trials, None if everything or not marked else self._changed)
         self._changed.clear()
 
     def _detach(self) -> None:
         """Stop marking changed trials (the study closes): its set leaves the ledger's
         `changes` (found by identity: another reader's set may hold the same ids)."""
-        if self._ledger_changes is not None:
-            self._ledger_changes[:] = [ids for ids in self._ledger_changes if ids is not self._changed]
-            self._ledger_changes = None
+        if self._ledger is not None:
+            self._ledger.unwatch_changes(self._changed)
+            self._ledger = None
 
     def flush(self) -> None:
         """Commit both journals' buffered lines now: the plan's first (a trial's end record

@@ -294,3 +294,18 @@ def test_a_resumed_write_that_failed_is_completed_by_the_next_one_whatever_it_is
     assert resumed.write(trials, set())
     pd.testing.assert_frame_equal(open_results(str(tmp_path), "s").trials, expected_table(trials))
     assert read_curve(tmp_path) == curve_of(trials)
+
+
+def test_a_reader_that_stops_watching_leaves_the_other_readers_sets():
+    """The results writes and a study's kept view each watch the ledger's changes with a set
+    of their own; one that stops watching takes its own set away, not an equal one (two empty
+    sets are equal), and the other goes on seeing every change."""
+    with dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1)) as study:
+        ledger = study.coordinator.ledger
+        first, second = ledger.watch_changes(), ledger.watch_changes()
+        assert first == second and first is not second
+        ledger.unwatch_changes(second)
+        trial = study.submit({"lr": 0.1, "batch_size": 64}, 2).trial
+        assert trial.id in first and not second
+        ledger.unwatch_changes(first)
+        assert all(ids is not first for ids in ledger.changes)

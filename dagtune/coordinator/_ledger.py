@@ -87,6 +87,18 @@ class TrialLedger:
 
     # ------------------------------------------------------------------ decisions
 
+    def watch_changes(self) -> set[int]:
+        """A new set of `changes`: the id of every trial that changes from now on is added to
+        it, until `unwatch_changes`. Its reader clears it as it reads."""
+        ids: set[int] = set()
+        self.changes.append(ids)
+        return ids
+
+    def unwatch_changes(self, ids: set[int]) -> None:
+        """Stop adding to `ids` (found by identity: another reader's set may hold the same ids,
+        and two empty sets are equal)."""
+        self.changes[:] = [watched for watched in self.changes if watched is not ids]
+
     def submit(self, config: Config, steps: int, tag: Any = None) -> Trial:
         """Add a trial; its known results are queued (no training for those). Steps that are
         not a valid count, or a config without a finite value before them, are a ValueError

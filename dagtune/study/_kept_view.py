@@ -35,8 +35,7 @@ class KeptView:
         self.coordinator = coordinator
         self.plan = coordinator.plan
         self._trials = coordinator.trials
-        self._changed: set[int] = set()
-        coordinator.ledger.changes.append(self._changed)
+        self._changed = coordinator.ledger.watch_changes()
         self._snapshots: dict[int, TrialSnapshot] = {}
         self._figures = KeptFigures(self._snapshots)
         self._page = PageFigures(self._snapshots)
@@ -52,8 +51,7 @@ class KeptView:
 
     def close(self) -> None:
         """Stop listening (the study's coordinator was replaced)."""
-        if self._changed in self.coordinator.ledger.changes:
-            self.coordinator.ledger.changes.remove(self._changed)
+        self.coordinator.ledger.unwatch_changes(self._changed)
         if self._observe in self.plan.observers:
             self.plan.observers.remove(self._observe)
 
