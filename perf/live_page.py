@@ -20,7 +20,8 @@ of a study that goes on: `--repeat` times, `--pumps-between` pumps (default 100)
 timed snapshot with what the feed keeps (`dagtune.dashboard.kept.KeptSnapshot`: the tree's
 layout and the curves, so it redoes what changed; on code without it, the kept labels), its
 first one timed apart (``snapshot_feed_first_s``: it lays out everything) and what the last one
-walked (``feed_walked``: trials, segments, points, nodes cut). ``view_feed_s`` is the view
+walked (``feed_walked``: trials, segments, points, nodes cut, and the trials looked at: on
+code whose views tell which trials changed, those only). ``view_feed_s`` is the view
 alone taken the same way (`--pumps-between` pumps before each: on code that keeps the trials'
 snapshots between views, it copies the trials that changed; ``view_s`` above is a view taken
 again with nothing changed), with the trials its last one snapshotted (``view_feed_snapshotted``:

@@ -121,6 +121,54 @@ def test_a_kept_snapshot_walks_what_changed_not_the_study():
     small, large = walked_after_one_change(50), walked_after_one_change(500)
     assert small == large, (small, large)
     assert 0 < large["trials"] <= 10 and 0 < large["nodes"] <= 12 and "orders" not in large
+    # the trials looked at (compared with what was kept): the changed ones, told by the view,
+    # not every trial (a snapshot compared every trial's segments and points)
+    assert 0 < large["looked"] <= 20
+
+
+def test_the_kept_snapshot_is_the_one_from_scratch_when_other_readers_take_views(monkeypatch):
+    """Views other readers take between the feed's (the versions it did not see), more of them
+    than a view carries (it looks at every trial again), a view from another study and
+    trials given without a view's changes: the feed's snapshot is the one from scratch at
+    every pump, and it looks at every trial only where it cannot know which changed."""
+    from dagtune.study import _kept_view
+
+    monkeypatch.setattr(_kept_view, "CHANGES_KEPT", 3)
+    monkeypatch.setattr(snapshots, "CURVES_SENT", 4)
+    study = dt.Study(FailsLate, executor=SimulatedExecutor(2), max_retries=0)
+    for config in SPACE:
+        study.submit(config, 8)
+    coordinator = study.coordinator
+    kept = KeptSnapshot()
+    same_as_from_scratch(study, kept)
+    total, moments, partial, whole = len(coordinator.trials), 0, 0, 0
+    while coordinator.running or coordinator.plan.active:
+        missed = 1 + moments % 3 if moments != 6 else 5  # views other readers take
+        for _ in range(missed):
+            coordinator.pump()
+            study.view(schedule=moments % 2 == 0)
+        if moments == 4:
+            study.submit({"lr": 0.7, "batch_size": 16}, 4)  # a trial the feed hears of late
+            total += 1
+        kept.walked.clear()
+        same_as_from_scratch(study, kept)
+        if kept.walked["looked"] < 2 * total:  # two parts look: the curves and the tree
+            partial += 1
+        else:
+            whole += 1
+        moments += 1
+    assert partial > 3 and whole >= 1  # missed 5 > 3 views at moment 6: every trial again
+    other = dt.Study(SyntheticTrainer, executor=SimulatedExecutor(1))  # another study's view
+    other.submit({"lr": 0.2, "batch_size": 8}, 3)
+    other.coordinator.pump()
+    kept.walked.clear()
+    same_as_from_scratch(other, kept)
+    assert kept.walked["looked"] >= 2 * len(other.coordinator.trials)
+    kept.walked.clear()
+    same_as_from_scratch(study, kept)  # and back: every trial again
+    assert kept.walked["looked"] >= 2 * total
+    other.close()
+    study.close()
 
 
 def figures_read_after_one_change(trials: int, monkeypatch) -> tuple[int, int]:
@@ -249,3 +297,23 @@ def test_a_feed_makes_one_snapshot_at_a_time(monkeypatch):
     assert len(sent) == 1  # the older one the publisher's thread made after it is not sent
     assert not feed.publish(force=True) and len(sent) == 1  # nor any later one
     study.close()
+
+
+def test_trial_changes_say_what_changed_since_a_version_they_reach():
+    """The newest snapshot of each trial changed after the version asked, and None (look at
+    every trial) for another keeper, a version they do not reach back to or one ahead."""
+    from types import SimpleNamespace
+
+    from dagtune.records import TrialChanges
+
+    old, a, b, newer = (SimpleNamespace(id=i) for i in (1, 1, 2, 1))
+    keeper = object()
+    changes = TrialChanges(keeper=keeper, version=5, recent=((old,), (a, b), (newer,)))
+    assert changes.since(keeper, 5) == {}
+    assert changes.since(keeper, 4) == {1: newer}
+    assert changes.since(keeper, 3) == {1: newer, 2: b}
+    assert changes.since(keeper, 2) == {1: newer, 2: b}
+    assert changes.since(keeper, 1) is None  # version 2's changes are no longer carried
+    assert changes.since(keeper, 6) is None
+    assert changes.since(object(), 4) is None
+    assert changes.since(None, 0) is None

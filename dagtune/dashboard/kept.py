@@ -38,6 +38,7 @@ from dagtune.dashboard.tree import (
     cut_node,
     overlaps,
 )
+from dagtune.records import TrialChanges
 from dagtune.summary import config_text, finite, pick_metric
 
 __all__ = ["KeptCurves", "KeptSnapshot", "KeptTree", "spans_by_node"]
@@ -89,15 +90,20 @@ class KeptTree:
     def update(
         self,
         trials: Sequence[Any],
+        changed_ids: Mapping[int, Any] | None,
         trained: Mapping[str, int],
         running: Iterable[Span],
         queued: Iterable[Span],
         critical: Iterable[Span],
     ) -> None:
-        """Bring the layout to `trials` (their snapshots, any order) and the schedule."""
+        """Bring the layout to `trials` (their snapshots, any order) and the schedule;
+        `changed_ids`: the trials that may have changed since the last update, by id (None:
+        any may have, and every trial is looked at)."""
         self.new_nodes = []
+        looked = trials if changed_ids is None else changed_ids.values()
+        self.walked["looked"] += len(looked)
         seen = self.seen  # a trial's segments are the same tuples from view to view: compared by
-        changed = [t for t in trials if seen.get(t.id) != t.segments]  # identity, at a small cost
+        changed = [t for t in looked if seen.get(t.id) != t.segments]  # identity, at a small cost
         dirty: set[str] = set()  # nodes whose spans or children changed
         structure = self._walk(changed, dirty)
         if structure is None or len(self.seen) != len(trials):  # a trial left a node, or the study one
@@ -257,13 +263,25 @@ class KeptCurves:
         self.last: dict[int, float] = {}  # trial id -> its last finite value of `metric`
         self.drawn: list[int] = []  # ids of the trials with a finite value, sorted
         self.sent: dict[int, tuple[tuple, tuple]] = {}  # trial id -> (its key, its curve row)
+        self.by_id: dict[int, Any] = {}  # trial id -> its snapshot as last looked at
 
-    def update(self, trials: Sequence[Any], metric: str | None, mode: str) -> tuple[str | None, str]:
+    def update(
+        self, trials: Sequence[Any], changed: Mapping[int, Any] | None, metric: str | None, mode: str
+    ) -> tuple[str | None, str]:
         """Bring the names and last values to `trials`; the metric shown and its mode (guessed
-        from every metric reported, `dagtune.summary.metric_of`, if `metric` is None)."""
+        from every metric reported, `dagtune.summary.metric_of`, if `metric` is None).
+        `changed`: the trials that may have changed since the last update, by id (None: any
+        may have, and every trial is looked at)."""
         grown: list[tuple[Any, int]] = []  # (trial, the points walked already)
         rewritten = False
-        for trial in trials:
+        if changed is None:
+            looked: Iterable[Any] = trials
+            self.by_id = {t.id: t for t in trials}
+        else:
+            looked = changed.values()
+            self.by_id.update(changed)
+        self.walked["looked"] += len(self.by_id) if changed is None else len(changed)
+        for trial in looked:
             points = trial.points
             seen = self.counted.get(trial.id)
             if seen is not None and seen[0] == len(points) and (not points or points[-1] is seen[1]):
@@ -280,7 +298,7 @@ class KeptCurves:
             self.counted[trial.id] = (len(points), points[-1] if points else None)
         if rewritten or len(self.counted) != len(trials):
             self._reset()  # a trial's points were replaced (or the study lost a trial)
-            return self.update(trials, metric, mode)
+            return self.update(trials, None, metric, mode)
         for trial, done in grown:
             self.walked["points"] += len(trial.points) - done
             for point in trial.points[done:]:
@@ -312,13 +330,13 @@ class KeptCurves:
         count = limit - len(best)
         return sorted([*taken, *(rest[k * len(rest) // count] for k in range(count))])
 
-    def curves(self, ids: Iterable[int], by_id: Mapping[int, Any], metric: str | None) -> dict[str, list]:
-        """The snapshot's ``curves`` columns for the trials `ids`, each row made again only
-        if its trial's points, status or config changed."""
+    def curves(self, ids: Iterable[int], metric: str | None) -> dict[str, list]:
+        """The snapshot's ``curves`` columns for the trials `ids` (as of the last `update`),
+        each row made again only if its trial's points, status or config changed."""
         curves: dict[str, list] = {k: [] for k in ("trial", "status", "final", "config", "steps", "values")}
         sent = {}
         for i in ids:
-            trial = by_id[i]
+            trial = self.by_id[i]
             key = (self.counted[i], trial.status, trial.config)
             kept = self.sent.get(i)
             if kept is None or kept[0][0] != key[0] or kept[0][1] != key[1] or kept[0][2] is not key[2]:
@@ -343,10 +361,29 @@ class KeptCurves:
 
 class KeptSnapshot:
     """What one feed of one running study keeps between its snapshots: the tree's labels, its
-    layout and the curves (`live_snapshot(study, kept=...)`)."""
+    layout and the curves (`live_snapshot(study, kept=...)`), and which of the study's views
+    they were last brought to (its keeper and version, `dagtune.records.TrialChanges`), so
+    that the next looks only at the trials changed since."""
 
     def __init__(self) -> None:
         self.walked: Counter[str] = Counter()
         self.labels: dict[tuple[str, str | None], str] = {}
         self.tree = KeptTree(self.walked)
         self.curves = KeptCurves(self.walked)
+        self.keeper: object | None = None  # the view's keeper and version last brought to
+        self.version = 0
+
+    def changed_since(self, changes: TrialChanges | None) -> dict[int, Any] | None:
+        """The trials that changed since the view this feed last was brought to, by id, up to
+        the view whose `changes` these are; None (look at every trial) where that is not known.
+        Until `brought_to` is called, the feed counts as brought to no view (an update that
+        stops half way is not patched later)."""
+        changed = None if changes is None else changes.since(self.keeper, self.version)
+        self.keeper, self.version = None, 0
+        return changed
+
+    def brought_to(self, changes: TrialChanges | None) -> None:
+        """What is kept now holds the view whose `changes` these are (None: trials from
+        elsewhere, not patched later)."""
+        if changes is not None:
+            self.keeper, self.version = changes.keeper, changes.version

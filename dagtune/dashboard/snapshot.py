@@ -26,7 +26,7 @@ from dagtune.config import Config
 from dagtune.dashboard.kept import KeptSnapshot, spans_by_node
 from dagtune.dashboard.tree import DONE, QUEUED, RUNNING, UNTRAINED, TrialPath, layout, overlaps
 from dagtune.importance import importance_columns, method_of_columns, score_columns
-from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial, ViewFigures
+from dagtune.records import COMPLETED, PENDING, ScheduleView, StudyView, Trial, TrialChanges, ViewFigures
 from dagtune.summary import (
     best_note,
     best_of,
@@ -83,6 +83,7 @@ def compose(
     labels: MutableMapping[tuple[str, str | None], str] | None = None,
     kept: KeptSnapshot | None = None,
     figures: ViewFigures | None = None,
+    changes: TrialChanges | None = None,
 ) -> dict:
     """A snapshot from parts every source can provide.
 
@@ -110,7 +111,9 @@ def compose(
     the same snapshot as one made from scratch. `figures` (a live study's, kept as its trials
     change: `dagtune.records.ViewFigures`) give the best trial, where they are by the metric
     and mode shown, the live merge rate, the failures and the hyper-parameters' names, so that
-    these read no trial.
+    these read no trial. `changes` (a live study's view's, `dagtune.records.TrialChanges`) tells
+    `kept` which trials changed since the view it was last brought to, so that it looks at
+    those only (without, it looks at every trial).
     """
     parts = {
         "study": study,
@@ -123,7 +126,9 @@ def compose(
         "figures": figures,
     }
     if kept is not None:
-        return _kept_compose(trials, metric, mode, configs, trained, running, queued, critical, kept, **parts)
+        return _kept_compose(
+            trials, metric, mode, configs, trained, running, queued, critical, kept, changes, **parts
+        )
     if metric is None:
         metric, mode = metric_of(trials)
     running, queued = list(running), list(queued)
@@ -192,18 +197,21 @@ def _kept_compose(
     queued: Iterable[tuple[str, int, int]],
     critical: Iterable[tuple[str, int, int]],
     kept: KeptSnapshot,
+    changes: TrialChanges | None,
     **parts: Any,
 ) -> dict:
-    """`compose` with the tree and the curves brought up to date in `kept`."""
-    metric, mode = kept.curves.update(trials, metric, mode)
-    kept.tree.update(trials, trained, running, queued, critical)
+    """`compose` with the tree and the curves brought up to date in `kept`, looking only at the
+    trials that `changes` says changed since the view `kept` was last brought to."""
+    changed = kept.changed_since(changes)
+    metric, mode = kept.curves.update(trials, changed, metric, mode)
+    kept.tree.update(trials, changed, trained, running, queued, critical)
     made = kept.labels
     for node in kept.tree.new_nodes:
         parent = kept.tree.parents[node]
         if (node, parent) not in made:
             made[node, parent] = _label(configs.get(node), configs.get(parent) if parent else None)
-    by_id = {t.id: t for t in trials}
-    curves = kept.curves.curves(kept.curves.chosen(CURVES_SENT, mode), by_id, metric)
+    curves = kept.curves.curves(kept.curves.chosen(CURVES_SENT, mode), metric)
+    kept.brought_to(changes)
     return _assembled(
         trials,
         metric,
@@ -487,6 +495,7 @@ def _live_snapshot(
         labels=labels,
         kept=kept,
         figures=view.figures,
+        changes=view.changes,
     )
     if not statuses[PENDING]:
         snapshot["importance"] = _importance(trials, snapshot["metric"], snapshot["mode"])

@@ -79,7 +79,7 @@ from dagtune.records._trial_records import (
     parse_trial_record,
     read_study_records,
 )
-from dagtune.records._views import Activity, ScheduleView, Span, StudyView, ViewFigures
+from dagtune.records._views import Activity, ScheduleView, Span, StudyView, TrialChanges, ViewFigures
 
 __all__ = [
     "CAUSES",
@@ -109,6 +109,7 @@ __all__ = [
     "StudyView",
     "Submitted",
     "Trial",
+    "TrialChanges",
     "TrialRecord",
     "TrialSnapshot",
     "TrialState",

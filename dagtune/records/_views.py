@@ -18,7 +18,7 @@ from typing import Any
 from dagtune.config import Config
 from dagtune.records._trial import TrialSnapshot
 
-__all__ = ["Activity", "ScheduleView", "Span", "StudyView", "ViewFigures"]
+__all__ = ["Activity", "ScheduleView", "Span", "StudyView", "TrialChanges", "ViewFigures"]
 
 #: a piece of a plan node's path: ``(node, first step, end step)``, steps ``[start, end)``
 Span = tuple[str, int, int]
@@ -62,6 +62,36 @@ class ViewFigures:
 
 
 @dataclass(frozen=True)
+class TrialChanges:
+    """Which trials of a view changed since the study's earlier views, so that a reader that
+    keeps what it made of an earlier view (a page's feed, `dagtune.dashboard.kept`) looks at
+    those trials only, not every trial.
+
+    The study numbers the views whose trials changed (`version`) within one `keeper` (an
+    object made afresh whenever the study snapshots every trial again: a new coordinator,
+    trials it was not told of); `recent` holds, for the last of those versions up to this
+    view's, the snapshots of the trials that changed at each (oldest first, ``recent[-1]``
+    at `version`). Frozen, so a reader may use it outside the study's lock."""
+
+    keeper: object
+    version: int
+    recent: tuple[tuple[TrialSnapshot, ...], ...]
+
+    def since(self, keeper: object, version: int) -> dict[int, TrialSnapshot] | None:
+        """The trials (by id, each its snapshot in this view) that changed after `version` of
+        `keeper`, up to this view; None where that is not known here (another keeper, or a
+        version older than `recent` reaches): the reader then looks at every trial."""
+        back = self.version - version
+        if keeper is not self.keeper or back < 0 or back > len(self.recent):
+            return None
+        changed: dict[int, TrialSnapshot] = {}
+        for batch in self.recent[len(self.recent) - back :]:
+            for snapshot in batch:
+                changed[snapshot.id] = snapshot  # a later batch's is the newer snapshot
+        return changed
+
+
+@dataclass(frozen=True)
 class StudyView:
     """A study as it was at one moment (`Study.view()`).
 
@@ -74,7 +104,8 @@ class StudyView:
     stages ready to run with no free worker slot. With a `schedule` (asked with
     ``view(schedule=True)``) it also holds the plan nodes' configs and the last step trained
     on each node its trials pass (`configs`, `trained`) and the figures the page shows of
-    its trials (`figures`: `ViewFigures`); without, those are empty.
+    its trials (`figures`: `ViewFigures`); without, those are empty. `changes` says which
+    trials changed since the study's earlier views (`TrialChanges`; None: not known).
     """
 
     name: str
@@ -92,6 +123,7 @@ class StudyView:
     configs: Mapping[str, Config] | None = None
     trained: Mapping[str, int] | None = None
     figures: ViewFigures | None = None
+    changes: TrialChanges | None = None
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,22 @@ of 100,000 trials took 1.65 s of CPU under the study's lock, perf/RESULTS.md 9l)
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
 from dagtune.config import Config
 from dagtune.coordinator import KeptFigures
-from dagtune.records import TrialSnapshot, ViewFigures
+from dagtune.records import TrialChanges, TrialSnapshot, ViewFigures
 from dagtune.study._page_figures import PageFigures
 from dagtune.summary import trained_to
 
 __all__ = ["KeptView"]
+
+#: how many of its last versions' changed trials a view carries (`TrialChanges.recent`): a
+#: reader that missed more views than these (other readers took them) looks at every trial
+CHANGES_KEPT = 64
 
 
 class KeptView:
@@ -26,6 +30,10 @@ class KeptView:
     metrics and checkpoints recorded or dropped), and the coordinator's report of the trials
     and the page's figures of them from figures kept as each snapshot changes
     (`dagtune.coordinator.KeptFigures`, `PageFigures`). The first call snapshots every trial.
+    Each call that snapshotted trials is a new version, and `changes` tells a reader which
+    trials changed at the last `CHANGES_KEPT` versions (`dagtune.records.TrialChanges`); when
+    every trial is snapshotted again, the keeper is new, so that no reader patches what it
+    kept of the old one.
 
     `snapshotted` and `retrained` count the trials snapshotted and the nodes whose trained step
     was read again (what a view costs, for the tests that count it). Used under the study's
@@ -46,6 +54,9 @@ class KeptView:
         self._nodes_changed: set[str] = set()
         self.plan.observers.append(self._observe)
         self._shown: tuple[MappingProxyType, MappingProxyType] | None = None  # the last copies
+        self._keeper = object()
+        self._version = 0
+        self._recent: deque[tuple[TrialSnapshot, ...]] = deque(maxlen=CHANGES_KEPT)
         self.snapshotted = 0
         self.retrained = 0
 
@@ -76,6 +87,8 @@ class KeptView:
             kept.clear()
             self._figures, self._page = KeptFigures(kept), PageFigures(kept)
             ids, tail = set(trials), list(trials)
+            self._keeper, self._version = object(), 0
+            self._recent.clear()
         for trial_id in tail:
             kept[trial_id] = None  # type: ignore[assignment]  # its place in the order
         for trial_id in ids:
@@ -88,7 +101,13 @@ class KeptView:
             self._page.change(old, new)
         self.snapshotted += len(ids)
         self._tuple = tuple(kept.values())
+        self._version += 1
+        self._recent.append(tuple(kept[i] for i in ids))
         return self._tuple
+
+    def changes(self) -> TrialChanges:
+        """Which trials changed at the last versions, up to the last `trials`."""
+        return TrialChanges(keeper=self._keeper, version=self._version, recent=tuple(self._recent))
 
     def report(self) -> MappingProxyType:
         """The coordinator's report (`Coordinator.report`) of the trials (as of the last

@@ -675,6 +675,7 @@ class Study:
                 configs=configs,
                 trained=trained,
                 figures=kept.figures(metric, mode) if schedule else None,
+                changes=kept.changes(),
             )
 
     def activity(self) -> Activity:
