@@ -114,10 +114,11 @@ class DaskExecutor(Executor):
         scheduler: a message waits until 10 ms have passed since the stream's previous write
         (its ``scheduler_comm``, a `distributed.batched.BatchedSend`, made anew on every
         reconnection, hence checked at every launch). A just-in-time submitter sends a task each
-        time a slot frees, so every stage waited for it: from the launch to the scheduler's
-        receiving the task, 7.8 ms median of the 15 ms between two stages on one worker (embedded
-        TLS cluster, perf/dispatch_gaps.py). Messages that come while a write is under way still
-        travel together in the next one. `close` gives the stream its interval back."""
+        time a slot frees, so nearly every stage waited for it: from the launch until the
+        scheduler received the task, 7.8 ms median of the 15 ms between two stages on one
+        worker (embedded TLS cluster; perf/RESULTS.md section 5, `perf/dispatch_gaps.py`).
+        Messages that come while a write is under way still travel together in the next one.
+        `close` gives the stream its interval back."""
         comm = getattr(self.client, "scheduler_comm", None)
         interval = getattr(comm, "interval", None)
         if interval is None or interval <= SUBMIT_BATCH_SECONDS:
