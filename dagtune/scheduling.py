@@ -154,7 +154,9 @@ def view_of_stages(
     held: HeldStages, running: Mapping[str, Any], cost: CostModel, plan: SearchPlan
 ) -> ScheduleView:
     """The `ScheduleView` of the stage tree `held`. Ties on the critical path go to the stage
-    first in the builder's order, as the scheduler's do. It reads the running tasks and the
+    first in the builder's order: which of equal paths the page draws (the critical-path
+    scheduler breaks such ties by rank first, `CriticalPath.path_key`, so where ranks differ
+    the path drawn may not be the one it follows). It reads the running tasks and the
     critical path, not every stage (`held` has the queued spans and the top stage)."""
     queued = held.queued if isinstance(held.queued, tuple) else tuple(held.queued)
     return ScheduleView(
