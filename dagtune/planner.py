@@ -416,14 +416,16 @@ class IncrementalPlanner:
             raise ValueError(f"IncrementalPlanner.tolerance must be >= 0, got {tolerance!r}")
         self.plan, self.cost, self.policy, self.tolerance = plan, cost, policy, tolerance
         self._stages: dict[int, LiveStage] = {}
-        self._dirty: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
+        self._dirty: set[int] = set()  # stages to price again at the next settle
+        self._repriced: set[str] = set()  # nodes whose estimate changed: all their stages
+        self._heap: list[tuple[int, int, int]] | None = None  # (-order, -start, index) while settling
         self._ready = _ReadyQueue()
         self._heads: dict[int, _Ordered] = {}  # stage -> the child-node stages continuing it
         self._under: dict[int, LiveStage] = {}  # head stage -> the stage it is listed under
         self._sources = _Sources()
         self._per_node: dict[str, int] = {}  # node -> its stage count
-        self.pricing = Pricing(plan, cost, tolerance, self._touch)
+        self.pricing = Pricing(plan, cost, tolerance, self._repriced.add)
+        self.priced = 0  # stages priced so far: what the changes cost
         self.priorities: Mapping[int, float] = _Priorities(self._stages)
         self._order = _KeptOrder(self._stages)  # what views read, kept once one is taken
         self.view_reads = 0  # stages a schedule view placed again or read on its critical path
@@ -454,13 +456,23 @@ class IncrementalPlanner:
         """Apply every pending change (queries do this first)."""
         self.live.settle()
         self.pricing.refresh()
-        if not self._dirty:
+        if not (self._dirty or self._repriced):
             return
-        while self._dirty:
-            _, node = heapq.heappop(self._dirty)
-            self._queued.discard(node)
-            self._price(node)
-        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
+        for node in self._repriced:
+            self._dirty.update(s.index for s in self.live.stages_of(node))
+        self._repriced.clear()
+        stages = self._stages
+        heap = [(-s.order, -s.start, s.index) for s in map(stages.get, self._dirty) if s is not None]
+        heapq.heapify(heap)
+        self._heap = heap
+        while heap:  # later nodes, then later stages first: a stage after the stages below it
+            index = heapq.heappop(heap)[2]
+            stage = stages.get(index)
+            if stage is not None and index in self._dirty:
+                self._dirty.discard(index)
+                self._price(stage)
+        self._heap = None
+        self._dirty = set()  # a drained set keeps its table (a burst of trials)
 
     def pick(self, slots: int) -> list[list[LiveStage]]:
         """What ``policy.pick(tree, slots, ...)`` returns for the rebuilt tree: up to `slots`
@@ -576,11 +588,11 @@ class IncrementalPlanner:
         self._per_node[stage.node] = count + 1
         if count == 0:
             self.pricing.track(stage.node)
-        self._touch(stage.node)
+        self._touch(stage)
 
     def stage_changed(self, stage: LiveStage) -> None:
         self._order.changed(stage)
-        self._touch(stage.node)
+        self._touch(stage)
 
     def stage_removed(self, stage: LiveStage) -> None:
         del self._stages[stage.index]
@@ -598,35 +610,38 @@ class IncrementalPlanner:
             del self._per_node[stage.node]
             self.pricing.untrack(stage.node)
 
-    def _touch(self, node: str) -> None:
-        if node not in self._queued:
-            self._queued.add(node)
-            heapq.heappush(self._dirty, (-self.plan.nodes[node].order, node))
+    def _touch(self, stage: LiveStage) -> None:
+        """Price `stage` again at the next settle (or, during one, after the stages below it)."""
+        if stage.index not in self._dirty:
+            self._dirty.add(stage.index)
+            if self._heap is not None:  # settling: the stages it is priced after come first in the heap
+                heapq.heappush(self._heap, (-stage.order, -stage.start, stage.index))
 
     # ------------------------------------------------------------------ priorities
 
-    def _price(self, node: str) -> None:
-        """Re-price a node's stages, last first (a stage's next one is on the same node),
-        and carry what changed to the ready queue and the stages they continue from."""
-        stages = self.live.stages_of(node)
-        if not stages:
-            return
-        seconds = self.pricing.estimate[node]
-        depth = self.plan.nodes[node].depth
-        for stage in reversed(stages):
-            below = stage.next.priority if stage.next is not None else 0.0
-            heads = self._heads.get(stage.index)
-            if heads is not None:
-                best = heads.best()
-                if best is not None:
-                    below = max(below, -best[0][0])
-            priority = stage.steps * seconds + below
-            if stage.parent is None and priority != stage.priority:
+    def _price(self, stage: LiveStage) -> None:
+        """Price one stage again (the stages below it are priced), and carry what changed to
+        the ready queue, the stage before it on its node and the stage it continues from:
+        a priority is a maximum over the stages below, so a change goes up only while it
+        changes one (a new stage at a node's new branch point prices a few stages, not the
+        node's)."""
+        self.priced += 1
+        below = stage.next.priority if stage.next is not None else 0.0
+        heads = self._heads.get(stage.index)
+        if heads is not None:
+            best = heads.best()
+            if best is not None:
+                below = max(below, -best[0][0])
+        priority = stage.steps * self.pricing.estimate[stage.node] + below
+        if priority != stage.priority:
+            if stage.parent is None:
                 self._order.changed(stage)
+            elif stage.parent.node == stage.node:
+                self._touch(stage.parent)
             stage.priority = priority
-            self._queue_ready(stage, depth)
-            self._list_under(stage)
-            self._sources.note(stage)
+        self._queue_ready(stage, self.plan.nodes[stage.node].depth)
+        self._list_under(stage)
+        self._sources.note(stage)
 
     def _queue_ready(self, stage: LiveStage, depth: int) -> None:
         key = None
@@ -656,7 +671,7 @@ class IncrementalPlanner:
         if heads.keys.get(stage.index) != key:
             heads.set(stage.index, key)
             self._under[stage.index] = parent
-            self._touch(parent.node)
+            self._touch(parent)
 
     def _unlist(self, parent: LiveStage, index: int) -> None:
         heads = self._heads.get(parent.index)
@@ -664,7 +679,7 @@ class IncrementalPlanner:
             heads.discard(index)
             if not heads.keys:
                 del self._heads[parent.index]
-            self._touch(parent.node)
+            self._touch(parent)
 
 
 def live_schedule_view(

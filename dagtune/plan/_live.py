@@ -40,6 +40,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+from sortedcontainers import SortedList
+
 from dagtune.plan._plan import SearchPlan
 from dagtune.plan._tree import Stage, StageTree
 
@@ -237,9 +239,23 @@ class _MinRank:
 
 class _NodeState:
     """What the tree holds for one plan node: its stages by end step, the points running
-    tasks serve on it, what its children ask of it, and what it asks of its parent."""
+    tasks serve on it, what its children ask of it, what it asks of its parent, and how each
+    wanted step was decided (what a change of a few steps updates without a rebuild)."""
 
-    __slots__ = ("stages", "served", "asks", "links", "moved", "head", "asked", "checkpoints")
+    __slots__ = (
+        "stages",
+        "served",
+        "asks",
+        "links",
+        "moved",
+        "head",
+        "asked",
+        "checkpoints",
+        "decided",
+        "chained",
+        "claims",
+        "sourced",
+    )
 
     def __init__(self) -> None:
         self.stages: dict[int, LiveStage] = {}
@@ -250,6 +266,12 @@ class _NodeState:
         self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
         self.asked: int | None = None  # the rank this node asks its parent's state with
         self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
+        # wanted step -> ("claim", task) or ("chain", source, origin, task, own rank); a wanted
+        # step the node's checkpoints or metrics already serve is not listed
+        self.decided: dict[int, tuple] = {}
+        self.chained = SortedList()  # the steps decided "chain" (each ends a stage)
+        self.claims: dict[int, str] = {}  # step -> the running task claimed for it
+        self.sourced: dict[int, list] = {}  # a running source step -> [its task, chained steps from it]
 
     def idle(self) -> bool:
         return not (self.stages or self.served or self.asks or self.asked is not None)
@@ -268,11 +290,13 @@ class LiveStageTree:
         self.tasks = InFlightPoints()
         self._states: dict[str, _NodeState] = {}
         self._queue: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
+        # queued node -> the wanted steps that changed on it, or None: decide them all again
+        self._pending: dict[str, set[int] | None] = {}
         self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
         self._relied_changed: set[str] = set()  # tasks whose points changed since `take_changed`
         self._next_index = 0
-        self.rebuilds = 0  # node rebuilds so far: what the changes cost
+        self.rebuilds = 0  # node rebuilds and updates so far: what the changes cost
+        self.walked = 0  # wanted steps decided so far (`_decide`): what they cost
         plan.observers.append(self._plan_changed)
         for node, _ in plan.active:
             self._touch(node)
@@ -286,11 +310,11 @@ class LiveStageTree:
 
     def _plan_changed(self, kind: str, node: str, step: int | None) -> None:
         if kind == "request":
-            self._touch(node)
+            self._touch(node, step)
         elif kind == "metrics":
             state = self._states.get(node)
             if state is not None and (step in state.asks or step in self.plan.nodes[node].requests):
-                self._touch(node)
+                self._touch(node, step)
         elif kind == "checkpoint":
             state = self._states.get(node)
             if state is not None:
@@ -324,10 +348,19 @@ class LiveStageTree:
         for node, _ in self._relied.get(key, ()):
             self._touch(node)
 
-    def _touch(self, node: str) -> None:
-        if node not in self._queued:
-            self._queued.add(node)
+    def _touch(self, node: str, step: int | None = None) -> None:
+        """Queue `node` for the next `settle`: what it wants changed at `step` only (a request,
+        metrics, a child's ask there), or anything (None: a checkpoint, a running task)."""
+        pending = self._pending
+        if node not in pending:
             heapq.heappush(self._queue, (-self.plan.nodes[node].order, node))
+            pending[node] = None if step is None else {step}
+        elif step is None:
+            pending[node] = None
+        else:
+            steps = pending[node]
+            if steps is not None:
+                steps.add(step)
 
     # ------------------------------------------------------------------ queries
 
@@ -337,9 +370,13 @@ class LiveStageTree:
             return
         while self._queue:
             _, node = heapq.heappop(self._queue)
-            self._queued.discard(node)
-            self._rebuild(node)
-        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
+            steps = self._pending.pop(node)
+            state = self._states.get(node)
+            if steps is None or state is None:
+                self._rebuild(node)
+            else:
+                self._update(node, state, steps)
+        self._pending = {}  # a drained dict keeps its table (a burst of trials: one per node)
 
     def stages_of(self, node: str) -> list[LiveStage]:
         """The stages of plan node `node`, by start."""
@@ -400,7 +437,48 @@ class LiveStageTree:
                 entry[1] = min(entry[1], rank)
         return wanted
 
+    def _wanted_at(self, node, state: _NodeState, step: int) -> tuple[int, int] | None:
+        """``(what, rank)`` the node wants at `step` (one entry of `_wanted`), or None."""
+        what, rank = 0, None
+        if step in node.requests and step not in node.metrics:
+            what, rank = _METRICS, self.plan.request_rank[(node.id, step)]
+        asks = state.asks.get(step)
+        if asks is not None:
+            least = asks.least()
+            what |= _STATE
+            rank = least if rank is None else min(rank, least)
+        return None if rank is None else (what, rank)
+
+    def _decide(self, node, state: _NodeState, step: int, what: int) -> tuple | None:
+        """The builder's decision for one wanted step: None where the node's checkpoints or
+        metrics serve it, ``("claim", task)`` where a running task will deliver it, else
+        ``("chain", source, origin, task)``: a stage ends there, on the chain from `source`."""
+        self.walked += 1
+        has_metrics = step in node.metrics
+        if step in node.checkpoints and (has_metrics or not what & _METRICS):
+            return None
+        if what == _METRICS and has_metrics:
+            return None
+        task = self.tasks.claim(node.id, step)
+        if task is not None:
+            return ("claim", task)
+        if state.checkpoints is None:
+            state.checkpoints = sorted(node.checkpoints)
+        checkpoints = state.checkpoints
+        at = bisect_left(checkpoints, step)
+        source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
+        origin, ref = "checkpoint", None
+        running = self.tasks.latest_before(node.id, step)
+        if running is not None and (source is None or running[0] > source):
+            source, origin, ref = running[0], "running", running[1]
+        if source is None:
+            source = node.start
+            origin = "scratch" if node.parent is None else "head"
+        return ("chain", source, origin, ref)
+
     def _rebuild(self, node_id: str) -> None:
+        """Decide every wanted step of the node again (a checkpoint or a running task changed:
+        the sources of all its stages may have)."""
         self.rebuilds += 1
         plan = self.plan
         node = plan.nodes[node_id]
@@ -408,40 +486,38 @@ class LiveStageTree:
         if state is None:
             state = self._states[node_id] = _NodeState()
         wanted = self._wanted(node, state)
-        if state.checkpoints is None:
-            state.checkpoints = sorted(node.checkpoints)
-        checkpoints = state.checkpoints
 
         # the builder's loop over one node's wanted steps
         served: dict[int, str] = {}
         chains: dict[int, list] = {}  # source step -> [origin, task, steps]
+        decided: dict[int, tuple] = {}
+        claims: dict[int, str] = {}
         for step in sorted(wanted):
-            what = wanted[step][0]
-            has_metrics = step in node.metrics
-            if step in node.checkpoints and (has_metrics or not what & _METRICS):
+            what, rank = wanted[step]
+            decision = self._decide(node, state, step, what)
+            if decision is None:
                 continue
-            if what == _METRICS and has_metrics:
+            if decision[0] == "claim":
+                served[step] = claims[step] = decision[1]
+                decided[step] = decision
                 continue
-            task = self.tasks.claim(node_id, step)
-            if task is not None:
-                served[step] = task
-                continue
-            at = bisect_left(checkpoints, step)
-            source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
-            origin, ref = "checkpoint", None
-            running = self.tasks.latest_before(node_id, step)
-            if running is not None and (source is None or running[0] > source):
-                source, origin, ref = running[0], "running", running[1]
+            _, source, origin, ref = decision
+            decided[step] = (*decision, rank)
+            if origin == "running":
                 served[source] = ref
-            if source is None:
-                source = node.start
-                origin = "scratch" if node.parent is None else "head"
             chain = chains.get(source)
             if chain is None:
                 chains[source] = [origin, ref, [step]]
             else:
                 chain[0], chain[1] = origin, ref
                 chain[2].append(step)
+        state.decided, state.claims = decided, claims
+        state.chained = SortedList(step for _, _, steps in chains.values() for step in steps)
+        state.sourced = {
+            source: [ref, len(steps)]
+            for source, (origin, ref, steps) in chains.items()
+            if origin == "running"
+        }
 
         # the stages: one per chained step; rank = least rank from there to the chain's end
         specs: list[tuple] = []  # (end, start, origin, task, metrics, rank, previous end)
@@ -469,19 +545,11 @@ class LiveStageTree:
                 stage = LiveStage(self._next_index, node_id, node.order, end)
                 self._next_index += 1
                 added.append(stage)
-            if stage.origin == "head" and kind != "head":
-                self._unlink(stage)
-            stage.start, stage.metrics_needed, stage.rank = begin, metrics, rank
-            if kind == "head":
-                state.head = stage
-                if stage.origin != "head":  # linked to the parent node below
-                    stage.parent, stage.source = None, ""
+            stage.metrics_needed, stage.rank = metrics, rank
+            if kind == "chain":
+                self._continue(stage, new[previous])
             else:
-                stage.parent = new[previous] if kind == "chain" else None
-                stage.source = "stage" if kind == "chain" else kind
-                stage.source_task = ref if kind == "running" else None
-                stage.source_point = (node_id, begin) if kind in ("checkpoint", "running") else None
-            stage.origin = kind
+                self._begin(node_id, state, stage, begin, kind, ref)
             stage.next = None
             new[end] = stage
         for end, *_, previous in specs:
@@ -497,6 +565,14 @@ class LiveStageTree:
             self._moved(state, stage.end)
 
         self._serve(node_id, state, served)
+        self._finish(
+            node, state, asked, added, [(s, before[e]) for e, s in new.items() if e in before], removed
+        )
+
+    def _finish(self, node, state: _NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
+        """What a rebuild or an update of `node` ends with: its ask of its parent, its head's
+        link, its children's links, and the observer told of the stages that changed
+        (`kept`: ``(stage, its fields before)``)."""
         self._ask_parent(node, state, asked)
         if state.head is not None:
             self._link_head(node, state.head)
@@ -506,13 +582,220 @@ class LiveStageTree:
         if observer is not None:
             for stage in added:
                 observer.stage_added(stage)
-            for end, stage in new.items():
-                if end in before and before[end] != stage.fields():
+            for stage, before in kept:
+                if before != stage.fields():
                     observer.stage_changed(stage)
             for stage in removed:
                 observer.stage_removed(stage)
         if state.idle():
-            del self._states[node_id]
+            del self._states[node.id]
+
+    def _begin(
+        self, node_id: str, state: _NodeState, stage: LiveStage, start: int, origin: str, task
+    ) -> None:
+        """Make `stage` the first of its chain: from `start`, which `origin` provides."""
+        if stage.origin == "head" and origin != "head":
+            self._unlink(stage)
+        stage.start = start
+        if origin == "head":
+            state.head = stage
+            if stage.origin != "head":  # linked to the parent node by `_link_head`
+                stage.parent, stage.source = None, ""
+        else:
+            stage.parent, stage.source = None, origin
+            stage.source_task = task if origin == "running" else None
+            stage.source_point = (node_id, start) if origin in ("checkpoint", "running") else None
+        stage.origin = origin
+
+    def _continue(self, stage: LiveStage, previous: LiveStage) -> None:
+        """Make `stage` continue `previous` on its node's chain."""
+        if stage.origin == "head":
+            self._unlink(stage)
+        stage.start, stage.parent, stage.source = previous.end, previous, "stage"
+        stage.source_task = stage.source_point = None
+        stage.origin = "chain"
+
+    # ------------------------------------------------------------------ a few steps of one node
+
+    def _update(self, node_id: str, state: _NodeState, steps: set[int]) -> None:
+        """Decide again only the wanted steps in `steps` (a request, metrics or a child's ask
+        changed there; no checkpoint or running task changed on the node, or it would have
+        been rebuilt), and change only the stages that reaches: the stage ending at each step,
+        the one after it on its chain (its start), the one before (its link) and, while they
+        change, the ranks before it. The other steps keep their decisions: as for a node not
+        touched at all, what they were decided on did not change."""
+        self.rebuilds += 1
+        node = self.plan.nodes[node_id]
+        touched: dict[int, tuple] = {}  # stage index -> (stage, its fields before)
+        added: list[LiveStage] = []
+        detached: list[LiveStage] = []
+        ranked: set[int] = set()  # ends whose rank to compute again
+        points: set[int] = set()  # steps whose serving task may have changed
+        for step in sorted(steps):
+            want = self._wanted_at(node, state, step)
+            decision = None if want is None else self._decide(node, state, step, want[0])
+            old = state.decided.get(step)
+            reuse = None
+            if old is not None:
+                points.add(step if old[0] == "claim" else old[1])
+                if old[0] == "claim":
+                    del state.claims[step]
+                else:
+                    reuse = self._detach(state, step, touched, ranked)
+                    self._source_count(state, old[1], old[2], old[3], -1)
+                del state.decided[step]
+            if decision is None:
+                pass
+            elif decision[0] == "claim":
+                state.decided[step] = decision
+                state.claims[step] = decision[1]
+                points.add(step)
+            else:
+                _, source, origin, ref = decision
+                state.decided[step] = (*decision, want[1])
+                self._source_count(state, source, origin, ref, 1)
+                points.add(source)
+                stage = reuse
+                if stage is None:
+                    stage = LiveStage(self._next_index, node_id, node.order, step)
+                    self._next_index += 1
+                    added.append(stage)
+                stage.metrics_needed = bool(want[0] & _METRICS)
+                self._insert(node_id, state, stage, touched, ranked)
+                reuse = None
+            if reuse is not None:
+                detached.append(reuse)
+        self._rank(state, ranked, touched)
+
+        if state.head is not None:  # `_finish` links it
+            self._keep(touched, state.head)
+        for stage in detached + added:
+            self._moved(state, stage.end)
+            touched.pop(stage.index, None)
+        for step in points:
+            task = state.sourced[step][0] if step in state.sourced else state.claims.get(step)
+            self._serve_point(node_id, state, step, task)
+        asked = state.head.rank if state.head is not None else None
+        self._finish(node, state, asked, added, list(touched.values()), detached)
+
+    @staticmethod
+    def _keep(touched: dict[int, tuple], stage: LiveStage) -> None:
+        """Note `stage`'s fields before `_update` changes it (once)."""
+        if stage.index not in touched:
+            touched[stage.index] = (stage, stage.fields())
+
+    @staticmethod
+    def _source_count(state: _NodeState, source: int, origin: str, task, delta: int) -> None:
+        """Count a chained step in or out of those starting from a running task's point."""
+        if origin != "running":
+            return
+        entry = state.sourced.get(source)
+        if entry is None:
+            state.sourced[source] = [task, delta]
+        else:
+            entry[1] += delta
+            if not entry[1]:
+                del state.sourced[source]
+
+    def _neighbours(self, state: _NodeState, step: int) -> tuple[LiveStage | None, LiveStage | None]:
+        """The stages before and after chained step `step` on its chain (chains are runs of
+        chained steps with one source: a step's source only grows with the step)."""
+        chained, at = state.chained, state.chained.index(step)
+        source = state.decided[step][1]
+        before = after = None
+        if at > 0 and state.decided[chained[at - 1]][1] == source:
+            before = state.stages[chained[at - 1]]
+        if at + 1 < len(chained) and state.decided[chained[at + 1]][1] == source:
+            after = state.stages[chained[at + 1]]
+        return before, after
+
+    def _detach(self, state: _NodeState, step: int, touched: dict, ranked: set[int]) -> LiveStage:
+        """Take the stage ending at `step` out of its chain (the next one starts where it did)."""
+        stage = state.stages.pop(step)
+        before, after = self._neighbours(state, step)
+        state.chained.remove(step)
+        self._keep(touched, stage)
+        if after is not None:
+            self._keep(touched, after)
+            if before is not None:
+                self._continue(after, before)
+            else:
+                task = stage.source_task if stage.origin == "running" else None
+                self._begin(stage.node, state, after, stage.start, stage.origin, task)
+        if before is not None:
+            self._keep(touched, before)
+            before.next = after
+            ranked.add(before.end)
+        if state.head is stage:
+            state.head = after if after is not None and after.origin == "head" else None
+        if stage.origin == "head":
+            self._unlink(stage)
+        stage.next = stage.parent = None
+        stage.origin = ""
+        return stage
+
+    def _insert(
+        self, node_id: str, state: _NodeState, stage: LiveStage, touched: dict, ranked: set[int]
+    ) -> None:
+        """Put `stage` (the decided step `stage.end`) into its chain."""
+        step = stage.end
+        state.chained.add(step)
+        state.stages[step] = stage
+        before, after = self._neighbours(state, step)
+        if before is not None:
+            self._keep(touched, before)
+            self._continue(stage, before)
+            before.next = stage
+            ranked.add(before.end)
+        else:
+            _, source, origin, ref, _ = state.decided[step]
+            self._begin(node_id, state, stage, source, origin, ref)
+        stage.next = after
+        if after is not None:
+            self._keep(touched, after)
+            self._continue(after, stage)
+        ranked.add(step)
+
+    @staticmethod
+    def _rank(state: _NodeState, ranked: set[int], touched: dict) -> None:
+        """Ranks again from the stages ending at `ranked`, back along their chains while they
+        change (a stage's rank: the least of its own and the next stage's)."""
+        heap = [-end for end in ranked]
+        heapq.heapify(heap)
+        done: set[int] = set()
+        while heap:
+            end = -heapq.heappop(heap)
+            stage = state.stages.get(end)
+            if end in done or stage is None:
+                continue
+            done.add(end)
+            rank = state.decided[end][4]
+            if stage.next is not None:
+                rank = min(rank, stage.next.rank)
+            if rank != stage.rank:
+                LiveStageTree._keep(touched, stage)
+                stage.rank = rank
+                if stage.origin == "chain":
+                    heapq.heappush(heap, -stage.parent.end)
+
+    def _serve_point(self, node_id: str, state: _NodeState, step: int, task: str | None) -> None:
+        """Record which running task, if any, the node's point `step` relies on."""
+        old = state.served.get(step)
+        if old == task:
+            return
+        self._moved(state, step)
+        if old is not None:
+            del state.served[step]
+            self._relied_changed.add(old)
+            points = self._relied.get(old)
+            if points is not None:
+                points.discard((node_id, step))
+                if not points:
+                    del self._relied[old]
+        if task is not None:
+            state.served[step] = task
+            self._relied_changed.add(task)
+            self._relied.setdefault(task, set()).add((node_id, step))
 
     def _serve(self, node_id: str, state: _NodeState, served: dict[int, str]) -> None:
         """Record which running tasks the node's points rely on."""
@@ -544,8 +827,9 @@ class LiveStageTree:
         if parent is None:
             return
         up = self._states.get(parent)
-        if up is None:
+        if up is None:  # a parent holding nothing yet: all its wanted steps to decide
             up = self._states[parent] = _NodeState()
+            self._touch(parent)
         asks = up.asks.get(node.start)
         before = asks.least() if asks is not None else None
         if asked is None:
@@ -561,7 +845,7 @@ class LiveStageTree:
             asks.set(node.id, asked)
         after = asks.least() if asks is not None and asks.ranks else None
         if after != before:
-            self._touch(parent)
+            self._touch(parent, node.start)
 
     # ------------------------------------------------------------------ links between nodes
 
