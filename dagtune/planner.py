@@ -31,10 +31,14 @@ by more than `tolerance` (relative); with ``tolerance=0`` it follows every chang
 under it are equal to the planner's, and each of its estimates is within `tolerance` of
 the live cost model's.
 
-Costs (n stages, d plan depth, w wanted steps on a node): a plan change or a task event
-rebuilds its node and the ancestors whose need changes (O(w log c) each, see
-`LiveStageTree`), then re-prices the changed stages and their ancestors up the stage tree,
-O(log n) per stage (the ready queue and a branch point's children are sorted containers).
+Costs (n stages, w wanted steps on a node, c checkpoints on it): a plan change updates the
+stages it reaches on its node and its ancestors (O(log w) per step it changes; a checkpoint
+or a task event decides the node's w steps again, O(w log c); see `LiveStageTree`), then
+prices the stages that changed and, while their priority changes, the stages above them: a
+priority is a maximum over the stages below, so a change stops going up where it no longer
+moves the maximum (a sibling at a new branch point prices a few stages, not the node's).
+O(log n) per stage priced (the ready queue and a branch point's children are sorted
+containers); `priced` counts them.
 A re-priced estimate costs O(stages priced with it) and happens once per change beyond
 `tolerance`. `pick` costs O(slots x path length x log n).
 """
