@@ -36,7 +36,7 @@ of every stage on it: that node decides all its wanted steps again (`_rebuild`, 
 c checkpoints). Either way, ancestors follow as long as what a node asks of its parent changes
 (one step of the parent each). Linking a new child stage is O(1); a branch point whose source
 changes (checkpoint committed, task launched) relinks the children waiting on it, once per
-change of that point. Only the branch points a change may have moved are asked (`_moved`: a
+change of that point. Only the branch points a change may have moved are asked (`NodeState.moved_at`: a
 checkpoint, the stage ending there or the task serving it came or went, a first child
 branched there), so a node with w branch points costs a change one point, not w.
 """
@@ -45,109 +45,16 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Protocol
 
 from sortedcontainers import SortedList
 
+from dagtune.plan._chains import METRICS, LiveStage, MinRank, NodeState, follow, keep, unlink
 from dagtune.plan._plan import SearchPlan
-from dagtune.plan._tree import Stage, StageTree
+from dagtune.plan._tree import StageTree
 
-__all__ = ["InFlightPoints", "LiveStage", "LiveStageTree", "TreeObserver"]
-
-_METRICS, _STATE = 1, 2
-
-
-class LiveStage:
-    """One stage of a `LiveStageTree`, with the fields of `Stage` and a stable `index`.
-
-    `parent` is the stage it continues from (a `LiveStage`, when `source` is ``"stage"``),
-    `next` the stage continuing it on the same node, and `heads` the stages of child nodes that
-    continue from its end. `priority` is left to the scheduler that keeps it (the tree never
-    reads it). A live stage changes in place as the tree changes; `snapshot` freezes one.
-    """
-
-    __slots__ = (
-        "index",
-        "node",
-        "order",
-        "start",
-        "end",
-        "source",
-        "source_point",
-        "source_task",
-        "parent",
-        "next",
-        "heads",
-        "origin",
-        "metrics_needed",
-        "rank",
-        "priority",
-    )
-
-    def __init__(self, index: int, node: str, order: int, end: int):
-        self.index, self.node, self.order, self.end = index, node, order, end
-        self.start = 0
-        self.source = ""
-        self.source_point: tuple[str, int] | None = None
-        self.source_task: str | None = None
-        self.parent: LiveStage | None = None
-        self.next: LiveStage | None = None
-        self.heads: dict[int, LiveStage] | None = None
-        self.origin = ""  # scratch, checkpoint, running, chain (after `parent` on this node), head
-        self.metrics_needed = False
-        self.rank = 0
-        self.priority = 0.0
-
-    @property
-    def steps(self) -> int:
-        return self.end - self.start
-
-    @property
-    def ready(self) -> bool:
-        """Can start now: its source state exists."""
-        return self.source in ("scratch", "checkpoint")
-
-    def children(self) -> Iterator[LiveStage]:
-        """The stages continuing from this one's end: the next on its node, then the child
-        nodes' stages, latest node first (the builder's order)."""
-        if self.next is not None:
-            yield self.next
-        if self.heads:
-            yield from sorted(self.heads.values(), key=lambda s: -s.order)
-
-    def fields(self) -> tuple:
-        """What a rebuilt `Stage` would say about this stage (links as stage identities)."""
-        parent = self.parent.index if self.parent is not None else None
-        following = self.next.index if self.next is not None else None
-        return (
-            self.start,
-            self.source,
-            self.source_point,
-            self.source_task,
-            parent,
-            following,
-            self.metrics_needed,
-            self.rank,
-        )
-
-    def snapshot(self) -> Stage:
-        """A frozen `Stage` with this stage's stable index (children are not listed)."""
-        return Stage(
-            index=self.index,
-            node=self.node,
-            start=self.start,
-            end=self.end,
-            source=self.source,
-            source_point=self.source_point,
-            source_task=self.source_task,
-            parent=self.parent.index if self.parent is not None else None,
-            metrics_needed=self.metrics_needed,
-            rank=self.rank,
-        )
-
-    def __repr__(self) -> str:
-        return f"LiveStage({self.index}, {self.node[:8]}, [{self.start}, {self.end}), {self.source})"
+__all__ = ["InFlightPoints", "LiveStageTree", "TreeObserver"]
 
 
 class TreeObserver(Protocol):
@@ -217,74 +124,6 @@ class InFlightPoints:
         return best
 
 
-class _MinRank:
-    """Items with a rank and the least rank among them (a heap with lazy deletion)."""
-
-    __slots__ = ("ranks", "heap")
-
-    def __init__(self) -> None:
-        self.ranks: dict[str, int] = {}
-        self.heap: list[tuple[int, str]] = []
-
-    def set(self, item: str, rank: int) -> None:
-        if self.ranks.get(item) == rank:
-            return
-        self.ranks[item] = rank
-        heapq.heappush(self.heap, (rank, item))
-        if len(self.heap) > 2 * len(self.ranks) + 16:
-            self.heap = [(r, i) for i, r in self.ranks.items()]
-            heapq.heapify(self.heap)
-
-    def discard(self, item: str) -> None:
-        self.ranks.pop(item, None)
-
-    def least(self) -> int | None:
-        heap, ranks = self.heap, self.ranks
-        while heap and ranks.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-
-class _NodeState:
-    """What the tree holds for one plan node: its stages by end step, the points running
-    tasks serve on it, what its children ask of it, what it asks of its parent, and how each
-    wanted step was decided (what a change of a few steps updates without a rebuild)."""
-
-    __slots__ = (
-        "stages",
-        "served",
-        "asks",
-        "links",
-        "moved",
-        "head",
-        "asked",
-        "checkpoints",
-        "decided",
-        "chained",
-        "claims",
-        "sourced",
-    )
-
-    def __init__(self) -> None:
-        self.stages: dict[int, LiveStage] = {}
-        self.served: dict[int, str] = {}  # step -> task delivering that point
-        self.asks: dict[int, _MinRank] = {}  # branch step -> children needing its state, by rank
-        self.links: dict[int, tuple] = {}  # branch step -> what its children continue from
-        self.moved: set[int] | None = None  # steps whose answer to children may have changed
-        self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
-        self.asked: int | None = None  # the rank this node asks its parent's state with
-        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
-        # wanted step -> ("claim", task) or ("chain", source, origin, task, own rank); a wanted
-        # step the node's checkpoints or metrics already serve is not listed
-        self.decided: dict[int, tuple] = {}
-        self.chained = SortedList()  # the steps decided "chain" (each ends a stage)
-        self.claims: dict[int, str] = {}  # step -> the running task claimed for it
-        self.sourced: dict[int, list] = {}  # a running source step -> [its task, chained steps from it]
-
-    def idle(self) -> bool:
-        return not (self.stages or self.served or self.asks or self.asked is not None)
-
-
 class LiveStageTree:
     """The stage tree of `plan`'s active requests, updated in place (see the module docstring).
 
@@ -296,7 +135,7 @@ class LiveStageTree:
         self.plan = plan
         self.observer = observer
         self.tasks = InFlightPoints()
-        self._states: dict[str, _NodeState] = {}
+        self._states: dict[str, NodeState] = {}
         self._queue: list[tuple[int, str]] = []
         # queued node -> the wanted steps that changed on it, or None: decide them all again
         self._pending: dict[str, set[int] | None] = {}
@@ -327,7 +166,7 @@ class LiveStageTree:
             state = self._states.get(node)
             if state is not None:
                 state.checkpoints = None
-                self._moved(state, step)
+                state.moved_at(step)
                 self._touch(node)
 
     def launch(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
@@ -428,44 +267,15 @@ class LiveStageTree:
 
     # ------------------------------------------------------------------ one node
 
-    def _wanted(self, node, state: _NodeState) -> dict[int, list[int]]:
-        """Step -> [what, rank]: the node's needs, as `build_stage_tree` gathers them."""
-        wanted: dict[int, list[int]] = {}
-        ranks = self.plan.request_rank
-        for step in node.requests:
-            if step not in node.metrics:
-                wanted[step] = [_METRICS, ranks[(node.id, step)]]
-        for step, asks in state.asks.items():
-            rank = asks.least()
-            entry = wanted.get(step)
-            if entry is None:
-                wanted[step] = [_STATE, rank]
-            else:
-                entry[0] |= _STATE
-                entry[1] = min(entry[1], rank)
-        return wanted
-
-    def _wanted_at(self, node, state: _NodeState, step: int) -> tuple[int, int] | None:
-        """``(what, rank)`` the node wants at `step` (one entry of `_wanted`), or None."""
-        what, rank = 0, None
-        if step in node.requests and step not in node.metrics:
-            what, rank = _METRICS, self.plan.request_rank[(node.id, step)]
-        asks = state.asks.get(step)
-        if asks is not None:
-            least = asks.least()
-            what |= _STATE
-            rank = least if rank is None else min(rank, least)
-        return None if rank is None else (what, rank)
-
-    def _decide(self, node, state: _NodeState, step: int, what: int) -> tuple | None:
+    def _decide(self, node, state: NodeState, step: int, what: int) -> tuple | None:
         """The builder's decision for one wanted step: None where the node's checkpoints or
         metrics serve it, ``("claim", task)`` where a running task will deliver it, else
         ``("chain", source, origin, task)``: a stage ends there, on the chain from `source`."""
         self.walked += 1
         has_metrics = step in node.metrics
-        if step in node.checkpoints and (has_metrics or not what & _METRICS):
+        if step in node.checkpoints and (has_metrics or not what & METRICS):
             return None
-        if what == _METRICS and has_metrics:
+        if what == METRICS and has_metrics:
             return None
         task = self.tasks.claim(node.id, step)
         if task is not None:
@@ -492,8 +302,8 @@ class LiveStageTree:
         node = plan.nodes[node_id]
         state = self._states.get(node_id)
         if state is None:
-            state = self._states[node_id] = _NodeState()
-        wanted = self._wanted(node, state)
+            state = self._states[node_id] = NodeState()
+        wanted = state.wanted(node, self.plan.request_rank)
 
         # the builder's loop over one node's wanted steps
         served: dict[int, str] = {}
@@ -539,7 +349,7 @@ class LiveStageTree:
             begin, previous = source, None
             for end, rank in zip(steps, ranks):
                 kind = origin if previous is None else "chain"
-                specs.append((end, begin, kind, ref, bool(wanted[end][0] & _METRICS), rank, previous))
+                specs.append((end, begin, kind, ref, bool(wanted[end][0] & METRICS), rank, previous))
                 begin, previous = end, end
 
         old = state.stages
@@ -555,9 +365,9 @@ class LiveStageTree:
                 added.append(stage)
             stage.metrics_needed, stage.rank = metrics, rank
             if kind == "chain":
-                self._continue(stage, new[previous])
+                follow(stage, new[previous])
             else:
-                self._begin(node_id, state, stage, begin, kind, ref)
+                state.begin(stage, begin, kind, ref)
             stage.next = None
             new[end] = stage
         for end, *_, previous in specs:
@@ -566,18 +376,18 @@ class LiveStageTree:
         state.stages = new
         removed = list(old.values())
         for stage in removed:
-            self._moved(state, stage.end)
+            state.moved_at(stage.end)
             if stage.origin == "head":
-                self._unlink(stage)
+                unlink(stage)
         for stage in added:
-            self._moved(state, stage.end)
+            state.moved_at(stage.end)
 
         self._serve(node_id, state, served)
         self._finish(
             node, state, asked, added, [(s, before[e]) for e, s in new.items() if e in before], removed
         )
 
-    def _finish(self, node, state: _NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
+    def _finish(self, node, state: NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
         """What a rebuild or an update of `node` ends with: its ask of its parent, its head's
         link, its children's links, and the observer told of the stages that changed
         (`kept`: ``(stage, its fields before)``)."""
@@ -598,34 +408,9 @@ class LiveStageTree:
         if state.idle():
             del self._states[node.id]
 
-    def _begin(
-        self, node_id: str, state: _NodeState, stage: LiveStage, start: int, origin: str, task
-    ) -> None:
-        """Make `stage` the first of its chain: from `start`, which `origin` provides."""
-        if stage.origin == "head" and origin != "head":
-            self._unlink(stage)
-        stage.start = start
-        if origin == "head":
-            state.head = stage
-            if stage.origin != "head":  # linked to the parent node by `_link_head`
-                stage.parent, stage.source = None, ""
-        else:
-            stage.parent, stage.source = None, origin
-            stage.source_task = task if origin == "running" else None
-            stage.source_point = (node_id, start) if origin in ("checkpoint", "running") else None
-        stage.origin = origin
-
-    def _continue(self, stage: LiveStage, previous: LiveStage) -> None:
-        """Make `stage` continue `previous` on its node's chain."""
-        if stage.origin == "head":
-            self._unlink(stage)
-        stage.start, stage.parent, stage.source = previous.end, previous, "stage"
-        stage.source_task = stage.source_point = None
-        stage.origin = "chain"
-
     # ------------------------------------------------------------------ a few steps of one node
 
-    def _update(self, node_id: str, state: _NodeState, steps: set[int]) -> None:
+    def _update(self, node_id: str, state: NodeState, steps: set[int]) -> None:
         """Decide again only the wanted steps in `steps` (a request, metrics or a child's ask
         changed there; no checkpoint or running task changed on the node, or it would have
         been rebuilt), and change only the stages that reaches: the stage ending at each step,
@@ -640,7 +425,7 @@ class LiveStageTree:
         ranked: set[int] = set()  # ends whose rank to compute again
         points: set[int] = set()  # steps whose serving task may have changed
         for step in sorted(steps):
-            want = self._wanted_at(node, state, step)
+            want = state.wanted_at(node, self.plan.request_rank, step)
             decision = None if want is None else self._decide(node, state, step, want[0])
             old = state.decided.get(step)
             reuse = None
@@ -649,8 +434,8 @@ class LiveStageTree:
                 if old[0] == "claim":
                     del state.claims[step]
                 else:
-                    reuse = self._detach(state, step, touched, ranked)
-                    self._source_count(state, old[1], old[2], old[3], -1)
+                    reuse = state.detach(step, touched, ranked)
+                    state.count_source(old[1], old[2], old[3], -1)
                 del state.decided[step]
             if decision is None:
                 pass
@@ -661,24 +446,24 @@ class LiveStageTree:
             else:
                 _, source, origin, ref = decision
                 state.decided[step] = (*decision, want[1])
-                self._source_count(state, source, origin, ref, 1)
+                state.count_source(source, origin, ref, 1)
                 points.add(source)
                 stage = reuse
                 if stage is None:
                     stage = LiveStage(self._next_index, node_id, node.order, step)
                     self._next_index += 1
                     added.append(stage)
-                stage.metrics_needed = bool(want[0] & _METRICS)
-                self._insert(node_id, state, stage, touched, ranked)
+                stage.metrics_needed = bool(want[0] & METRICS)
+                state.insert(stage, touched, ranked)
                 reuse = None
             if reuse is not None:
                 detached.append(reuse)
-        self._rank(state, ranked, touched)
+        state.rerank(ranked, touched)
 
         if state.head is not None:  # `_finish` links it
-            self._keep(touched, state.head)
+            keep(touched, state.head)
         for stage in detached + added:
-            self._moved(state, stage.end)
+            state.moved_at(stage.end)
             touched.pop(stage.index, None)
         for step in points:
             task = state.sourced[step][0] if step in state.sourced else state.claims.get(step)
@@ -686,112 +471,12 @@ class LiveStageTree:
         asked = state.head.rank if state.head is not None else None
         self._finish(node, state, asked, added, list(touched.values()), detached)
 
-    @staticmethod
-    def _keep(touched: dict[int, tuple], stage: LiveStage) -> None:
-        """Note `stage`'s fields before `_update` changes it (once)."""
-        if stage.index not in touched:
-            touched[stage.index] = (stage, stage.fields())
-
-    @staticmethod
-    def _source_count(state: _NodeState, source: int, origin: str, task, delta: int) -> None:
-        """Count a chained step in or out of those starting from a running task's point."""
-        if origin != "running":
-            return
-        entry = state.sourced.get(source)
-        if entry is None:
-            state.sourced[source] = [task, delta]
-        else:
-            entry[1] += delta
-            if not entry[1]:
-                del state.sourced[source]
-
-    def _neighbours(self, state: _NodeState, step: int) -> tuple[LiveStage | None, LiveStage | None]:
-        """The stages before and after chained step `step` on its chain (chains are runs of
-        chained steps with one source: a step's source only grows with the step)."""
-        chained, at = state.chained, state.chained.index(step)
-        source = state.decided[step][1]
-        before = after = None
-        if at > 0 and state.decided[chained[at - 1]][1] == source:
-            before = state.stages[chained[at - 1]]
-        if at + 1 < len(chained) and state.decided[chained[at + 1]][1] == source:
-            after = state.stages[chained[at + 1]]
-        return before, after
-
-    def _detach(self, state: _NodeState, step: int, touched: dict, ranked: set[int]) -> LiveStage:
-        """Take the stage ending at `step` out of its chain (the next one starts where it did)."""
-        stage = state.stages.pop(step)
-        before, after = self._neighbours(state, step)
-        state.chained.remove(step)
-        self._keep(touched, stage)
-        if after is not None:
-            self._keep(touched, after)
-            if before is not None:
-                self._continue(after, before)
-            else:
-                task = stage.source_task if stage.origin == "running" else None
-                self._begin(stage.node, state, after, stage.start, stage.origin, task)
-        if before is not None:
-            self._keep(touched, before)
-            before.next = after
-            ranked.add(before.end)
-        if state.head is stage:
-            state.head = after if after is not None and after.origin == "head" else None
-        if stage.origin == "head":
-            self._unlink(stage)
-        stage.next = stage.parent = None
-        stage.origin = ""
-        return stage
-
-    def _insert(
-        self, node_id: str, state: _NodeState, stage: LiveStage, touched: dict, ranked: set[int]
-    ) -> None:
-        """Put `stage` (the decided step `stage.end`) into its chain."""
-        step = stage.end
-        state.chained.add(step)
-        state.stages[step] = stage
-        before, after = self._neighbours(state, step)
-        if before is not None:
-            self._keep(touched, before)
-            self._continue(stage, before)
-            before.next = stage
-            ranked.add(before.end)
-        else:
-            _, source, origin, ref, _ = state.decided[step]
-            self._begin(node_id, state, stage, source, origin, ref)
-        stage.next = after
-        if after is not None:
-            self._keep(touched, after)
-            self._continue(after, stage)
-        ranked.add(step)
-
-    @staticmethod
-    def _rank(state: _NodeState, ranked: set[int], touched: dict) -> None:
-        """Ranks again from the stages ending at `ranked`, back along their chains while they
-        change (a stage's rank: the least of its own and the next stage's)."""
-        heap = [-end for end in ranked]
-        heapq.heapify(heap)
-        done: set[int] = set()
-        while heap:
-            end = -heapq.heappop(heap)
-            stage = state.stages.get(end)
-            if end in done or stage is None:
-                continue
-            done.add(end)
-            rank = state.decided[end][4]
-            if stage.next is not None:
-                rank = min(rank, stage.next.rank)
-            if rank != stage.rank:
-                LiveStageTree._keep(touched, stage)
-                stage.rank = rank
-                if stage.origin == "chain":
-                    heapq.heappush(heap, -stage.parent.end)
-
-    def _serve_point(self, node_id: str, state: _NodeState, step: int, task: str | None) -> None:
+    def _serve_point(self, node_id: str, state: NodeState, step: int, task: str | None) -> None:
         """Record which running task, if any, the node's point `step` relies on."""
         old = state.served.get(step)
         if old == task:
             return
-        self._moved(state, step)
+        state.moved_at(step)
         if old is not None:
             del state.served[step]
             self._relied_changed.add(old)
@@ -805,13 +490,13 @@ class LiveStageTree:
             self._relied_changed.add(task)
             self._relied.setdefault(task, set()).add((node_id, step))
 
-    def _serve(self, node_id: str, state: _NodeState, served: dict[int, str]) -> None:
+    def _serve(self, node_id: str, state: NodeState, served: dict[int, str]) -> None:
         """Record which running tasks the node's points rely on."""
         if served == state.served:
             return
         for step, task in state.served.items():
             if served.get(step) != task:
-                self._moved(state, step)
+                state.moved_at(step)
                 self._relied_changed.add(task)
                 points = self._relied.get(task)
                 if points is not None:
@@ -820,12 +505,12 @@ class LiveStageTree:
                         del self._relied[task]
         for step, task in served.items():
             if state.served.get(step) != task:
-                self._moved(state, step)
+                state.moved_at(step)
                 self._relied_changed.add(task)
                 self._relied.setdefault(task, set()).add((node_id, step))
         state.served = served
 
-    def _ask_parent(self, node, state: _NodeState, asked: int | None) -> None:
+    def _ask_parent(self, node, state: NodeState, asked: int | None) -> None:
         """Tell the parent whether this node needs its state at the branch step, and with
         which rank; the parent is rebuilt if that changes its need there."""
         if asked == state.asked:
@@ -836,7 +521,7 @@ class LiveStageTree:
             return
         up = self._states.get(parent)
         if up is None:  # a parent holding nothing yet: all its wanted steps to decide
-            up = self._states[parent] = _NodeState()
+            up = self._states[parent] = NodeState()
             self._touch(parent)
         asks = up.asks.get(node.start)
         before = asks.least() if asks is not None else None
@@ -848,8 +533,8 @@ class LiveStageTree:
                     up.links.pop(node.start, None)
         else:
             if asks is None:
-                asks = up.asks[node.start] = _MinRank()
-                self._moved(up, node.start)  # a new branch point: its answer is still to link
+                asks = up.asks[node.start] = MinRank()
+                up.moved_at(node.start)  # a new branch point: its answer is still to link
             asks.set(node.id, asked)
         after = asks.least() if asks is not None and asks.ranks else None
         if after != before:
@@ -880,19 +565,10 @@ class LiveStageTree:
         link = state.links.get(node.start) if state is not None else None
         self._link(node, head, link if link is not None else self._source_at(node.parent, node.start))
 
-    @staticmethod
-    def _moved(state: _NodeState, step: int) -> None:
-        """Note that `state`'s answer at `step` (`_source_at`) may have changed: a checkpoint,
-        the stage ending there or the task serving it came or went, or children began to
-        branch there."""
-        if state.moved is None:
-            state.moved = set()
-        state.moved.add(step)
-
-    def _relink_children(self, node, state: _NodeState) -> None:
+    def _relink_children(self, node, state: NodeState) -> None:
         """Children branching where this node's answer changed follow the change.
 
-        Only the branch points noted by `_moved` since the last call are asked again (what a
+        Only the branch points noted by `NodeState.moved_at` since the last call are asked again (what a
         change can reach), not every point children branch at: a node with many children at
         distinct steps costs each new child one point, not all of them. `links` needs no
         sweep: `_ask_parent` drops a point's link with its last child."""
@@ -920,23 +596,13 @@ class LiveStageTree:
         kind, ref = link
         if kind == "stage":
             if head.parent is not ref:
-                self._unlink(head)
+                unlink(head)
                 if ref.heads is None:
                     ref.heads = {}
                 ref.heads[head.index] = head
                 head.parent = ref
             head.source, head.source_point, head.source_task = "stage", None, None
         else:
-            self._unlink(head)
+            unlink(head)
             head.source, head.source_point = kind, (node.parent, node.start)
             head.source_task = ref if kind == "running" else None
-
-    def _unlink(self, head: LiveStage) -> None:
-        """Detach a node's first stage from the parent node's stage it continued from."""
-        old = head.parent
-        if old is None or old.node == head.node:
-            return
-        head.parent = None
-        del old.heads[head.index]
-        if not old.heads:
-            old.heads = None
