@@ -437,13 +437,11 @@ class LiveStageTree:
                     reuse = state.detach(step, touched, ranked)
                     state.count_source(old[1], old[2], old[3], -1)
                 del state.decided[step]
-            if decision is None:
-                pass
-            elif decision[0] == "claim":
+            if decision is not None and decision[0] == "claim":
                 state.decided[step] = decision
                 state.claims[step] = decision[1]
                 points.add(step)
-            else:
+            elif decision is not None:
                 _, source, origin, ref = decision
                 state.decided[step] = (*decision, want[1])
                 state.count_source(source, origin, ref, 1)
