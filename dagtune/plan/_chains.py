@@ -21,7 +21,7 @@ from sortedcontainers import SortedList
 from dagtune.plan._plan import Node
 from dagtune.plan._tree import Stage
 
-__all__ = ["METRICS", "STATE", "LiveStage", "MinRank", "NodeState", "keep", "unlink"]
+__all__ = ["METRICS", "STATE", "LiveStage", "MinRank", "NodeState", "follow", "keep", "unlink"]
 
 METRICS, STATE = 1, 2  # what a node wants at a step: metrics reported there, its state for children
 
