@@ -31,10 +31,14 @@ by more than `tolerance` (relative); with ``tolerance=0`` it follows every chang
 under it are equal to the planner's, and each of its estimates is within `tolerance` of
 the live cost model's.
 
-Costs (n stages, d plan depth, w wanted steps on a node): a plan change or a task event
-rebuilds its node and the ancestors whose need changes (O(w log c) each, see
-`LiveStageTree`), then re-prices the changed stages and their ancestors up the stage tree,
-O(log n) per stage (the ready queue and a branch point's children are sorted containers).
+Costs (n stages, w wanted steps on a node, c checkpoints on it): a plan change updates the
+stages it reaches on its node and its ancestors (O(log w) per step it changes; a checkpoint
+or a task event decides the node's w steps again, O(w log c); see `LiveStageTree`), then
+prices the stages that changed and, while their priority changes, the stages above them: a
+priority is a maximum over the stages below, so a change stops going up where it no longer
+moves the maximum (a sibling at a new branch point prices a few stages, not the node's).
+O(log n) per stage priced (the ready queue and a branch point's children are sorted
+containers); `priced` counts them.
 A re-priced estimate costs O(stages priced with it) and happens once per change beyond
 `tolerance`. `pick` costs O(slots x path length x log n).
 """
@@ -44,7 +48,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from operator import attrgetter
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -416,14 +419,17 @@ class IncrementalPlanner:
             raise ValueError(f"IncrementalPlanner.tolerance must be >= 0, got {tolerance!r}")
         self.plan, self.cost, self.policy, self.tolerance = plan, cost, policy, tolerance
         self._stages: dict[int, LiveStage] = {}
-        self._dirty: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
+        self._dirty: set[int] = set()  # stages to price again at the next settle
+        self._repriced: set[str] = set()  # nodes whose estimate changed: all their stages
+        self._heap: list[tuple[int, int, int]] | None = None  # (-order, -start, index) while settling
         self._ready = _ReadyQueue()
         self._heads: dict[int, _Ordered] = {}  # stage -> the child-node stages continuing it
+        self._drawn: dict[int, _Ordered] = {}  # the same by (-priority, -order): what views follow
         self._under: dict[int, LiveStage] = {}  # head stage -> the stage it is listed under
         self._sources = _Sources()
         self._per_node: dict[str, int] = {}  # node -> its stage count
-        self.pricing = Pricing(plan, cost, tolerance, self._touch)
+        self.pricing = Pricing(plan, cost, tolerance, self._repriced.add)
+        self.priced = 0  # stages priced so far: what the changes cost
         self.priorities: Mapping[int, float] = _Priorities(self._stages)
         self._order = _KeptOrder(self._stages)  # what views read, kept once one is taken
         self.view_reads = 0  # stages a schedule view placed again or read on its critical path
@@ -454,13 +460,23 @@ class IncrementalPlanner:
         """Apply every pending change (queries do this first)."""
         self.live.settle()
         self.pricing.refresh()
-        if not self._dirty:
+        if not (self._dirty or self._repriced):
             return
-        while self._dirty:
-            _, node = heapq.heappop(self._dirty)
-            self._queued.discard(node)
-            self._price(node)
-        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
+        for node in self._repriced:
+            self._dirty.update(s.index for s in self.live.stages_of(node))
+        self._repriced.clear()
+        stages = self._stages
+        heap = [(-s.order, -s.start, s.index) for s in map(stages.get, self._dirty) if s is not None]
+        heapq.heapify(heap)
+        self._heap = heap
+        while heap:  # later nodes, then later stages first: a stage after the stages below it
+            index = heapq.heappop(heap)[2]
+            stage = stages.get(index)
+            if stage is not None and index in self._dirty:
+                self._dirty.discard(index)
+                self._price(stage)
+        self._heap = None
+        self._dirty = set()  # a drained set keeps its table (a burst of trials)
 
     def pick(self, slots: int) -> list[list[LiveStage]]:
         """What ``policy.pick(tree, slots, ...)`` returns for the rebuilt tree: up to `slots`
@@ -521,7 +537,9 @@ class IncrementalPlanner:
         A view (the page's, every few seconds, under the study's lock) costs the pending
         changes (`settle`, as the next scheduling round would), placing again the stages that
         changed since the previous view in the order kept between views (`_KeptOrder`), a copy
-        of the queued spans (one tuple of the kept list) and the critical path's walk, where a
+        of the queued spans (one tuple of the kept list) and the critical path's walk, which
+        reads each stage's best child off the children kept by priority (`_drawn`), not
+        every child (a branch point with thousands of children), where a
         rebuild built the whole tree and its priorities again (the view of 100,000 trials
         mid-run: 2.45 s rebuilt, 1.59 s when each view sorted the live stages; perf/RESULTS.md
         section 9l). `view_reads` counts the stages placed and read (for the tests that count)."""
@@ -531,12 +549,22 @@ class IncrementalPlanner:
         order.update()
         self.view_reads += order.placed - before
 
-        def children(stage: LiveStage) -> list[LiveStage]:
-            below = list(stage.children())
-            self.view_reads += 1 + len(below)
-            return below
+        stages, drawn = self._stages, self._drawn
 
-        held = HeldStages(order.queued, order.top(), attrgetter("priority"), children)
+        def best(stage: LiveStage) -> LiveStage | None:
+            """The child the critical path continues with: the highest priority, the first in
+            the builder's order among equals (the next stage on the node, then child nodes'
+            stages, latest node first), read off the kept orders, not off every child."""
+            following = stage.next
+            heads = drawn.get(stage.index)
+            found = heads.best() if heads is not None else None
+            head = stages[found[1]] if found is not None else None
+            self.view_reads += 1 + (following is not None) + (head is not None)
+            if head is None or (following is not None and following.priority >= head.priority):
+                return following
+            return head
+
+        held = HeldStages(order.queued, order.top(), best)
         return view_of_stages(held, running, self.cost, self.plan)
 
     def tree(self) -> tuple[StageTree, list[float]]:
@@ -576,17 +604,18 @@ class IncrementalPlanner:
         self._per_node[stage.node] = count + 1
         if count == 0:
             self.pricing.track(stage.node)
-        self._touch(stage.node)
+        self._touch(stage)
 
     def stage_changed(self, stage: LiveStage) -> None:
         self._order.changed(stage)
-        self._touch(stage.node)
+        self._touch(stage)
 
     def stage_removed(self, stage: LiveStage) -> None:
         del self._stages[stage.index]
         self._order.changed(stage)
         self._ready.put(stage.index, None)
         self._heads.pop(stage.index, None)
+        self._drawn.pop(stage.index, None)
         under = self._under.pop(stage.index, None)
         if under is not None:
             self._unlist(under, stage.index)
@@ -598,35 +627,38 @@ class IncrementalPlanner:
             del self._per_node[stage.node]
             self.pricing.untrack(stage.node)
 
-    def _touch(self, node: str) -> None:
-        if node not in self._queued:
-            self._queued.add(node)
-            heapq.heappush(self._dirty, (-self.plan.nodes[node].order, node))
+    def _touch(self, stage: LiveStage) -> None:
+        """Price `stage` again at the next settle (or, during one, after the stages below it)."""
+        if stage.index not in self._dirty:
+            self._dirty.add(stage.index)
+            if self._heap is not None:  # settling: the stages it is priced after come first in the heap
+                heapq.heappush(self._heap, (-stage.order, -stage.start, stage.index))
 
     # ------------------------------------------------------------------ priorities
 
-    def _price(self, node: str) -> None:
-        """Re-price a node's stages, last first (a stage's next one is on the same node),
-        and carry what changed to the ready queue and the stages they continue from."""
-        stages = self.live.stages_of(node)
-        if not stages:
-            return
-        seconds = self.pricing.estimate[node]
-        depth = self.plan.nodes[node].depth
-        for stage in reversed(stages):
-            below = stage.next.priority if stage.next is not None else 0.0
-            heads = self._heads.get(stage.index)
-            if heads is not None:
-                best = heads.best()
-                if best is not None:
-                    below = max(below, -best[0][0])
-            priority = stage.steps * seconds + below
-            if stage.parent is None and priority != stage.priority:
+    def _price(self, stage: LiveStage) -> None:
+        """Price one stage again (the stages below it are priced), and carry what changed to
+        the ready queue, the stage before it on its node and the stage it continues from:
+        a priority is a maximum over the stages below, so a change goes up only while it
+        changes one (a new stage at a node's new branch point prices a few stages, not the
+        node's)."""
+        self.priced += 1
+        below = stage.next.priority if stage.next is not None else 0.0
+        heads = self._heads.get(stage.index)
+        if heads is not None:
+            best = heads.best()
+            if best is not None:
+                below = max(below, -best[0][0])
+        priority = stage.steps * self.pricing.estimate[stage.node] + below
+        if priority != stage.priority:
+            if stage.parent is None:
                 self._order.changed(stage)
+            elif stage.parent.node == stage.node:
+                self._touch(stage.parent)
             stage.priority = priority
-            self._queue_ready(stage, depth)
-            self._list_under(stage)
-            self._sources.note(stage)
+        self._queue_ready(stage, self.plan.nodes[stage.node].depth)
+        self._list_under(stage)
+        self._sources.note(stage)
 
     def _queue_ready(self, stage: LiveStage, depth: int) -> None:
         key = None
@@ -652,19 +684,22 @@ class IncrementalPlanner:
         heads = self._heads.get(parent.index)
         if heads is None:
             heads = self._heads[parent.index] = _Ordered()
+            self._drawn[parent.index] = _Ordered()
         key = (-stage.priority, stage.rank, -stage.order)
         if heads.keys.get(stage.index) != key:
             heads.set(stage.index, key)
+            self._drawn[parent.index].set(stage.index, (-stage.priority, -stage.order))
             self._under[stage.index] = parent
-            self._touch(parent.node)
+            self._touch(parent)
 
     def _unlist(self, parent: LiveStage, index: int) -> None:
         heads = self._heads.get(parent.index)
         if heads is not None:
             heads.discard(index)
+            self._drawn[parent.index].discard(index)
             if not heads.keys:
-                del self._heads[parent.index]
-            self._touch(parent.node)
+                del self._heads[parent.index], self._drawn[parent.index]
+            self._touch(parent)
 
 
 def live_schedule_view(

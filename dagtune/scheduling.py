@@ -127,26 +127,27 @@ class HeldStages(NamedTuple):
     planner's live one, which keeps these between views): the `queued` stages' spans
     ``(node, start, end)`` in the order `build_stage_tree` numbers the stages, the `top`
     stage (the root with the longest path below it, the first in that order among equals;
-    None without stages), and the `priority` and the `children` (in the builder's order) of
-    one stage (each with ``node``, ``start``, ``end`` and ``source_task``)."""
+    None without stages), and `best`: the child of a stage that the critical path continues
+    with (the longest path below it, the first of its children in that order among equals;
+    None for a leaf). Stages have ``node``, ``start``, ``end`` and ``source_task``. The live
+    planner answers `best` from the children it keeps by priority, without reading them all
+    (a branch point with thousands of children)."""
 
     queued: Sequence[Span]
     top: Any | None
-    priority: Callable[[Any], float]
-    children: Callable[[Any], Iterable[Any]]
+    best: Callable[[Any], Any | None]
 
 
 def held_stages(
     stages: Sequence[Any], priority: Callable[[Any], float], children: Callable[[Any], Iterable[Any]]
 ) -> HeldStages:
     """`HeldStages` of `stages` in the builder's order (each also with ``parent``: None for a
-    root), walking them all."""
+    root), walking them all; `children` lists a stage's children in that order."""
     roots = [s for s in stages if s.parent is None]
     return HeldStages(
         tuple((s.node, s.start, s.end) for s in stages),
         max(roots, key=priority) if roots else None,  # `max` keeps the first of equals
-        priority,
-        children,
+        lambda stage: max(children(stage), key=priority, default=None),
     )
 
 
@@ -174,17 +175,15 @@ def _critical_spans(
     """The critical path: from the stage with the longest path below it (and the running
     task it waits for, if any) down its longest branch; with nothing queued, the running
     task with the most work left. `max` keeps the first of equals: the earliest stage."""
-    _, stage, priority, children = held
+    _, stage, best = held
     spans: list[Span] = []
     if stage is not None:
         if stage.source_task in running:
             spans.extend(_spans_left(running[stage.source_task]))
-        while True:
+        while stage is not None:
             spans.append((stage.node, stage.start, stage.end))
-            below = list(children(stage))
-            if not below:
-                return spans
-            stage = max(below, key=priority)
+            stage = best(stage)
+        return spans
     if running:
 
         def left(run: Any) -> float:

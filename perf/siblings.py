@@ -6,7 +6,8 @@ scheduling round between submissions does): ``same step``, N trials sharing a on
 prefix and branching off it at step 1; ``distinct steps``, a long trial and N siblings
 branching off it one step apart (sibling i at step i). Counted per sibling: the branch points
 the live tree asked its answer at (`LiveStageTree._source_at`), the children it relinked, the
-node rebuilds and the wanted steps they walked; and the planner's CPU per sibling
+node updates and the wanted steps they decided (`LiveStageTree.walked`), the stages the
+planner priced (`IncrementalPlanner.priced`); and the planner's CPU per sibling
 (`IncrementalPlanner`: the live tree, its priorities, the ready queue), this process alone,
 no executor.
 
@@ -36,19 +37,13 @@ def distinct_steps(n: int) -> list[tuple[dict, int]]:
 
 
 class Counts:
-    """`LiveStageTree._source_at` and `_link` calls (the latter from `_relink_children` only),
-    and the wanted steps its node rebuilds walked (`_wanted`'s entries)."""
+    """`LiveStageTree._source_at` and `_link` calls (the latter from `_relink_children` only)."""
 
     def __init__(self) -> None:
-        self.asked = self.relinked = self.walked = 0
+        self.asked = self.relinked = 0
         self._relinking = False
         tree = _live.LiveStageTree
-        source_at, link, relink, wanted = tree._source_at, tree._link, tree._relink_children, tree._wanted
-
-        def counted_wanted(live, node, state):
-            steps = wanted(live, node, state)
-            self.walked += len(steps)
-            return steps
+        source_at, link, relink = tree._source_at, tree._link, tree._relink_children
 
         def counted_source_at(live, parent, step):
             self.asked += 1
@@ -66,7 +61,6 @@ class Counts:
                 self._relinking = False
 
         tree._source_at, tree._link, tree._relink_children = counted_source_at, counted_link, counted_relink
-        tree._wanted = counted_wanted
 
 
 def run(shape, n: int, counts: Counts) -> str:
@@ -75,17 +69,18 @@ def run(shape, n: int, counts: Counts) -> str:
     planner = IncrementalPlanner(plan, CostModel(), policy_named("critical_path"))
     plan.add_request(*trials[0], waiter=0)  # the first trial: what the siblings branch off
     planner.settle()
-    counts.asked = counts.relinked = counts.walked = 0
-    rebuilds, cpu = planner.live.rebuilds, time.process_time()
+    counts.asked = counts.relinked = 0
+    live = planner.live
+    rebuilds, walked, priced, cpu = live.rebuilds, live.walked, planner.priced, time.process_time()
     for i, (config, steps) in enumerate(trials[1:], 1):
         plan.add_request(config, steps, waiter=i)
         planner.settle()
     cpu = time.process_time() - cpu
-    rebuilds = planner.live.rebuilds - rebuilds
+    rebuilds, walked, priced = live.rebuilds - rebuilds, live.walked - walked, planner.priced - priced
     return (
         f"{shape.__name__.replace('_', ' ')}, {n} siblings: per sibling {counts.asked / n:.1f} points asked, "
-        f"{counts.relinked / n:.2f} children relinked, {rebuilds / n:.2f} node rebuilds "
-        f"walking {counts.walked / n:.1f} wanted steps, "
+        f"{counts.relinked / n:.2f} children relinked, {rebuilds / n:.2f} node updates "
+        f"deciding {walked / n:.1f} wanted steps, {priced / n:.1f} stages priced, "
         f"{1e3 * cpu / n:.3f} ms of planner CPU"
     )
 

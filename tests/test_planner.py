@@ -197,7 +197,18 @@ branching = st.builds(
     st.integers(1, 12),
     st.integers(1, 15),
 )
-pools = st.one_of(st.lists(branching, min_size=1, max_size=10), trial_lists(1, 8))
+# a long trial and siblings branching off it at distinct steps (perf/siblings.py's "distinct
+# steps", as schedules switching at many steps make): one node with many branch points, which
+# the live tree updates step by step (`LiveStageTree._update`) rather than rebuilding
+combs = st.builds(
+    lambda length, at: (
+        [({"lr": 0.1}, length)]
+        + [({"lr": dt.Steps([0.1, 0.01 * (i + 1)], [step])}, step + 1 + i % 3) for i, step in enumerate(at)]
+    ),
+    st.integers(5, 30),
+    st.lists(st.integers(1, 25), min_size=1, max_size=16),
+)
+pools = st.one_of(st.lists(branching, min_size=1, max_size=10), trial_lists(1, 8), combs)
 
 OPERATIONS = (
     "submit",
@@ -230,6 +241,31 @@ operations = st.lists(
 def test_incremental_state_equals_the_rebuilt_one(trials, ops, policy, tolerance, every):
     """Checked after every `every` operations, so changes also arrive in batches."""
     session = Session(trials, policy, tolerance)
+    for i, (op, a, b) in enumerate(ops):
+        session.apply(op, a, b)
+        if i % every == every - 1:
+            session.check()
+    session.check()
+
+
+@more_examples(150)
+@given(
+    combs,
+    st.lists(
+        st.tuples(
+            st.sampled_from(("submit",) * 4 + ("stop", "extend", "metrics") * 2 + OPERATIONS),
+            st.integers(0, 2**16),
+            st.integers(0, 2**16),
+        ),
+        min_size=20,
+        max_size=80,
+    ),
+    st.integers(1, 4),
+)
+def test_siblings_at_distinct_steps_keep_the_rebuilt_state(trials, ops, every):
+    """The comb shape with submissions, stops and metrics weighing more: branch points come and
+    go in any order along one node's chain, between checkpoints and running tasks."""
+    session = Session(trials, "critical_path", 0.0)
     for i, (op, a, b) in enumerate(ops):
         session.apply(op, a, b)
         if i % every == every - 1:
@@ -283,14 +319,17 @@ def _comb(n: int) -> list[tuple[dict, int]]:
     ]
 
 
-def _comb_links(n: int, monkeypatch) -> int:
-    """How many branch points the live tree asks its answer at (`_source_at`) while the last 11
-    of `n` siblings are submitted one by one, each settled, with the long trial's task running
-    and a checkpoint committed in between; then the planner is checked against a rebuild."""
+def _comb_counts(n: int, monkeypatch, running: bool = True) -> tuple[int, int, int]:
+    """What the last 11 of `n` siblings cost, submitted one by one and each settled, with the
+    long trial's task running (unless not `running`: its stages wait) and a checkpoint
+    committed in between: the branch points the live
+    tree asked its answer at (`_source_at`), the wanted steps it decided (`walked`) and the
+    stages the planner priced (`priced`); then the planner is checked against a rebuild."""
     from dagtune.plan import _live
 
     session = Session(_comb(n), "critical_path", 0.0)
-    asked = 0
+    live, planner = session.planner.live, session.planner
+    asked = walked = priced = 0
     source_at = _live.LiveStageTree._source_at
 
     def counting(self, parent: str, step: int) -> tuple:
@@ -301,14 +340,15 @@ def _comb_links(n: int, monkeypatch) -> int:
     monkeypatch.setattr(_live.LiveStageTree, "_source_at", counting)
     for i in range(n + 1):
         if i == n - 10:
-            session.apply("pick", 0, 0)  # the long trial's root stage runs: the branch points' answers change
+            if running:  # the long trial's root stage runs: the branch points' answers change
+                session.apply("pick", 0, 0)
             root = session.requests[0][0]
             session.plan.record_checkpoint(root, n // 2, CKPT)
             session.planner.settle()
-            asked = 0
+            asked, walked, priced = 0, live.walked, planner.priced
         session.apply("submit", i, 0)
         session.planner.settle()
-    counted = asked
+    counted = (asked, live.walked - walked, planner.priced - priced)
     session.check()
     return counted
 
@@ -319,4 +359,39 @@ def test_a_sibling_at_a_new_branch_step_asks_one_point_not_every_siblings(monkey
     siblings: 35 and 395 points per sibling at 40 and 400). Only the points whose answer may
     have changed are asked now, two per sibling (its head links to its branch point, then
     the parent settles that new point): the same count at 40 siblings as at 400."""
-    assert _comb_links(40, monkeypatch) == _comb_links(400, monkeypatch) == 2 * 11
+    assert _comb_counts(40, monkeypatch)[0] == _comb_counts(400, monkeypatch)[0] == 2 * 11
+
+
+def test_a_sibling_at_a_new_branch_step_decides_and_prices_what_it_changes(monkeypatch):
+    """A new branch point on the long trial's node decided every wanted step of that node
+    again and priced every stage of it (work per sibling growing with the siblings already
+    there: main's code walked 396 and 4,356 steps for the last 11 of 40 and 400 siblings, and
+    priced 385 and 4,345 stages where the long trial's stages wait). Now it decides the steps
+    that changed (the sibling's own, the new branch point) and prices the stages whose priority
+    it reaches: the same counts at 40 siblings as at 400."""
+    for running in (True, False):
+        _, walked, priced = _comb_counts(40, monkeypatch, running)
+        assert (walked, priced) == _comb_counts(400, monkeypatch, running)[1:]
+        assert walked == 2 * 11
+
+
+def _view_reads(n: int) -> int:
+    """The stages a schedule view reads when nothing changed since the previous one (its
+    critical path), with `n` trials sharing a one-step prefix and branching off it at step 1:
+    a branch point with `n` children of equal priority (the view takes the latest node's). The
+    views are checked against the rebuilt one first."""
+    trials = [({"x": dt.Steps([0, i + 1], [1])}, 2) for i in range(n)]
+    session = Session(trials, "critical_path", 0.0)
+    for i in range(n):
+        session.apply("submit", i, 0)
+    session.check()
+    before = session.planner.view_reads
+    session.planner.schedule_view({})
+    return session.planner.view_reads - before
+
+
+def test_a_view_follows_the_critical_path_without_reading_every_child():
+    """A view's critical path read every child of each stage on it (main's code: 42 and 402
+    stages at 40 and 400 children); the planner keeps the children by priority and the
+    builder's order, so a view reads the best one: the same count at 40 children as at 400."""
+    assert _view_reads(40) == _view_reads(400) <= 4

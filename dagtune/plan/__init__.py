@@ -1,5 +1,6 @@
 """The search plan, its journal, and the stage tree built from it (rebuilt, or kept live)."""
 
+from dagtune.plan._chains import LiveStage
 from dagtune.plan._journal import (
     COMMIT_SECONDS,
     GroupCommit,
@@ -9,7 +10,7 @@ from dagtune.plan._journal import (
     plan_header,
     records_header,
 )
-from dagtune.plan._live import InFlightPoints, LiveStage, LiveStageTree, TreeObserver
+from dagtune.plan._live import InFlightPoints, LiveStageTree, TreeObserver
 from dagtune.plan._plan import NO_ENTRIES, Node, SearchPlan, merge_rate, trial_steps, unique_steps
 from dagtune.plan._tree import InFlight, Stage, StageTree, build_stage_tree
 

@@ -24,120 +24,37 @@ the last one, deepest first, so a burst of submissions or events costs one pass.
 `TreeObserver` hears which stages were added, changed, linked or removed, which is how the
 scheduler keeps priorities and its ready queue without walking the tree.
 
-Cost of one change: the node it touches and each ancestor whose contribution changes are
-recomputed, each in O(w log c) for w wanted steps and c checkpoints on that node; linking a
-new child stage is O(1); a branch point whose source changes (checkpoint committed, task
-launched) relinks the children waiting on it, once per change of that point. Only the
-branch points a rebuild may have changed are asked (`_moved`: a checkpoint, the stage ending
-there or the task serving it came or went, a first child branched there), so a node with w
-branch points costs a change one point, not w.
+Cost of one change. A change of what a node wants at a step (a request, metrics, a child
+node beginning to branch there or changing the rank it asks with) decides that step alone
+again (`_update`) and splices its stage into or out of its chain: O(log w) for w wanted steps
+on the node, plus the stages it changes (its own, the next one's start, the previous one's
+link, and the ranks before it while they change). The other steps keep their decisions: what
+they were decided on did not change, as for a node not touched at all. So a sibling branching
+off a long trial at a new step costs a constant, not the trial's branch points (perf/RESULTS.md
+9u). A checkpoint or a running task that comes, goes or moves on a node may change the source
+of every stage on it: that node decides all its wanted steps again (`_rebuild`, O(w log c) for
+c checkpoints). Either way, ancestors follow as long as what a node asks of its parent changes
+(one step of the parent each). Linking a new child stage is O(1); a branch point whose source
+changes (checkpoint committed, task launched) relinks the children waiting on it, once per
+change of that point. Only the branch points a change may have moved are asked (`NodeState.moved_at`: a
+checkpoint, the stage ending there or the task serving it came or went, a first child
+branched there), so a node with w branch points costs a change one point, not w.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Protocol
 
+from sortedcontainers import SortedList
+
+from dagtune.plan._chains import METRICS, LiveStage, MinRank, NodeState, follow, keep, unlink
 from dagtune.plan._plan import SearchPlan
-from dagtune.plan._tree import Stage, StageTree
+from dagtune.plan._tree import StageTree
 
-__all__ = ["InFlightPoints", "LiveStage", "LiveStageTree", "TreeObserver"]
-
-_METRICS, _STATE = 1, 2
-
-
-class LiveStage:
-    """One stage of a `LiveStageTree`, with the fields of `Stage` and a stable `index`.
-
-    `parent` is the stage it continues from (a `LiveStage`, when `source` is ``"stage"``),
-    `next` the stage continuing it on the same node, and `heads` the stages of child nodes that
-    continue from its end. `priority` is left to the scheduler that keeps it (the tree never
-    reads it). A live stage changes in place as the tree changes; `snapshot` freezes one.
-    """
-
-    __slots__ = (
-        "index",
-        "node",
-        "order",
-        "start",
-        "end",
-        "source",
-        "source_point",
-        "source_task",
-        "parent",
-        "next",
-        "heads",
-        "origin",
-        "metrics_needed",
-        "rank",
-        "priority",
-    )
-
-    def __init__(self, index: int, node: str, order: int, end: int):
-        self.index, self.node, self.order, self.end = index, node, order, end
-        self.start = 0
-        self.source = ""
-        self.source_point: tuple[str, int] | None = None
-        self.source_task: str | None = None
-        self.parent: LiveStage | None = None
-        self.next: LiveStage | None = None
-        self.heads: dict[int, LiveStage] | None = None
-        self.origin = ""  # scratch, checkpoint, running, chain (after `parent` on this node), head
-        self.metrics_needed = False
-        self.rank = 0
-        self.priority = 0.0
-
-    @property
-    def steps(self) -> int:
-        return self.end - self.start
-
-    @property
-    def ready(self) -> bool:
-        """Can start now: its source state exists."""
-        return self.source in ("scratch", "checkpoint")
-
-    def children(self) -> Iterator[LiveStage]:
-        """The stages continuing from this one's end: the next on its node, then the child
-        nodes' stages, latest node first (the builder's order)."""
-        if self.next is not None:
-            yield self.next
-        if self.heads:
-            yield from sorted(self.heads.values(), key=lambda s: -s.order)
-
-    def fields(self) -> tuple:
-        """What a rebuilt `Stage` would say about this stage (links as stage identities)."""
-        parent = self.parent.index if self.parent is not None else None
-        following = self.next.index if self.next is not None else None
-        return (
-            self.start,
-            self.source,
-            self.source_point,
-            self.source_task,
-            parent,
-            following,
-            self.metrics_needed,
-            self.rank,
-        )
-
-    def snapshot(self) -> Stage:
-        """A frozen `Stage` with this stage's stable index (children are not listed)."""
-        return Stage(
-            index=self.index,
-            node=self.node,
-            start=self.start,
-            end=self.end,
-            source=self.source,
-            source_point=self.source_point,
-            source_task=self.source_task,
-            parent=self.parent.index if self.parent is not None else None,
-            metrics_needed=self.metrics_needed,
-            rank=self.rank,
-        )
-
-    def __repr__(self) -> str:
-        return f"LiveStage({self.index}, {self.node[:8]}, [{self.start}, {self.end}), {self.source})"
+__all__ = ["InFlightPoints", "LiveStageTree", "TreeObserver"]
 
 
 class TreeObserver(Protocol):
@@ -207,54 +124,6 @@ class InFlightPoints:
         return best
 
 
-class _MinRank:
-    """Items with a rank and the least rank among them (a heap with lazy deletion)."""
-
-    __slots__ = ("ranks", "heap")
-
-    def __init__(self) -> None:
-        self.ranks: dict[str, int] = {}
-        self.heap: list[tuple[int, str]] = []
-
-    def set(self, item: str, rank: int) -> None:
-        if self.ranks.get(item) == rank:
-            return
-        self.ranks[item] = rank
-        heapq.heappush(self.heap, (rank, item))
-        if len(self.heap) > 2 * len(self.ranks) + 16:
-            self.heap = [(r, i) for i, r in self.ranks.items()]
-            heapq.heapify(self.heap)
-
-    def discard(self, item: str) -> None:
-        self.ranks.pop(item, None)
-
-    def least(self) -> int | None:
-        heap, ranks = self.heap, self.ranks
-        while heap and ranks.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-
-class _NodeState:
-    """What the tree holds for one plan node: its stages by end step, the points running
-    tasks serve on it, what its children ask of it, and what it asks of its parent."""
-
-    __slots__ = ("stages", "served", "asks", "links", "moved", "head", "asked", "checkpoints")
-
-    def __init__(self) -> None:
-        self.stages: dict[int, LiveStage] = {}
-        self.served: dict[int, str] = {}  # step -> task delivering that point
-        self.asks: dict[int, _MinRank] = {}  # branch step -> children needing its state, by rank
-        self.links: dict[int, tuple] = {}  # branch step -> what its children continue from
-        self.moved: set[int] | None = None  # steps whose answer to children may have changed
-        self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
-        self.asked: int | None = None  # the rank this node asks its parent's state with
-        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
-
-    def idle(self) -> bool:
-        return not (self.stages or self.served or self.asks or self.asked is not None)
-
-
 class LiveStageTree:
     """The stage tree of `plan`'s active requests, updated in place (see the module docstring).
 
@@ -266,13 +135,15 @@ class LiveStageTree:
         self.plan = plan
         self.observer = observer
         self.tasks = InFlightPoints()
-        self._states: dict[str, _NodeState] = {}
+        self._states: dict[str, NodeState] = {}
         self._queue: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
+        # queued node -> the wanted steps that changed on it, or None: decide them all again
+        self._pending: dict[str, set[int] | None] = {}
         self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
         self._relied_changed: set[str] = set()  # tasks whose points changed since `take_changed`
         self._next_index = 0
-        self.rebuilds = 0  # node rebuilds so far: what the changes cost
+        self.rebuilds = 0  # node rebuilds and updates so far: what the changes cost
+        self.walked = 0  # wanted steps decided so far (`_decide`): what they cost
         plan.observers.append(self._plan_changed)
         for node, _ in plan.active:
             self._touch(node)
@@ -286,16 +157,16 @@ class LiveStageTree:
 
     def _plan_changed(self, kind: str, node: str, step: int | None) -> None:
         if kind == "request":
-            self._touch(node)
+            self._touch(node, step)
         elif kind == "metrics":
             state = self._states.get(node)
             if state is not None and (step in state.asks or step in self.plan.nodes[node].requests):
-                self._touch(node)
+                self._touch(node, step)
         elif kind == "checkpoint":
             state = self._states.get(node)
             if state is not None:
                 state.checkpoints = None
-                self._moved(state, step)
+                state.moved_at(step)
                 self._touch(node)
 
     def launch(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
@@ -324,10 +195,19 @@ class LiveStageTree:
         for node, _ in self._relied.get(key, ()):
             self._touch(node)
 
-    def _touch(self, node: str) -> None:
-        if node not in self._queued:
-            self._queued.add(node)
+    def _touch(self, node: str, step: int | None = None) -> None:
+        """Queue `node` for the next `settle`: what it wants changed at `step` only (a request,
+        metrics, a child's ask there), or anything (None: a checkpoint, a running task)."""
+        pending = self._pending
+        if node not in pending:
             heapq.heappush(self._queue, (-self.plan.nodes[node].order, node))
+            pending[node] = None if step is None else {step}
+        elif step is None:
+            pending[node] = None
+        else:
+            steps = pending[node]
+            if steps is not None:
+                steps.add(step)
 
     # ------------------------------------------------------------------ queries
 
@@ -337,9 +217,13 @@ class LiveStageTree:
             return
         while self._queue:
             _, node = heapq.heappop(self._queue)
-            self._queued.discard(node)
-            self._rebuild(node)
-        self._queued = set()  # a drained set keeps its table (a burst of trials: one per node)
+            steps = self._pending.pop(node)
+            state = self._states.get(node)
+            if steps is None or state is None:
+                self._rebuild(node)
+            else:
+                self._update(node, state, steps)
+        self._pending = {}  # a drained dict keeps its table (a burst of trials: one per node)
 
     def stages_of(self, node: str) -> list[LiveStage]:
         """The stages of plan node `node`, by start."""
@@ -383,65 +267,75 @@ class LiveStageTree:
 
     # ------------------------------------------------------------------ one node
 
-    def _wanted(self, node, state: _NodeState) -> dict[int, list[int]]:
-        """Step -> [what, rank]: the node's needs, as `build_stage_tree` gathers them."""
-        wanted: dict[int, list[int]] = {}
-        ranks = self.plan.request_rank
-        for step in node.requests:
-            if step not in node.metrics:
-                wanted[step] = [_METRICS, ranks[(node.id, step)]]
-        for step, asks in state.asks.items():
-            rank = asks.least()
-            entry = wanted.get(step)
-            if entry is None:
-                wanted[step] = [_STATE, rank]
-            else:
-                entry[0] |= _STATE
-                entry[1] = min(entry[1], rank)
-        return wanted
+    def _decide(self, node, state: NodeState, step: int, what: int) -> tuple | None:
+        """The builder's decision for one wanted step: None where the node's checkpoints or
+        metrics serve it, ``("claim", task)`` where a running task will deliver it, else
+        ``("chain", source, origin, task)``: a stage ends there, on the chain from `source`."""
+        self.walked += 1
+        has_metrics = step in node.metrics
+        if step in node.checkpoints and (has_metrics or not what & METRICS):
+            return None
+        if what == METRICS and has_metrics:
+            return None
+        task = self.tasks.claim(node.id, step)
+        if task is not None:
+            return ("claim", task)
+        if state.checkpoints is None:
+            state.checkpoints = sorted(node.checkpoints)
+        checkpoints = state.checkpoints
+        at = bisect_left(checkpoints, step)
+        source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
+        origin, ref = "checkpoint", None
+        running = self.tasks.latest_before(node.id, step)
+        if running is not None and (source is None or running[0] > source):
+            source, origin, ref = running[0], "running", running[1]
+        if source is None:
+            source = node.start
+            origin = "scratch" if node.parent is None else "head"
+        return ("chain", source, origin, ref)
 
     def _rebuild(self, node_id: str) -> None:
+        """Decide every wanted step of the node again (a checkpoint or a running task changed:
+        the sources of all its stages may have)."""
         self.rebuilds += 1
         plan = self.plan
         node = plan.nodes[node_id]
         state = self._states.get(node_id)
         if state is None:
-            state = self._states[node_id] = _NodeState()
-        wanted = self._wanted(node, state)
-        if state.checkpoints is None:
-            state.checkpoints = sorted(node.checkpoints)
-        checkpoints = state.checkpoints
+            state = self._states[node_id] = NodeState()
+        wanted = state.wanted(node, self.plan.request_rank)
 
         # the builder's loop over one node's wanted steps
         served: dict[int, str] = {}
         chains: dict[int, list] = {}  # source step -> [origin, task, steps]
+        decided: dict[int, tuple] = {}
+        claims: dict[int, str] = {}
         for step in sorted(wanted):
-            what = wanted[step][0]
-            has_metrics = step in node.metrics
-            if step in node.checkpoints and (has_metrics or not what & _METRICS):
+            what, rank = wanted[step]
+            decision = self._decide(node, state, step, what)
+            if decision is None:
                 continue
-            if what == _METRICS and has_metrics:
+            if decision[0] == "claim":
+                served[step] = claims[step] = decision[1]
+                decided[step] = decision
                 continue
-            task = self.tasks.claim(node_id, step)
-            if task is not None:
-                served[step] = task
-                continue
-            at = bisect_left(checkpoints, step)
-            source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
-            origin, ref = "checkpoint", None
-            running = self.tasks.latest_before(node_id, step)
-            if running is not None and (source is None or running[0] > source):
-                source, origin, ref = running[0], "running", running[1]
+            _, source, origin, ref = decision
+            decided[step] = (*decision, rank)
+            if origin == "running":
                 served[source] = ref
-            if source is None:
-                source = node.start
-                origin = "scratch" if node.parent is None else "head"
             chain = chains.get(source)
             if chain is None:
                 chains[source] = [origin, ref, [step]]
             else:
                 chain[0], chain[1] = origin, ref
                 chain[2].append(step)
+        state.decided, state.claims = decided, claims
+        state.chained = SortedList(step for _, _, steps in chains.values() for step in steps)
+        state.sourced = {
+            source: [ref, len(steps)]
+            for source, (origin, ref, steps) in chains.items()
+            if origin == "running"
+        }
 
         # the stages: one per chained step; rank = least rank from there to the chain's end
         specs: list[tuple] = []  # (end, start, origin, task, metrics, rank, previous end)
@@ -455,7 +349,7 @@ class LiveStageTree:
             begin, previous = source, None
             for end, rank in zip(steps, ranks):
                 kind = origin if previous is None else "chain"
-                specs.append((end, begin, kind, ref, bool(wanted[end][0] & _METRICS), rank, previous))
+                specs.append((end, begin, kind, ref, bool(wanted[end][0] & METRICS), rank, previous))
                 begin, previous = end, end
 
         old = state.stages
@@ -469,19 +363,11 @@ class LiveStageTree:
                 stage = LiveStage(self._next_index, node_id, node.order, end)
                 self._next_index += 1
                 added.append(stage)
-            if stage.origin == "head" and kind != "head":
-                self._unlink(stage)
-            stage.start, stage.metrics_needed, stage.rank = begin, metrics, rank
-            if kind == "head":
-                state.head = stage
-                if stage.origin != "head":  # linked to the parent node below
-                    stage.parent, stage.source = None, ""
+            stage.metrics_needed, stage.rank = metrics, rank
+            if kind == "chain":
+                follow(stage, new[previous])
             else:
-                stage.parent = new[previous] if kind == "chain" else None
-                stage.source = "stage" if kind == "chain" else kind
-                stage.source_task = ref if kind == "running" else None
-                stage.source_point = (node_id, begin) if kind in ("checkpoint", "running") else None
-            stage.origin = kind
+                state.begin(stage, begin, kind, ref)
             stage.next = None
             new[end] = stage
         for end, *_, previous in specs:
@@ -490,13 +376,21 @@ class LiveStageTree:
         state.stages = new
         removed = list(old.values())
         for stage in removed:
-            self._moved(state, stage.end)
+            state.moved_at(stage.end)
             if stage.origin == "head":
-                self._unlink(stage)
+                unlink(stage)
         for stage in added:
-            self._moved(state, stage.end)
+            state.moved_at(stage.end)
 
         self._serve(node_id, state, served)
+        self._finish(
+            node, state, asked, added, [(s, before[e]) for e, s in new.items() if e in before], removed
+        )
+
+    def _finish(self, node, state: NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
+        """What a rebuild or an update of `node` ends with: its ask of its parent, its head's
+        link, its children's links, and the observer told of the stages that changed
+        (`kept`: ``(stage, its fields before)``)."""
         self._ask_parent(node, state, asked)
         if state.head is not None:
             self._link_head(node, state.head)
@@ -506,21 +400,101 @@ class LiveStageTree:
         if observer is not None:
             for stage in added:
                 observer.stage_added(stage)
-            for end, stage in new.items():
-                if end in before and before[end] != stage.fields():
+            for stage, before in kept:
+                if before != stage.fields():
                     observer.stage_changed(stage)
             for stage in removed:
                 observer.stage_removed(stage)
         if state.idle():
-            del self._states[node_id]
+            del self._states[node.id]
 
-    def _serve(self, node_id: str, state: _NodeState, served: dict[int, str]) -> None:
+    # ------------------------------------------------------------------ a few steps of one node
+
+    def _update(self, node_id: str, state: NodeState, steps: set[int]) -> None:
+        """Decide again only the wanted steps in `steps` (a request, metrics or a child's ask
+        changed there; no checkpoint or running task changed on the node, or it would have
+        been rebuilt), and change only the stages that reaches: the stage ending at each step,
+        the one after it on its chain (its start), the one before (its link) and, while they
+        change, the ranks before it. The other steps keep their decisions: as for a node not
+        touched at all, what they were decided on did not change."""
+        self.rebuilds += 1
+        node = self.plan.nodes[node_id]
+        touched: dict[int, tuple] = {}  # stage index -> (stage, its fields before)
+        added: list[LiveStage] = []
+        detached: list[LiveStage] = []
+        ranked: set[int] = set()  # ends whose rank to compute again
+        points: set[int] = set()  # steps whose serving task may have changed
+        for step in sorted(steps):
+            want = state.wanted_at(node, self.plan.request_rank, step)
+            decision = None if want is None else self._decide(node, state, step, want[0])
+            old = state.decided.get(step)
+            reuse = None
+            if old is not None:
+                points.add(step if old[0] == "claim" else old[1])
+                if old[0] == "claim":
+                    del state.claims[step]
+                else:
+                    reuse = state.detach(step, touched, ranked)
+                    state.count_source(old[1], old[2], old[3], -1)
+                del state.decided[step]
+            if decision is not None and decision[0] == "claim":
+                state.decided[step] = decision
+                state.claims[step] = decision[1]
+                points.add(step)
+            elif decision is not None:
+                _, source, origin, ref = decision
+                state.decided[step] = (*decision, want[1])
+                state.count_source(source, origin, ref, 1)
+                points.add(source)
+                stage = reuse
+                if stage is None:
+                    stage = LiveStage(self._next_index, node_id, node.order, step)
+                    self._next_index += 1
+                    added.append(stage)
+                stage.metrics_needed = bool(want[0] & METRICS)
+                state.insert(stage, touched, ranked)
+                reuse = None
+            if reuse is not None:
+                detached.append(reuse)
+        state.rerank(ranked, touched)
+
+        if state.head is not None:  # `_finish` links it
+            keep(touched, state.head)
+        for stage in detached + added:
+            state.moved_at(stage.end)
+            touched.pop(stage.index, None)
+        for step in points:
+            task = state.sourced[step][0] if step in state.sourced else state.claims.get(step)
+            self._serve_point(node_id, state, step, task)
+        asked = state.head.rank if state.head is not None else None
+        self._finish(node, state, asked, added, list(touched.values()), detached)
+
+    def _serve_point(self, node_id: str, state: NodeState, step: int, task: str | None) -> None:
+        """Record which running task, if any, the node's point `step` relies on."""
+        old = state.served.get(step)
+        if old == task:
+            return
+        state.moved_at(step)
+        if old is not None:
+            del state.served[step]
+            self._relied_changed.add(old)
+            points = self._relied.get(old)
+            if points is not None:
+                points.discard((node_id, step))
+                if not points:
+                    del self._relied[old]
+        if task is not None:
+            state.served[step] = task
+            self._relied_changed.add(task)
+            self._relied.setdefault(task, set()).add((node_id, step))
+
+    def _serve(self, node_id: str, state: NodeState, served: dict[int, str]) -> None:
         """Record which running tasks the node's points rely on."""
         if served == state.served:
             return
         for step, task in state.served.items():
             if served.get(step) != task:
-                self._moved(state, step)
+                state.moved_at(step)
                 self._relied_changed.add(task)
                 points = self._relied.get(task)
                 if points is not None:
@@ -529,12 +503,12 @@ class LiveStageTree:
                         del self._relied[task]
         for step, task in served.items():
             if state.served.get(step) != task:
-                self._moved(state, step)
+                state.moved_at(step)
                 self._relied_changed.add(task)
                 self._relied.setdefault(task, set()).add((node_id, step))
         state.served = served
 
-    def _ask_parent(self, node, state: _NodeState, asked: int | None) -> None:
+    def _ask_parent(self, node, state: NodeState, asked: int | None) -> None:
         """Tell the parent whether this node needs its state at the branch step, and with
         which rank; the parent is rebuilt if that changes its need there."""
         if asked == state.asked:
@@ -544,8 +518,9 @@ class LiveStageTree:
         if parent is None:
             return
         up = self._states.get(parent)
-        if up is None:
-            up = self._states[parent] = _NodeState()
+        if up is None:  # a parent holding nothing yet: all its wanted steps to decide
+            up = self._states[parent] = NodeState()
+            self._touch(parent)
         asks = up.asks.get(node.start)
         before = asks.least() if asks is not None else None
         if asked is None:
@@ -556,12 +531,12 @@ class LiveStageTree:
                     up.links.pop(node.start, None)
         else:
             if asks is None:
-                asks = up.asks[node.start] = _MinRank()
-                self._moved(up, node.start)  # a new branch point: its answer is still to link
+                asks = up.asks[node.start] = MinRank()
+                up.moved_at(node.start)  # a new branch point: its answer is still to link
             asks.set(node.id, asked)
         after = asks.least() if asks is not None and asks.ranks else None
         if after != before:
-            self._touch(parent)
+            self._touch(parent, node.start)
 
     # ------------------------------------------------------------------ links between nodes
 
@@ -588,19 +563,10 @@ class LiveStageTree:
         link = state.links.get(node.start) if state is not None else None
         self._link(node, head, link if link is not None else self._source_at(node.parent, node.start))
 
-    @staticmethod
-    def _moved(state: _NodeState, step: int) -> None:
-        """Note that `state`'s answer at `step` (`_source_at`) may have changed: a checkpoint,
-        the stage ending there or the task serving it came or went, or children began to
-        branch there."""
-        if state.moved is None:
-            state.moved = set()
-        state.moved.add(step)
-
-    def _relink_children(self, node, state: _NodeState) -> None:
+    def _relink_children(self, node, state: NodeState) -> None:
         """Children branching where this node's answer changed follow the change.
 
-        Only the branch points noted by `_moved` since the last call are asked again (what a
+        Only the branch points noted by `NodeState.moved_at` since the last call are asked again (what a
         change can reach), not every point children branch at: a node with many children at
         distinct steps costs each new child one point, not all of them. `links` needs no
         sweep: `_ask_parent` drops a point's link with its last child."""
@@ -628,23 +594,13 @@ class LiveStageTree:
         kind, ref = link
         if kind == "stage":
             if head.parent is not ref:
-                self._unlink(head)
+                unlink(head)
                 if ref.heads is None:
                     ref.heads = {}
                 ref.heads[head.index] = head
                 head.parent = ref
             head.source, head.source_point, head.source_task = "stage", None, None
         else:
-            self._unlink(head)
+            unlink(head)
             head.source, head.source_point = kind, (node.parent, node.start)
             head.source_task = ref if kind == "running" else None
-
-    def _unlink(self, head: LiveStage) -> None:
-        """Detach a node's first stage from the parent node's stage it continued from."""
-        old = head.parent
-        if old is None or old.node == head.node:
-            return
-        head.parent = None
-        del old.heads[head.index]
-        if not old.heads:
-            old.heads = None
