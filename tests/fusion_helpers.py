@@ -224,6 +224,21 @@ class Sequences(nn.Module):
         return self.head(out[:, -1])
 
 
+class DroppedSequences(Sequences):
+    """A 2-layer bidirectional LSTM (batch first, dropout between its layers) whose outputs
+    are dropped before the head reads them: its batch-first output is a transposed view (not
+    contiguous), which dropout's noise is laid out like."""
+
+    def __init__(self):
+        super().__init__(nn.LSTM(4, 8, num_layers=2, bidirectional=True, dropout=0.2, batch_first=True))
+        self.head = nn.Linear(16, 2)
+        self.dropout = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.recurrent(x.view(x.shape[0], 8, 4))
+        return self.head(self.dropout(out).mean(1))
+
+
 class Encoder(nn.Module):
     """A Transformer encoder layer (batch first, dropout 0.1) over each sample read as 8
     tokens of 4 values, mean-pooled and classified."""
@@ -262,6 +277,7 @@ KINDS = {
     "transformer": Encoder,
     "gru": lambda: Sequences(nn.GRU(4, 8, batch_first=True)),
     "lstm": lambda: Sequences(nn.LSTM(4, 8, batch_first=True)),
+    "lstm-dropout": DroppedSequences,
     "running-mean": lambda: nn.Sequential(nn.Linear(32, 16), RunningMean(16), nn.ReLU(), nn.Linear(16, 2)),
     "custom-op": lambda: nn.Sequential(nn.Linear(32, 16), Squared(), nn.Linear(16, 2)),
     "batchnorm1d": lambda: nn.Sequential(

@@ -70,7 +70,9 @@ def test_a_member_is_itself_alone_whatever_its_group_and_close_to_unfused(kind):
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), kind
 
 
-@pytest.mark.parametrize("kind", ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "groupnorm"])
+@pytest.mark.parametrize(
+    "kind", ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "lstm-dropout", "groupnorm"]
+)
 def test_these_train_fused_bit_for_bit_as_unfused(kind):
     """Normalizations, recurrent layers and re-assigned buffers run memberwise: the very
     unfused calls (this model's linear layers are small enough to agree bitwise too)."""
