@@ -44,11 +44,30 @@ from dagtune.fusion._trace import ModuleTrace
 from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
 from dagtune.sequences import same_value
 
-__all__ = ["FusedGroup", "FusionError", "MemberModel"]
+__all__ = ["REPLACED_METHODS", "FusedGroup", "FusionError", "MemberModel", "check_not_replaced"]
+
+#: the `FusibleTrainer` methods a fused group never calls: it trains its members with a step
+#: of its own (one vmapped loss, one backward, the fused optimizer), so an override of these
+#: would be left out fused
+REPLACED_METHODS = ("train", "train_batch")
 
 
 class FusionError(DagtuneError, ValueError):
     """Trials that cannot train as one fused group (the message says what differs)."""
+
+
+def check_not_replaced(cls: type[FusibleTrainer]) -> None:
+    """Raise a FusionError naming the first of `REPLACED_METHODS` that `cls` overrides: fused,
+    the override would be silently skipped (gradient clipping in ``train_batch``, say, would
+    clip unfused only; a norm over a fused group's stacked gradients would mix its trials')."""
+    for name in REPLACED_METHODS:
+        if getattr(cls, name) is not getattr(FusibleTrainer, name):
+            owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+            raise FusionError(
+                f"{cls.__qualname__} overrides FusibleTrainer.{name}() (in {owner.__qualname__}), which a "
+                f"fused group never calls (it trains its members with one fused step of its own): what "
+                f"the override does would be left out, so its trials cannot train fused"
+            )
 
 
 class MemberModel:
@@ -86,6 +105,7 @@ class FusedGroup:
     def __init__(self, host: FusibleTrainer, fused_state: Mapping[str, Any]):
         if not isinstance(host, FusibleTrainer):
             raise TypeError(f"a fused group needs a FusibleTrainer host, got {type(host).__qualname__}")
+        check_not_replaced(type(host))
         self.host = host
         self.members = int(fused_state["members"])
         model = host.model
