@@ -329,6 +329,16 @@ class Kinds(TinyMLP):
         return KINDS[self.kind]()
 
 
+class AdamKinds(Kinds):
+    """`Kinds` trained with AdamW, which turns a gradient's rounding noise into lr-sized
+    updates where the true gradient is zero (attention's key bias): fused must compute such
+    gradients as unfused does to agree with it."""
+
+    fusible = TinyAdamW.fusible
+    optimizer_class = dt.AdamW
+    optimizer_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01}
+
+
 class GroupedKinds(Kinds):
     """`Kinds` fused with batched convolutions and matrix products."""
 

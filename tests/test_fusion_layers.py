@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fusion_helpers import KINDS, GroupedKinds, Kinds, TinyCNN
+from fusion_helpers import KINDS, AdamKinds, GroupedKinds, Kinds, TinyCNN
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
@@ -135,6 +135,44 @@ def test_dropout_on_a_non_contiguous_activation_drops_the_elements_unfused_train
     torch.manual_seed(5)
     plain = torch.func.vmap(drop, randomness="same")(stacked)
     assert not torch.equal(plain[0] != 0, expected != 0)  # the control: vmap's own rule differs
+
+
+def test_self_attention_fused_computes_its_gradients_as_unfused():
+    """Self-attention passes one tensor as query, key and value, and ``query is key`` picks
+    attention's packed in-projection (one product instead of three). Each member's call must
+    get one tensor too: three separate slices took the three products, whose gradients round
+    differently (1e-9), and AdamW turned that noise in the key bias (whose true gradient is
+    zero) into 1.8e-4 after one batch: the fusion check refused a Transformer with AdamW."""
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(4, 5, 8)
+    weights = {
+        name: torch.stack([p.detach()] * 2).requires_grad_() for name, p in attention.named_parameters()
+    }
+    inputs = torch.stack([x] * 2).requires_grad_()
+
+    def attend(member_weights, member_x):
+        out, _ = torch.func.functional_call(attention, member_weights, (member_x, member_x, member_x))
+        return out
+
+    with MemberwiseLayers():
+        out = torch.func.vmap(attend)(weights, inputs)
+    grad = torch.randn(out.shape[1:])
+    out.backward(torch.stack([grad] * 2))
+    plain = x.clone().requires_grad_()
+    want, _ = attention(plain, plain, plain)
+    want.backward(grad)
+    for member in range(2):
+        assert torch.equal(out[member], want)
+        assert torch.equal(inputs.grad[member], plain.grad)
+        for name, p in attention.named_parameters():
+            assert torch.equal(weights[name].grad[member], p.grad), name
+
+
+def test_a_transformer_trained_with_adamw_passes_the_fusion_check():
+    values = {"lr": 0.01, "weight_decay": 0.01, "batch_size": 32}
+    verdict = check_fusion(AdamKinds, {"kind": "transformer"}, 0, values)
+    assert verdict.ok, verdict.reason
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])

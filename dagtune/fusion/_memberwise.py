@@ -282,9 +282,17 @@ def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, rando
     stacked, each member's slice laid out as its own output (`stack_in_layout`)."""
     call = _Call(function, args, kwargs)
     structure: list[Any] = []
+    # one tensor passed several times (self-attention's query, key and value) is one tensor
+    # for each member too: operations test identity (``query is key`` picks attention's
+    # packed in-projection, one product instead of three, which rounds its gradients
+    # differently)
+    unique: dict[int, int] = {}
+    positions = [unique.setdefault(id(tensor), len(unique)) for tensor in call.tensors()]
+    distinct = list({id(tensor): tensor for tensor in call.tensors()}.values())
 
     def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
-        per_member = zip(*(_members(value, dim, members) for value, dim in zip(values, dims)))
+        slices = [_members(value, dim, members) for value, dim in zip(values, dims)]
+        per_member = zip(*(slices[i] for i in positions))
         replay = _Replay(values[0].device) if random else None
         outputs = []
         for member_tensors in per_member:
@@ -296,7 +304,7 @@ def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, rando
         stacked = [stack_in_layout(parts) for parts in zip(*outputs)]
         return stacked, [0] * len(stacked)
 
-    batched = below_vmap(rule, call.tensors())
+    batched = below_vmap(rule, distinct)
     if batched is None:  # nothing batched: the unfused call
         return function(*args, **kwargs)
     leaves, spec = structure
