@@ -271,6 +271,14 @@ def batchnorm_cnn() -> nn.Module:
     )
 
 
+def frozen_first_layer() -> nn.Module:
+    """An MLP whose first layer is frozen (``requires_grad=False``, as a pretrained one):
+    unfused, the optimizer skips it (no gradient)."""
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 2))
+    model[0].requires_grad_(False)
+    return model
+
+
 #: kind -> the model of `Kinds` (each on 32 features per sample)
 KINDS = {
     "batchnorm2d": batchnorm_cnn,
@@ -278,6 +286,7 @@ KINDS = {
     "gru": lambda: Sequences(nn.GRU(4, 8, batch_first=True)),
     "lstm": lambda: Sequences(nn.LSTM(4, 8, batch_first=True)),
     "lstm-dropout": DroppedSequences,
+    "frozen": frozen_first_layer,
     "running-mean": lambda: nn.Sequential(nn.Linear(32, 16), RunningMean(16), nn.ReLU(), nn.Linear(16, 2)),
     "custom-op": lambda: nn.Sequential(nn.Linear(32, 16), Squared(), nn.Linear(16, 2)),
     "batchnorm1d": lambda: nn.Sequential(

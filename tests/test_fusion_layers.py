@@ -71,7 +71,8 @@ def test_a_member_is_itself_alone_whatever_its_group_and_close_to_unfused(kind):
 
 
 @pytest.mark.parametrize(
-    "kind", ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "lstm-dropout", "groupnorm"]
+    "kind",
+    ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "lstm-dropout", "groupnorm", "frozen"],
 )
 def test_these_train_fused_bit_for_bit_as_unfused(kind):
     """Normalizations, recurrent layers and re-assigned buffers run memberwise: the very
@@ -92,6 +93,24 @@ def test_a_buffer_reassigned_in_forward_is_carried_through():
         assert not torch.equal(state["model"]["1.mean"], start)  # the control: it moves
         assert torch.equal(states[member]["model"]["1.mean"], state["model"]["1.mean"])
     assert not torch.equal(states[0]["model"]["1.mean"], states[1]["model"]["1.mean"])  # per member
+
+
+def test_a_frozen_parameter_stays_frozen_fused_and_may_be_unfrozen_later():
+    """A parameter with ``requires_grad=False`` gets no gradient and no update, and no
+    optimizer state, as unfused; a trainer that unfreezes it between steps trains it."""
+    values = schedules(2)
+    host = build_trainer(Kinds, {"kind": "frozen"}, 0)
+    start = host.state_dict()
+    group = FusedGroup.from_states(host, [start] * 2)
+    group.setup(values)
+    group.train()
+    for member in range(2):
+        state = group.state_dict(member)
+        assert torch.equal(state["model"]["0.weight"], start["model"]["0.weight"])
+        assert 0 not in state["optimizer"]["state"] and 2 in state["optimizer"]["state"]
+    host.model[0].requires_grad_(True)
+    group.train()
+    assert not torch.equal(group.state_dict(0)["model"]["0.weight"], start["model"]["0.weight"])
 
 
 class TwiceCalled(Kinds):

@@ -136,6 +136,9 @@ class FusedGroup:
                 self.params[key] = stacked.requires_grad_(True)
             else:
                 self.buffers[key] = stacked
+        #: the module's own parameters: whether each trains (``requires_grad``) is read from
+        #: them at every batch, as the unfused optimizer skips a frozen one (no gradient)
+        self._module_params = {key: keyed[key] for key in self.params}
         names = {id(tensor): key for key, tensor in keyed.items() if self._canonical[key] == key}
         self._order = [names[id(p)] for p in model.parameters()]  # the optimizer's parameter indices
         optimizer = fused_state["optimizer"]
@@ -221,8 +224,9 @@ class FusedGroup:
         """One optimizer update of every member on the batch of sample `indices`; returns
         each member's loss (`trace`: record what each layer computed)."""
         batch = self.host.batch(indices)
-        for param in self.params.values():
+        for key, param in self.params.items():
             param.grad = None
+            param.requires_grad_(self._module_params[key].requires_grad)  # frozen: no gradient, no update
         losses = self._losses(batch, trace)
         losses.sum().backward()
         with torch.no_grad():
