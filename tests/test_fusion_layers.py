@@ -328,6 +328,31 @@ class Deliberate(Kinds):
         return nn.Sequential(nn.Linear(32, 16), layer, nn.ReLU(), nn.Linear(16, 2))
 
 
+class SparseBag(nn.Module):
+    """Each sample's signs as tokens of a sparse embedding (``sparse=True``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(2, 8, sparse=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding((x > 0).long()).mean(1))
+
+
+class SparseTrainer(Kinds):
+    def make_model(self, features: int, hidden: int) -> nn.Module:
+        return SparseBag()
+
+
+def test_the_fusion_check_names_an_embedding_with_sparse_gradients():
+    """Sparse gradients cannot be stacked: the backward pass failed in no module, and the
+    verdict named none ("in its fused step: reshape is not implemented for sparse tensors")."""
+    verdict = check_fusion(SparseTrainer, {}, 0, schedules(1)[0])
+    assert not verdict.ok
+    assert "module 'embedding' (Embedding) has sparse=True" in verdict.reason
+
+
 def test_the_fusion_check_names_a_layer_whose_result_depends_on_the_group():
     verdict = check_fusion(Deliberate, {"kind": "counts"}, 0, schedules(1)[0])
     assert not verdict.ok

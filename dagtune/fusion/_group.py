@@ -40,11 +40,18 @@ from dagtune.errors import DagtuneError
 from dagtune.fusion._horizontal import horizontal_call
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
-from dagtune.fusion._trace import ModuleTrace
+from dagtune.fusion._trace import ModuleTrace, describe_module
 from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
 from dagtune.sequences import same_value
 
-__all__ = ["REPLACED_METHODS", "FusedGroup", "FusionError", "MemberModel", "check_not_replaced"]
+__all__ = [
+    "REPLACED_METHODS",
+    "FusedGroup",
+    "FusionError",
+    "MemberModel",
+    "check_dense_gradients",
+    "check_not_replaced",
+]
 
 #: the `FusibleTrainer` methods a fused group never calls: it trains its members with a step
 #: of its own (one vmapped loss, one backward, the fused optimizer), so an override of these
@@ -54,6 +61,18 @@ REPLACED_METHODS = ("train", "train_batch")
 
 class FusionError(DagtuneError, ValueError):
     """Trials that cannot train as one fused group (the message says what differs)."""
+
+
+def check_dense_gradients(model: torch.nn.Module) -> None:
+    """Raise a FusionError naming the first embedding of `model` with ``sparse=True``: a fused
+    group stacks its members' gradients, which sparse gradients cannot be (the backward pass
+    fails, in no module the check could name)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            raise FusionError(
+                f"{describe_module(model, name)} has sparse=True: a fused group stacks its members' "
+                f"gradients, which sparse gradients cannot be; give it sparse=False to train fused"
+            )
 
 
 def check_not_replaced(cls: type[FusibleTrainer]) -> None:
@@ -106,6 +125,7 @@ class FusedGroup:
         if not isinstance(host, FusibleTrainer):
             raise TypeError(f"a fused group needs a FusibleTrainer host, got {type(host).__qualname__}")
         check_not_replaced(type(host))
+        check_dense_gradients(host.model)
         self.host = host
         self.members = int(fused_state["members"])
         model = host.model
