@@ -224,6 +224,21 @@ class Sequences(nn.Module):
         return self.head(out[:, -1])
 
 
+class DroppedSequences(Sequences):
+    """A 2-layer bidirectional LSTM (batch first, dropout between its layers) whose outputs
+    are dropped before the head reads them: its batch-first output is a transposed view (not
+    contiguous), which dropout's noise is laid out like."""
+
+    def __init__(self):
+        super().__init__(nn.LSTM(4, 8, num_layers=2, bidirectional=True, dropout=0.2, batch_first=True))
+        self.head = nn.Linear(16, 2)
+        self.dropout = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.recurrent(x.view(x.shape[0], 8, 4))
+        return self.head(self.dropout(out).mean(1))
+
+
 class Encoder(nn.Module):
     """A Transformer encoder layer (batch first, dropout 0.1) over each sample read as 8
     tokens of 4 values, mean-pooled and classified."""
@@ -256,12 +271,22 @@ def batchnorm_cnn() -> nn.Module:
     )
 
 
+def frozen_first_layer() -> nn.Module:
+    """An MLP whose first layer is frozen (``requires_grad=False``, as a pretrained one):
+    unfused, the optimizer skips it (no gradient)."""
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 2))
+    model[0].requires_grad_(False)
+    return model
+
+
 #: kind -> the model of `Kinds` (each on 32 features per sample)
 KINDS = {
     "batchnorm2d": batchnorm_cnn,
     "transformer": Encoder,
     "gru": lambda: Sequences(nn.GRU(4, 8, batch_first=True)),
     "lstm": lambda: Sequences(nn.LSTM(4, 8, batch_first=True)),
+    "lstm-dropout": DroppedSequences,
+    "frozen": frozen_first_layer,
     "running-mean": lambda: nn.Sequential(nn.Linear(32, 16), RunningMean(16), nn.ReLU(), nn.Linear(16, 2)),
     "custom-op": lambda: nn.Sequential(nn.Linear(32, 16), Squared(), nn.Linear(16, 2)),
     "batchnorm1d": lambda: nn.Sequential(
@@ -311,6 +336,16 @@ class Kinds(TinyMLP):
 
     def make_model(self, features: int, hidden: int) -> nn.Module:
         return KINDS[self.kind]()
+
+
+class AdamKinds(Kinds):
+    """`Kinds` trained with AdamW, which turns a gradient's rounding noise into lr-sized
+    updates where the true gradient is zero (attention's key bias): fused must compute such
+    gradients as unfused does to agree with it."""
+
+    fusible = TinyAdamW.fusible
+    optimizer_class = dt.AdamW
+    optimizer_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01}
 
 
 class GroupedKinds(Kinds):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fusion_helpers import KINDS, GroupedKinds, Kinds, TinyCNN
+from fusion_helpers import KINDS, AdamKinds, GroupedKinds, Kinds, TinyCNN
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
@@ -70,7 +70,10 @@ def test_a_member_is_itself_alone_whatever_its_group_and_close_to_unfused(kind):
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), kind
 
 
-@pytest.mark.parametrize("kind", ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "groupnorm"])
+@pytest.mark.parametrize(
+    "kind",
+    ["batchnorm2d", "batchnorm1d", "running-mean", "gru", "lstm", "lstm-dropout", "groupnorm", "frozen"],
+)
 def test_these_train_fused_bit_for_bit_as_unfused(kind):
     """Normalizations, recurrent layers and re-assigned buffers run memberwise: the very
     unfused calls (this model's linear layers are small enough to agree bitwise too)."""
@@ -90,6 +93,24 @@ def test_a_buffer_reassigned_in_forward_is_carried_through():
         assert not torch.equal(state["model"]["1.mean"], start)  # the control: it moves
         assert torch.equal(states[member]["model"]["1.mean"], state["model"]["1.mean"])
     assert not torch.equal(states[0]["model"]["1.mean"], states[1]["model"]["1.mean"])  # per member
+
+
+def test_a_frozen_parameter_stays_frozen_fused_and_may_be_unfrozen_later():
+    """A parameter with ``requires_grad=False`` gets no gradient and no update, and no
+    optimizer state, as unfused; a trainer that unfreezes it between steps trains it."""
+    values = schedules(2)
+    host = build_trainer(Kinds, {"kind": "frozen"}, 0)
+    start = host.state_dict()
+    group = FusedGroup.from_states(host, [start] * 2)
+    group.setup(values)
+    group.train()
+    for member in range(2):
+        state = group.state_dict(member)
+        assert torch.equal(state["model"]["0.weight"], start["model"]["0.weight"])
+        assert 0 not in state["optimizer"]["state"] and 2 in state["optimizer"]["state"]
+    host.model[0].requires_grad_(True)
+    group.train()
+    assert not torch.equal(group.state_dict(0)["model"]["0.weight"], start["model"]["0.weight"])
 
 
 class TwiceCalled(Kinds):
@@ -133,6 +154,44 @@ def test_dropout_on_a_non_contiguous_activation_drops_the_elements_unfused_train
     torch.manual_seed(5)
     plain = torch.func.vmap(drop, randomness="same")(stacked)
     assert not torch.equal(plain[0] != 0, expected != 0)  # the control: vmap's own rule differs
+
+
+def test_self_attention_fused_computes_its_gradients_as_unfused():
+    """Self-attention passes one tensor as query, key and value, and ``query is key`` picks
+    attention's packed in-projection (one product instead of three). Each member's call must
+    get one tensor too: three separate slices took the three products, whose gradients round
+    differently (1e-9), and AdamW turned that noise in the key bias (whose true gradient is
+    zero) into 1.8e-4 after one batch: the fusion check refused a Transformer with AdamW."""
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(4, 5, 8)
+    weights = {
+        name: torch.stack([p.detach()] * 2).requires_grad_() for name, p in attention.named_parameters()
+    }
+    inputs = torch.stack([x] * 2).requires_grad_()
+
+    def attend(member_weights, member_x):
+        out, _ = torch.func.functional_call(attention, member_weights, (member_x, member_x, member_x))
+        return out
+
+    with MemberwiseLayers():
+        out = torch.func.vmap(attend)(weights, inputs)
+    grad = torch.randn(out.shape[1:])
+    out.backward(torch.stack([grad] * 2))
+    plain = x.clone().requires_grad_()
+    want, _ = attention(plain, plain, plain)
+    want.backward(grad)
+    for member in range(2):
+        assert torch.equal(out[member], want)
+        assert torch.equal(inputs.grad[member], plain.grad)
+        for name, p in attention.named_parameters():
+            assert torch.equal(weights[name].grad[member], p.grad), name
+
+
+def test_a_transformer_trained_with_adamw_passes_the_fusion_check():
+    values = {"lr": 0.01, "weight_decay": 0.01, "batch_size": 32}
+    verdict = check_fusion(AdamKinds, {"kind": "transformer"}, 0, values)
+    assert verdict.ok, verdict.reason
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
@@ -267,6 +326,31 @@ class Deliberate(Kinds):
     def make_model(self, features: int, hidden: int) -> nn.Module:
         layer = CountsItsCalls() if self.kind == "counts" else HandDropout()
         return nn.Sequential(nn.Linear(32, 16), layer, nn.ReLU(), nn.Linear(16, 2))
+
+
+class SparseBag(nn.Module):
+    """Each sample's signs as tokens of a sparse embedding (``sparse=True``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(2, 8, sparse=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding((x > 0).long()).mean(1))
+
+
+class SparseTrainer(Kinds):
+    def make_model(self, features: int, hidden: int) -> nn.Module:
+        return SparseBag()
+
+
+def test_the_fusion_check_names_an_embedding_with_sparse_gradients():
+    """Sparse gradients cannot be stacked: the backward pass failed in no module, and the
+    verdict named none ("in its fused step: reshape is not implemented for sparse tensors")."""
+    verdict = check_fusion(SparseTrainer, {}, 0, schedules(1)[0])
+    assert not verdict.ok
+    assert "module 'embedding' (Embedding) has sparse=True" in verdict.reason
 
 
 def test_the_fusion_check_names_a_layer_whose_result_depends_on_the_group():

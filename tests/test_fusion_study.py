@@ -341,6 +341,42 @@ def test_an_op_that_fails_fused_later_turns_fusion_off_and_the_trials_finish_unf
     assert all(trial.status == "completed" for trial in trials_of(study))
 
 
+class Switch(nn.Module):
+    """Squares its input with a custom op vmap cannot batch once switched on."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return Square.apply(x) if self.on else x
+
+
+class LateSwitch(Kinds):
+    """`Switch` inside the model, switched on from step 2 (hyper-parameter `square`)."""
+
+    def make_model(self, features, hidden):
+        self.switch = Switch()
+        return nn.Sequential(nn.Linear(32, 16), self.switch, nn.Linear(16, 2))
+
+    def apply(self, name, value):
+        if name == "square":
+            self.switch.on = bool(value)
+        else:
+            super().apply(name, value)
+
+
+def test_a_fused_step_failing_later_in_a_module_names_it_in_the_warning():
+    space = [{"lr": lr, "square": dt.Steps([0, 1], [2]), "batch_size": 32} for lr in (0.05, 0.02)]
+    study = fused_study(4, trainer=LateSwitch)
+    with pytest.warns(
+        dt.FusionWarning,
+        match=r"a fused step failed: in module '1' \(Switch\): RuntimeError.*autograd\.Function Square",
+    ):
+        study.run(GridSearch(space, metric="val_acc", steps=4))
+    assert all(trial.status == "completed" for trial in trials_of(study))
+
+
 class HandDropoutTrainer(Kinds):
     """Dropout written by hand on a transposed view: its fused noise lands elsewhere."""
 

@@ -42,7 +42,7 @@ from dagtune.fusion._trace import ModuleTrace, describe_module
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.trainer import build_trainer, capture_rng, isolated_rng, restore_rng
 
-__all__ = ["ATOL", "FUSION_CHECKS", "RTOL", "FusionVerdict", "FusionWarning", "check_fusion"]
+__all__ = ["ATOL", "FUSION_CHECKS", "RTOL", "FusionVerdict", "FusionWarning", "check_fusion", "error_text"]
 
 RTOL = 1e-4
 ATOL = 1e-5
@@ -137,7 +137,7 @@ def _fused(
     except Exception as error:
         where = trace.culprit()
         place = f"in {describe_module(host.model, where)}" if where is not None else "in its fused step"
-        return None, f"{place}: {_error_text(error)}"
+        return None, f"{place}: {error_text(error)}"
     states = [group.state_dict(member) for member in range(members)]
     return _Run(losses, trace, states, capture_rng()), ""
 
@@ -209,7 +209,7 @@ def _largest(x: torch.Tensor, y: torch.Tensor) -> float:
     return (x.double() - y.double()).abs().nan_to_num(nan=math.inf).max().item() if x.numel() else 0.0
 
 
-def _error_text(error: BaseException) -> str:
+def error_text(error: BaseException) -> str:
     """The error in one line, naming a custom ``autograd.Function`` it came from."""
     first = (str(error).strip().splitlines() or [""])[0]
     text = f"{type(error).__name__}: {first}"

@@ -40,15 +40,53 @@ from dagtune.errors import DagtuneError
 from dagtune.fusion._horizontal import horizontal_call
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
-from dagtune.fusion._trace import ModuleTrace
+from dagtune.fusion._trace import ModuleTrace, describe_module
 from dagtune.fusion._trainer import FusibleTrainer, check_fusible_value, mean_loss
 from dagtune.sequences import same_value
 
-__all__ = ["FusedGroup", "FusionError", "MemberModel"]
+__all__ = [
+    "REPLACED_METHODS",
+    "FusedGroup",
+    "FusionError",
+    "MemberModel",
+    "check_dense_gradients",
+    "check_not_replaced",
+]
+
+#: the `FusibleTrainer` methods a fused group never calls: it trains its members with a step
+#: of its own (one vmapped loss, one backward, the fused optimizer), so an override of these
+#: would be left out fused
+REPLACED_METHODS = ("train", "train_batch")
 
 
 class FusionError(DagtuneError, ValueError):
     """Trials that cannot train as one fused group (the message says what differs)."""
+
+
+def check_dense_gradients(model: torch.nn.Module) -> None:
+    """Raise a FusionError naming the first embedding of `model` with ``sparse=True``: a fused
+    group stacks its members' gradients, which sparse gradients cannot be (the backward pass
+    fails, in no module the check could name)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            raise FusionError(
+                f"{describe_module(model, name)} has sparse=True: a fused group stacks its members' "
+                f"gradients, which sparse gradients cannot be; give it sparse=False to train fused"
+            )
+
+
+def check_not_replaced(cls: type[FusibleTrainer]) -> None:
+    """Raise a FusionError naming the first of `REPLACED_METHODS` that `cls` overrides: fused,
+    the override would be silently skipped (gradient clipping in ``train_batch``, say, would
+    clip unfused only; a norm over a fused group's stacked gradients would mix its trials')."""
+    for name in REPLACED_METHODS:
+        if getattr(cls, name) is not getattr(FusibleTrainer, name):
+            owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+            raise FusionError(
+                f"{cls.__qualname__} overrides FusibleTrainer.{name}() (in {owner.__qualname__}), which a "
+                f"fused group never calls (it trains its members with one fused step of its own): what "
+                f"the override does would be left out, so its trials cannot train fused"
+            )
 
 
 class MemberModel:
@@ -86,6 +124,8 @@ class FusedGroup:
     def __init__(self, host: FusibleTrainer, fused_state: Mapping[str, Any]):
         if not isinstance(host, FusibleTrainer):
             raise TypeError(f"a fused group needs a FusibleTrainer host, got {type(host).__qualname__}")
+        check_not_replaced(type(host))
+        check_dense_gradients(host.model)
         self.host = host
         self.members = int(fused_state["members"])
         model = host.model
@@ -116,6 +156,9 @@ class FusedGroup:
                 self.params[key] = stacked.requires_grad_(True)
             else:
                 self.buffers[key] = stacked
+        #: the module's own parameters: whether each trains (``requires_grad``) is read from
+        #: them at every batch, as the unfused optimizer skips a frozen one (no gradient)
+        self._module_params = {key: keyed[key] for key in self.params}
         names = {id(tensor): key for key, tensor in keyed.items() if self._canonical[key] == key}
         self._order = [names[id(p)] for p in model.parameters()]  # the optimizer's parameter indices
         optimizer = fused_state["optimizer"]
@@ -201,8 +244,9 @@ class FusedGroup:
         """One optimizer update of every member on the batch of sample `indices`; returns
         each member's loss (`trace`: record what each layer computed)."""
         batch = self.host.batch(indices)
-        for param in self.params.values():
+        for key, param in self.params.items():
             param.grad = None
+            param.requires_grad_(self._module_params[key].requires_grad)  # frozen: no gradient, no update
         losses = self._losses(batch, trace)
         losses.sum().backward()
         with torch.no_grad():

@@ -77,6 +77,7 @@ __all__ = [
     "memberwise",
     "row_loss",
     "shared_noise",
+    "stack_in_layout",
 ]
 
 #: how a fused group computes convolutions and matrix products: one member at a time
@@ -278,12 +279,20 @@ class _Replay:
 def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, random: bool) -> Any:
     """``function(*args, **kwargs)`` under vmap, once per member on its slices of the batched
     tensors (replaying the random generator for a random operation); the members' outputs
-    stacked."""
+    stacked, each member's slice laid out as its own output (`stack_in_layout`)."""
     call = _Call(function, args, kwargs)
     structure: list[Any] = []
+    # one tensor passed several times (self-attention's query, key and value) is one tensor
+    # for each member too: operations test identity (``query is key`` picks attention's
+    # packed in-projection, one product instead of three, which rounds its gradients
+    # differently)
+    unique: dict[int, int] = {}
+    positions = [unique.setdefault(id(tensor), len(unique)) for tensor in call.tensors()]
+    distinct = list({id(tensor): tensor for tensor in call.tensors()}.values())
 
     def rule(members: int, values: list[torch.Tensor], dims: list[int | None]) -> tuple[list, list]:
-        per_member = zip(*(_members(value, dim, members) for value, dim in zip(values, dims)))
+        slices = [_members(value, dim, members) for value, dim in zip(values, dims)]
+        per_member = zip(*(slices[i] for i in positions))
         replay = _Replay(values[0].device) if random else None
         outputs = []
         for member_tensors in per_member:
@@ -292,15 +301,35 @@ def memberwise(function: Callable[..., Any], args: tuple, kwargs: dict, *, rando
             leaves, spec = _flat(call(member_tensors))
             structure[:] = [leaves, spec]
             outputs.append([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
-        stacked = [torch.stack(parts) for parts in zip(*outputs)]
+        stacked = [stack_in_layout(parts) for parts in zip(*outputs)]
         return stacked, [0] * len(stacked)
 
-    batched = below_vmap(rule, call.tensors())
+    batched = below_vmap(rule, distinct)
     if batched is None:  # nothing batched: the unfused call
         return function(*args, **kwargs)
     leaves, spec = structure
     given = iter(batched)
     return _unflat([next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+
+
+def stack_in_layout(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The members' outputs `parts` stacked ``[K, ...]``, each member's slice with the strides
+    of its own output: an operation that returns a transposed view (``nn.LSTM`` and ``nn.GRU``
+    with ``batch_first=True``) gives a stack whose slices are transposed views too, so what
+    depends on the layout downstream (dropout draws its noise laid out like its input) sees
+    the unfused layout. ``torch.stack`` would make every slice contiguous: dropout on a
+    batch-first LSTM's output then dropped other elements than unfused training drops
+    (4e-3 in weights after 2 epochs). Outputs that are contiguous, not dense, or laid out
+    differently from each other are stacked as they are."""
+    first = parts[0]
+    if first.dim() < 2 or first.is_contiguous() or any(part.stride() != first.stride() for part in parts):
+        return torch.stack(list(parts))
+    order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost first
+    if not first.permute(order).is_contiguous():  # overlapping or with gaps: no layout to keep
+        return torch.stack(list(parts))
+    stacked = torch.stack([part.permute(order) for part in parts])
+    inverse = sorted(range(first.dim()), key=order.__getitem__)
+    return stacked.permute(0, *(1 + d for d in inverse))
 
 
 def row_loss(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

@@ -44,10 +44,11 @@ from dagtune.config import config_values
 from dagtune.errors import DagtuneError
 from dagtune.evalcheck import EvaluateChecks, training_state
 from dagtune.events import FusionChecked, TaskEvent, TaskFailed
-from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion
+from dagtune.fusion._check import FUSION_CHECKS, FusionVerdict, check_fusion, error_text
 from dagtune.fusion._group import FusedGroup, FusionError
 from dagtune.fusion._grouping import fusion_conflict
 from dagtune.fusion._state import same_state
+from dagtune.fusion._trace import describe_module, module_of_error
 from dagtune.fusion._trainer import FusibleTrainer
 from dagtune.notices import NondeterministicTrainingWarning, ResumeCheckSkippedWarning, warning_event
 from dagtune.resumecheck import (
@@ -86,10 +87,13 @@ VMAP_ERROR_MARKERS = ("vmap", "functorch", "Batching rule", "BatchedTensor")
 
 
 class _UnfusibleError(DagtuneError):
-    """A fused step failed with an error of vmap itself: the trainer cannot train fused."""
+    """A fused step failed with an error of vmap itself: the trainer cannot train fused. The
+    message names the innermost module of `model` that was running, as the check's does."""
 
-    def __init__(self, error: BaseException):
-        super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
+    def __init__(self, error: BaseException, model: torch.nn.Module):
+        where = module_of_error(model, error)
+        place = f"in {describe_module(model, where)}: " if where is not None else ""
+        super().__init__(f"{place}{error_text(error)}")
 
 
 class _NoRoomError(DagtuneError):
@@ -343,7 +347,7 @@ class FusedPathRunner:
             metrics = group.train()
         except Exception as error:
             if any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
-                raise _UnfusibleError(error) from error
+                raise _UnfusibleError(error, group.host.model) from error
             raise
         if self.step_seconds is not None:  # the executor says each member's share
             seconds = self.step_seconds()

@@ -12,19 +12,32 @@ vmap's batched tensors; the fused group returns them from its vmapped function, 
 from __future__ import annotations
 
 import functools
+import traceback
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["ModuleTrace", "describe_module"]
+__all__ = ["ModuleTrace", "describe_module", "module_of_error"]
 
 
 def describe_module(model: nn.Module, name: str) -> str:
     """``module 'layer.self_attn' (MultiheadAttention)``; the root module is "the model"."""
     kind = type(model.get_submodule(name)).__name__
     return f"module {name!r} ({kind})" if name else f"the model ({kind})"
+
+
+def module_of_error(model: nn.Module, error: BaseException) -> str | None:
+    """The name of `model`'s innermost module whose code was running when `error` was raised
+    (the deepest traceback frame whose ``self`` is one of its modules; None: none was), for
+    an error of a fused step that ran without a trace (a later step's)."""
+    names = {id(module): name for name, module in model.named_modules()}
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        owner = frame.f_locals.get("self")
+        if owner is not None and id(owner) in names and isinstance(owner, nn.Module):
+            return names[id(owner)]
+    return None
 
 
 class ModuleTrace:
