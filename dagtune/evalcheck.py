@@ -48,7 +48,7 @@ class EvaluateChangedStateError(TrainerCheckError, RuntimeError):
             "updated in training mode, data position and private generators untouched), or "
             "results depend on where dagtune evaluates. (dagtune itself puts back the global "
             "random generators and every module's training mode. The first "
-            f"{checks} evaluations of each worker are checked: check_evaluate=.)"
+            f"{checks} evaluations of each worker are checked; check_evaluate=0 turns the check off.)"
         )
 
 
