@@ -217,7 +217,9 @@ def test_a_failed_check_counts_nothing_so_a_retry_is_checked_again():
 def test_the_message_names_a_few_keys_and_counts_the_rest():
     error = EvaluateChangedStateError([f"state_dict()['w{i}']" for i in range(9)], 3)
     assert "state_dict()['w5'] and 3 more." in str(error) and "w6" not in str(error)
-    assert "The first 3 evaluations of each worker are checked; check_evaluate=0 turns the check off." in str(error)
+    assert "The first 3 evaluations of each worker are checked; check_evaluate=0 turns the check off." in str(
+        error
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
