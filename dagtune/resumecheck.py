@@ -48,6 +48,7 @@ __all__ = [
     "likely_causes",
     "load_state",
     "out_of_memory",
+    "resumed_setup",
     "step_outcome",
     "trainer_outcome",
 ]
@@ -133,6 +134,7 @@ class StepOutcome:
     metrics: dict[str, float]
     rng: dict[str, str]
     error: str | None = None
+    setup_moved_rng: bool = False  # a resumed trainer's setup() reseeded or drew (`resumed_setup`)
 
 
 def step_outcome(
@@ -155,6 +157,26 @@ def trainer_outcome(trainer: Trainer, metrics: Mapping[str, float]) -> StepOutco
 def failed_outcome(error: BaseException) -> StepOutcome:
     """The outcome of a step that raised `error`."""
     return StepOutcome({}, {}, {}, f"{type(error).__name__}: {error}")
+
+
+def resumed_setup(trainer: Trainer, values: Mapping[str, Any]) -> bool:
+    """Call ``trainer.setup(values)`` on a trainer just loaded from a checkpoint (its random
+    generators restored); whether it changed numpy's or torch's global generator. A resumed
+    trainer's ``setup()`` gets every value, the trainer that saved the checkpoint only the
+    changed ones (often none), so a ``setup()`` that reseeds (``torch.manual_seed(hp["seed"])``)
+    or draws makes the two train differently: `likely_causes` names it."""
+    before = _rng_digests(capture_rng())
+    trainer.setup(values)
+    return _rng_digests(capture_rng()) != before
+
+
+_SETUP_MOVED_RNG = (
+    "setup() changes the global random generators (it reseeds them, e.g. "
+    "torch.manual_seed(hp['seed']), or draws from them) when a resumed trainer calls it with every "
+    "value, where the trainer that saved the checkpoint had no such call: dagtune seeds and restores "
+    "the global generators itself (a seed goes to __init__ as seed=, Study(seed=...)); in setup(), "
+    "draw only when a value changes, from a generator kept in state_dict()."
+)
 
 
 def _rng_digests(rng: Mapping[str, Any]) -> dict[str, str]:
@@ -231,12 +253,25 @@ def _same_number(a: float | None, b: float | None) -> bool:
     return a == b or (a is not None and b is not None and a != a and b != b)  # NaN == NaN here
 
 
-def likely_causes(attributes: Mapping[str, Any], saved: Any, keys: list[str]) -> list[str]:
+def likely_causes(
+    attributes: Mapping[str, Any], saved: Any, keys: list[str], setup_moved_rng: bool = False
+) -> list[str]:
     """What probably makes a resumed trainer (with `attributes`, ``vars(trainer)``, whose
     checkpoint held `saved`, its ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
     generator, data order or module it holds that `saved` does not hold (a module whose
     weights differ only because of one of those is not blamed), else one that `saved` holds
-    but loading did not restore; else the general suspects."""
+    but loading did not restore; else the general suspects. With `setup_moved_rng` (the
+    resumed trainer's ``setup()`` changed the global generators, `resumed_setup`) that comes
+    first: it changes every weight, so the modules and optimizers it made differ are not blamed."""
+    if setup_moved_rng:
+        return [_SETUP_MOVED_RNG, *_causes(attributes, saved, keys, blame_loaded=False)]
+    return _causes(attributes, saved, keys, blame_loaded=True)
+
+
+def _causes(attributes: Mapping[str, Any], saved: Any, keys: list[str], blame_loaded: bool) -> list[str]:
+    """`likely_causes` past a ``setup()`` that moved the generators (`blame_loaded`: False
+    to leave out what state_dict() holds, which such a setup() makes differ anyway, and
+    the general suspects)."""
     missing, unrestored = [], []
     for name, value in _attributes(attributes):
         kind = _describe(value)
@@ -252,8 +287,10 @@ def likely_causes(attributes: Mapping[str, Any], saved: Any, keys: list[str]) ->
                 f"self.{name} ({kind}) is in state_dict() but a resumed trainer's differs: does "
                 "load_state_dict() load it?"
             )
-    if missing or unrestored:
-        return missing or unrestored
+    if missing or not blame_loaded:
+        return missing
+    if unrestored:
+        return unrestored
     if not state_digests(saved):
         return ["state_dict() holds nothing."]
     if any(key.startswith("train() raised") for key in keys):

@@ -34,6 +34,7 @@ reported. A rerun finds them by listing its path's nodes in a durable store.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
@@ -83,6 +84,7 @@ from dagtune.resumecheck import (
     likely_causes,
     load_state,
     out_of_memory,
+    resumed_setup,
     trainer_outcome,
 )
 from dagtune.sequences import same_value
@@ -820,8 +822,9 @@ class PathRunner:
                 fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
                 load_state(fresh, trainer_state)
                 restore_rng(rng_state)
-                fresh.setup(SetupValues(values))
-                return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+                moved = resumed_setup(fresh, SetupValues(values))
+                outcome = trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+                return dataclasses.replace(outcome, setup_moved_rng=moved)
             except LoadStateError:  # every resume of this trainer would fail: not a difference
                 raise
             except Exception as error:  # the resumed trainer's failure is what it computed
@@ -848,7 +851,7 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        causes = likely_causes(vars(trainer), saved, keys)
+        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_moved_rng)
         raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:

@@ -216,3 +216,14 @@ class TooBigForTwo(MnistStyle):
         if any(frame.function == "_resumed_step" for frame in inspect.stack()):
             os._exit(9)
         super().__init__(seed, samples)
+
+
+class SeedsInSetup(MnistStyle):
+    """Seeds torch from a hyper-parameter in ``setup()``, as scripts seed at their top: a
+    resumed trainer's ``setup()`` (handed every value) reseeds where the trainer that saved
+    the checkpoint did not, so every branch trains on other random numbers."""
+
+    def setup(self, hp):
+        super().setup(hp)
+        if "seed" in hp:
+            torch.manual_seed(hp["seed"])
