@@ -94,6 +94,7 @@ from dagtune.trainer import (
     build_trainer,
     capture_rng,
     check_rng_state,
+    explained,
     isolated_rng,
     kept_training_modes,
     restore_rng,
@@ -290,7 +291,9 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
     """The fields a `TaskFailed` gives a failure: `error` (one line), `traceback`, `cause`
     (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`, else
     ``trainer``) and `retry` (False for a failed check of the trainer's code,
-    `TrainerCheckError`: training again fails it again)."""
+    `TrainerCheckError`: training again fails it again). An error whose fix dagtune knows
+    is reported as the clearer error `dagtune.trainer.explained` makes of it."""
+    error = explained(error)
     if isinstance(error, StorageFailedError):
         cause = "storage"
     elif isinstance(error, StepTimeoutError):

@@ -227,3 +227,13 @@ class SeedsInSetup(MnistStyle):
         super().setup(hp)
         if "seed" in hp:
             torch.manual_seed(hp["seed"])
+
+
+class LoaderWorkers(MnistStyle):
+    """Loads its batches in two worker processes (``DataLoader(num_workers=2)``), as scripts
+    for large datasets do: fine in the user's own process, refused in a daemonic one (a Dask
+    worker's)."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.train_loader = DataLoader(_data(samples, 1), batch_size=32, shuffle=True, num_workers=2)
