@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import textwrap
 
 import pytest
 from user_trainers import MnistStyle, SeedsInSetup
@@ -64,3 +65,83 @@ def test_the_daemonic_error_is_not_retried():
     fields = failure_fields(AssertionError("daemonic processes are not allowed to have children"))
     assert fields["error"].startswith("DaemonicWorkerError: the trainer starts processes")
     assert not fields["retry"]  # it would fail the same way
+
+
+# --------------------------------------------------------------------------- dagtune run's setup
+
+SETUP_SCRIPT = textwrap.dedent(
+    """
+    import dagtune as dt
+    from dagtune.algos import GridSearch
+    from dagtune.launch import StudySetup
+    from dagtune.sim import SyntheticTrainer
+
+    def setup(**options):
+        algorithm = GridSearch(dt.Grid({"lr": [0.1, 0.2]}), metric="val_loss", mode="min", steps=2)
+        return StudySetup(trainer=SyntheticTrainer, algorithm=algorithm, name="opts", options=options)
+
+    def typo():
+        return setup(checkpoint_intervall=60)
+
+    def named():
+        return setup(name="other")
+
+    def client():
+        return setup(client="tcp://127.0.0.1:8786")
+
+    def storage():
+        return setup(storage="nosuchproto://from-the-setup")
+
+    def workers_and_scheduler():
+        return setup(workers=2)
+    """
+)
+
+
+def run_command(*args: str):
+    from click.testing import CliRunner
+
+    from dagtune.cli import main
+
+    out = CliRunner().invoke(main, ["run", *args])
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    return lines[-2], lines[-1]  # the Error line, the Hint line
+
+
+@pytest.mark.parametrize(
+    ("function", "error", "hint"),
+    [
+        (
+            "typo",
+            "Error: options['checkpoint_intervall'] = 60: Study takes no option 'checkpoint_intervall'; "
+            "did you mean 'checkpoint_interval'?",
+            "Hint: see help(dagtune.Study)",
+        ),
+        (
+            "named",
+            "Error: options['name'] = 'other': name is a field of StudySetup",
+            "Hint: give StudySetup(name=...)",
+        ),
+        (
+            "client",
+            "Error: options['client'] = 'tcp://127.0.0.1:8786': dagtune run makes the client itself",
+            "Hint: give --scheduler ADDRESS",
+        ),
+    ],
+)
+def test_a_setup_option_study_does_not_take_is_one_line_naming_it(tmp_path, function, error, hint):
+    (tmp_path / "tuning.py").write_text(SETUP_SCRIPT)
+    shown, hinted = run_command(f"{tmp_path / 'tuning.py'}:{function}", "--storage", str(tmp_path))
+    assert shown == error and hinted.startswith(hint)
+
+
+def test_the_setups_storage_and_workers_are_the_command_lines_defaults(tmp_path):
+    (tmp_path / "tuning.py").write_text(SETUP_SCRIPT)
+    script = str(tmp_path / "tuning.py")
+    error, _ = run_command(f"{script}:storage")  # was: Study() got multiple values for 'storage'
+    assert "cannot use storage 'nosuchproto://from-the-setup'" in error
+    error, _ = run_command(f"{script}:storage", "--storage", "nosuchproto://from-the-command-line")
+    assert "cannot use storage 'nosuchproto://from-the-command-line'" in error  # the command line wins
+    error, _ = run_command(f"{script}:workers_and_scheduler", "--scheduler", "tcp://127.0.0.1:1")
+    assert error.startswith("Error: the setup's options['workers'] sizes the local cluster")

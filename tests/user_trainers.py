@@ -237,3 +237,4 @@ class LoaderWorkers(MnistStyle):
     def __init__(self, seed: int = 0, samples: int = 96):
         super().__init__(seed, samples)
         self.train_loader = DataLoader(_data(samples, 1), batch_size=32, shuffle=True, num_workers=2)
+
