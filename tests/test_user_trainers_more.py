@@ -7,10 +7,12 @@ import multiprocessing
 import textwrap
 
 import pytest
-from user_trainers import MnistStyle, SeedsInSetup
+from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup
 
+from dagtune.algos import GridSearch, MissingMetricWarning
 from dagtune.runner import failure_fields
-from dagtune.study import TrialError, run_alone
+from dagtune.sim import SimulatedExecutor
+from dagtune.study import Study, TrialError, run_alone
 
 
 def test_a_setup_that_reseeds_is_named_as_the_cause():
@@ -145,3 +147,31 @@ def test_the_setups_storage_and_workers_are_the_command_lines_defaults(tmp_path)
     assert "cannot use storage 'nosuchproto://from-the-command-line'" in error  # the command line wins
     error, _ = run_command(f"{script}:workers_and_scheduler", "--scheduler", "tcp://127.0.0.1:1")
     assert error.startswith("Error: the setup's options['workers'] sizes the local cluster")
+
+
+# --------------------------------------------------------------------------- metrics not at every step
+
+
+def test_a_metric_missing_from_the_first_result_says_it_may_be_returned_only_at_some_steps():
+    study = Study(EvaluatesEveryOther, {"first": False}, executor=SimulatedExecutor(1))
+    with pytest.raises(ValueError) as failure:
+        study.run(GridSearch([{"lr": 0.05}], metric="val_loss", mode="min", steps=4), progress=False)
+    assert str(failure.value) == (
+        "GridSearch: metric 'val_loss' is not among the reported metrics ['loss'] of the first result: "
+        "is it misspelled, or does the trainer return it only at some steps? evaluate() (or train()) "
+        "must return it at every step"
+    )
+
+
+def test_a_metric_missing_from_a_later_result_is_warned_about_once():
+    study = Study(EvaluatesEveryOther, {"first": True}, executor=SimulatedExecutor(1))
+    space = [{"lr": 0.05}, {"lr": 0.02}]
+    with pytest.warns(MissingMetricWarning) as caught:
+        result = study.run(GridSearch(space, metric="val_loss", mode="min", steps=4), progress=False)
+    missing = [w for w in caught if issubclass(w.category, MissingMetricWarning)]
+    assert len(missing) == 1  # once per algorithm, though both trials lack it at steps 2 and 4
+    assert str(missing[0].message) == (
+        "GridSearch: a result lacks metric 'val_loss' (it has ['loss']); the algorithm counts it as the "
+        "worst value of 'val_loss': evaluate() (or train()) must return it at every step"
+    )
+    assert len(result.trials) == 2

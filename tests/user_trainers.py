@@ -238,3 +238,26 @@ class LoaderWorkers(MnistStyle):
         super().__init__(seed, samples)
         self.train_loader = DataLoader(_data(samples, 1), batch_size=32, shuffle=True, num_workers=2)
 
+
+class EvaluatesEveryOther(MnistStyle):
+    """Evaluates only every other epoch, to save time, as scripts do (`first`: the first
+    epoch is one of them): its other results hold only ``train()``'s loss."""
+
+    def __init__(self, seed: int = 0, samples: int = 96, first: bool = True):
+        super().__init__(seed, samples)
+        self.epochs = 0
+        self.first = first
+
+    def train(self):
+        self.epochs += 1
+        return super().train()
+
+    def evaluate(self):
+        return super().evaluate() if (self.epochs % 2 == 1) == self.first else {}
+
+    def state_dict(self):
+        return {**super().state_dict(), "epochs": self.epochs}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.epochs = state["epochs"]
