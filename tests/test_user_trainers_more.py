@@ -9,6 +9,7 @@ import textwrap
 import pytest
 from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup
 
+import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
 from dagtune.runner import failure_fields
 from dagtune.sim import SimulatedExecutor
@@ -175,3 +176,16 @@ def test_a_metric_missing_from_a_later_result_is_warned_about_once():
         "worst value of 'val_loss': evaluate() (or train()) must return it at every step"
     )
     assert len(result.trials) == 2
+
+
+# --------------------------------------------------------------------------- hyper-parameter values
+
+
+def test_a_tuple_value_is_refused_naming_it_and_the_fix():
+    with pytest.raises(ValueError) as refusal:
+        dt.Grid({"lr": [0.1], "betas": [(0.9, 0.999), (0.9, 0.98)]})  # AdamW's betas, as users write them
+    assert str(refusal.value) == (
+        "Grid['betas'] must be a sequence or a JSON scalar, got (0.9, 0.999): a value is a number, string, "
+        "bool or None, or a dagtune sequence of them (dt.Steps, dt.Cosine, ...); give each part of a tuple "
+        "its own hyper-parameter (betas_0, betas_1, ...) or a string that setup() parses"
+    )
