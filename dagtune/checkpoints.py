@@ -566,7 +566,8 @@ def _checked(state: dict) -> io.BytesIO | None:
     unusual = _first_unusual(state, "state")
     if unusual is None:
         return None
-    where, kind = unusual
+    where, kind = unusual[0], unusual[1].__qualname__
+    fix = _conversion(unusual[1])
     import torch  # the checkpoints' format: reading a store's records and markers needs none
 
     buffer = io.BytesIO()
@@ -578,8 +579,19 @@ def _checked(state: dict) -> io.BytesIO | None:
     try:
         torch.load(buffer, weights_only=True)
     except Exception as error:
-        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} ({_short(error)})") from None
+        raise TypeError(f"{where} is of type {kind}, {_REFUSAL}: {fix} ({_short(error)})") from None
     return buffer
+
+
+def _conversion(kind: type) -> str:
+    """How to put a value of type `kind` into a checkpoint state instead (for the refusal)."""
+    if kind.__module__.split(".")[0] == "numpy":
+        if kind.__name__ == "ndarray":
+            return "save torch.from_numpy(array) or array.tolist() instead"
+        if kind.__name__ == "Generator":
+            return "save generator.bit_generator.state (a dict) and set it back in load_state_dict()"
+        return "save value.item() (a python number) instead"
+    return "save what it holds (its state_dict(), plain values) and build it again in load_state_dict()"
 
 
 #: a chunk this large is hashed on the hash thread while it is written (or read) elsewhere;
@@ -745,7 +757,7 @@ def _short(error: Exception) -> str:
     return reason or (lines[0] if lines else type(error).__name__)
 
 
-def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
+def _first_unusual(value: Any, where: str) -> tuple[str, type] | None:
     """The first part of `value` that is not a plain leaf or container, as (where, type).
     Plain leaves are passed over where they are met, without making their place's name (a
     state's RNG holds hundreds of ints)."""
@@ -753,7 +765,7 @@ def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
     if kind in _plain_leaves():
         return None
     if kind not in _CONTAINERS:
-        return where, kind.__qualname__
+        return where, kind
     if kind in (list, tuple):
         parts = (
             (lambda i=i: f"{where}[{i}]", item)

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import textwrap
 
+import numpy as np
 import pytest
 from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup
 
 import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
+from dagtune.checkpoints import serialize_state
 from dagtune.runner import failure_fields
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
@@ -189,3 +192,29 @@ def test_a_tuple_value_is_refused_naming_it_and_the_fix():
         "bool or None, or a dagtune sequence of them (dt.Steps, dt.Cosine, ...); give each part of a tuple "
         "its own hyper-parameter (betas_0, betas_1, ...) or a string that setup() parses"
     )
+
+
+# --------------------------------------------------------------------------- what state_dict() may hold
+
+
+@pytest.mark.parametrize(
+    ("extra", "fix"),
+    [
+        (np.zeros(3), "save torch.from_numpy(array) or array.tolist() instead"),
+        (np.float64(0.5), "save value.item() (a python number) instead"),
+        (np.random.default_rng(0), "save generator.bit_generator.state (a dict)"),
+    ],
+)
+def test_numpy_in_the_state_is_refused_at_save_naming_the_key_and_the_conversion(extra, fix):
+    with pytest.raises(TypeError) as refusal:
+        serialize_state({"trainer": {"history": extra}})  # a state_dict() as users write it
+    message = str(refusal.value)
+    assert message.startswith(
+        f"state['trainer']['history'] is of type {type(extra).__qualname__}, which torch"
+    )
+    assert f"and dicts of those: {fix}" in message
+
+
+def test_what_numpy_users_keep_instead_saves():
+    rng = np.random.default_rng(0)
+    serialize_state({"a": [0.5], "b": 0.5, "rng": rng.bit_generator.state, "py": random.Random(0).getstate()})
