@@ -22,7 +22,7 @@ from typing import Any
 
 from dagtune.algos import Algorithm
 from dagtune.errors import DagtuneError
-from dagtune.study import Surrogate
+from dagtune.study import Study, Surrogate
 from dagtune.trainer import Trainer
 
 __all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]
@@ -74,8 +74,6 @@ def _check_options(options: Any) -> None:
         raise SetupError(
             f"options must be a dict of Study options, got {options!r}", "e.g. options={'seed': 1}"
         )
-    from dagtune.study import Study
-
     known = set(inspect.signature(Study.__init__).parameters) - {"self", *_FIELDS}
     for key in options:
         if key in _FIELDS:
