@@ -134,7 +134,7 @@ class StepOutcome:
     metrics: dict[str, float]
     rng: dict[str, str]
     error: str | None = None
-    setup_moved_rng: bool = False  # a resumed trainer's setup() reseeded or drew (`resumed_setup`)
+    setup_changed: tuple[str, ...] = ()  # what a resumed trainer's setup() changed (`resumed_setup`)
 
 
 def step_outcome(
@@ -159,15 +159,18 @@ def failed_outcome(error: BaseException) -> StepOutcome:
     return StepOutcome({}, {}, {}, f"{type(error).__name__}: {error}")
 
 
-def resumed_setup(trainer: Trainer, values: Mapping[str, Any]) -> bool:
+def resumed_setup(trainer: Trainer, values: Mapping[str, Any]) -> tuple[str, ...]:
     """Call ``trainer.setup(values)`` on a trainer just loaded from a checkpoint (its random
-    generators restored); whether it changed numpy's or torch's global generator. A resumed
-    trainer's ``setup()`` gets every value, the trainer that saved the checkpoint only the
-    changed ones (often none), so a ``setup()`` that reseeds (``torch.manual_seed(hp["seed"])``)
-    or draws makes the two train differently: `likely_causes` names it."""
-    before = _rng_digests(capture_rng())
+    generators restored); what it changed of the loaded state: ``state_dict()`` entries and
+    numpy's and torch's global generators. A resumed trainer's ``setup()`` gets every value,
+    the trainer that saved the checkpoint only the changed ones (often none), so a ``setup()``
+    that reseeds (``torch.manual_seed(hp["seed"])``) or sets again what training moved since
+    (a learning rate a scheduler decayed) makes the two train differently: `likely_causes`
+    names it. Costs two digests of ``state_dict()``; only the resume check calls it."""
+    before = {**state_digests(trainer.state_dict()), **_rng_digests(capture_rng())}
     trainer.setup(values)
-    return _rng_digests(capture_rng()) != before
+    after = {**state_digests(trainer.state_dict()), **_rng_digests(capture_rng())}
+    return tuple(key for key in after if before.get(key) != after[key])
 
 
 _SETUP_MOVED_RNG = (
@@ -177,6 +180,16 @@ _SETUP_MOVED_RNG = (
     "the global generators itself (a seed goes to __init__ as seed=, Study(seed=...)); in setup(), "
     "draw only when a value changes, from a generator kept in state_dict()."
 )
+
+
+def _setup_changed_state(keys: list[str]) -> str:
+    shown = ", ".join(keys[:3]) + (f" and {_count(len(keys) - 3, 'more')}" if len(keys) > 3 else "")
+    return (
+        f"setup() changes what load_state_dict() restored ({shown}) when a resumed trainer calls it "
+        "with every value, where the trainer that saved the checkpoint had kept it (a learning rate "
+        "a scheduler had moved, set again from hp['lr']?): setup() must leave as it is what a value "
+        "that did not change set before (give a scheduler the value, as its base_lrs, not the optimizer)."
+    )
 
 
 def _rng_digests(rng: Mapping[str, Any]) -> dict[str, str]:
@@ -254,24 +267,28 @@ def _same_number(a: float | None, b: float | None) -> bool:
 
 
 def likely_causes(
-    attributes: Mapping[str, Any], saved: Any, keys: list[str], setup_moved_rng: bool = False
+    attributes: Mapping[str, Any], saved: Any, keys: list[str], setup_changed: tuple[str, ...] = ()
 ) -> list[str]:
     """What probably makes a resumed trainer (with `attributes`, ``vars(trainer)``, whose
     checkpoint held `saved`, its ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
     generator, data order or module it holds that `saved` does not hold (a module whose
     weights differ only because of one of those is not blamed), else one that `saved` holds
-    but loading did not restore; else the general suspects. With `setup_moved_rng` (the
-    resumed trainer's ``setup()`` changed the global generators, `resumed_setup`) that comes
-    first: it changes every weight, so the modules and optimizers it made differ are not blamed."""
-    if setup_moved_rng:
-        return [_SETUP_MOVED_RNG, *_causes(attributes, saved, keys, blame_loaded=False)]
+    but loading did not restore; else the general suspects. What the resumed trainer's
+    ``setup()`` changed of the loaded state (`setup_changed`, `resumed_setup`: the global
+    generators, ``state_dict()`` entries) comes first: it makes the weights differ, so the
+    modules and optimizers it made differ are not blamed for not loading."""
+    moved = [key for key in setup_changed if key.startswith("the global ")]
+    changed = [key for key in setup_changed if not key.startswith("the global ")]
+    first = ([_SETUP_MOVED_RNG] if moved else []) + ([_setup_changed_state(changed)] if changed else [])
+    if first:
+        return [*first, *_causes(attributes, saved, keys, blame_loaded=False)]
     return _causes(attributes, saved, keys, blame_loaded=True)
 
 
 def _causes(attributes: Mapping[str, Any], saved: Any, keys: list[str], blame_loaded: bool) -> list[str]:
-    """`likely_causes` past a ``setup()`` that moved the generators (`blame_loaded`: False
-    to leave out what state_dict() holds, which such a setup() makes differ anyway, and
-    the general suspects)."""
+    """`likely_causes` past what a resumed ``setup()`` changed (`blame_loaded`: False to
+    leave out what state_dict() holds, which such a setup() makes differ anyway, and the
+    general suspects)."""
     missing, unrestored = [], []
     for name, value in _attributes(attributes):
         kind = _describe(value)

@@ -825,9 +825,9 @@ class PathRunner:
                 fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
                 load_state(fresh, trainer_state)
                 restore_rng(rng_state)
-                moved = resumed_setup(fresh, SetupValues(values))
+                changed = resumed_setup(fresh, SetupValues(values))
                 outcome = trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
-                return dataclasses.replace(outcome, setup_moved_rng=moved)
+                return dataclasses.replace(outcome, setup_changed=changed)
             except LoadStateError:  # every resume of this trainer would fail: not a difference
                 raise
             except Exception as error:  # the resumed trainer's failure is what it computed
@@ -854,7 +854,7 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_moved_rng)
+        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_changed)
         raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:

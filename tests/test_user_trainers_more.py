@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup
+from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup, SetsLrUnderAScheduler
 
 import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
@@ -29,6 +29,18 @@ def test_a_setup_that_reseeds_is_named_as_the_cause():
         "torch.manual_seed(hp['seed'])"
     )
     assert "does load_state_dict() load it?" not in causes  # the model and optimizer are loaded
+
+
+def test_a_setup_that_sets_again_what_a_scheduler_moved_is_named_as_the_cause():
+    with pytest.raises(TrialError) as failure:
+        run_alone(SetsLrUnderAScheduler, {"lr": 0.05}, 3)
+    message = " ".join(str(failure.value).split())
+    causes = message[message.index("Likely cause:") : message.index("After step")]
+    assert causes.startswith(
+        "Likely cause: setup() changes what load_state_dict() restored "
+        "(state_dict()['optimizer']['param_groups'][0]['lr']) when a resumed trainer calls it with every value"
+    )
+    assert "does load_state_dict() load it?" not in causes  # the scheduler is loaded
 
 
 def test_a_setup_that_keeps_the_generators_is_not_blamed():

@@ -261,3 +261,25 @@ class EvaluatesEveryOther(MnistStyle):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.epochs = state["epochs"]
+
+
+class SetsLrUnderAScheduler(MnistStyle):
+    """Saves its ``StepLR`` as it should, but its ``setup()`` (MnistStyle's) writes ``lr`` into
+    the optimizer: a resumed trainer's ``setup()``, handed every value, undoes the decay the
+    scheduler made since the value was set."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.7)
+
+    def train(self):
+        metrics = super().train()
+        self.scheduler.step()
+        return metrics
+
+    def state_dict(self):
+        return {**super().state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.scheduler.load_state_dict(state["scheduler"])
