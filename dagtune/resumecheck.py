@@ -23,6 +23,7 @@ with a warning instead of failing the trial.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -166,11 +167,35 @@ def resumed_setup(trainer: Trainer, values: Mapping[str, Any]) -> tuple[str, ...
     the trainer that saved the checkpoint only the changed ones (often none), so a ``setup()``
     that reseeds (``torch.manual_seed(hp["seed"])``) or sets again what training moved since
     (a learning rate a scheduler decayed) makes the two train differently: `likely_causes`
-    names it. Costs two digests of ``state_dict()``; only the resume check calls it."""
-    before = {**state_digests(trainer.state_dict()), **_rng_digests(capture_rng())}
+    names it. Costs two digests of ``state_dict()``; only the resume check calls it. A
+    trainer whose ``state_dict()`` works only once ``setup()`` has built what it holds (a
+    scheduler whose length is a hyper-parameter) is compared by its generators alone."""
+    before = {**_state_before_setup(trainer), **_rng_digests(capture_rng())}
     trainer.setup(values)
-    after = {**state_digests(trainer.state_dict()), **_rng_digests(capture_rng())}
-    return tuple(key for key in after if before.get(key) != after[key])
+    after = {**_rng_digests(capture_rng()), **_held_digests(trainer)}
+    if any(key.startswith("state_dict()") for key in before):
+        after.update(state_digests(trainer.state_dict()))
+    changed = [key for key in after if key in before and before[key] != after[key]]
+    if any(key.startswith("self.") for key in changed):  # the same entries, by attribute
+        changed = [key for key in changed if not key.startswith("state_dict()")]
+    return tuple(changed)
+
+
+def _state_before_setup(trainer: Trainer) -> dict[str, str]:
+    """Digests of `trainer`'s state as loaded, before ``setup()``: what it holds in attributes
+    (optimizers, schedulers, modules, generators, data orders) and its ``state_dict()``,
+    where it can give one yet."""
+    digests = _held_digests(trainer)
+    with contextlib.suppress(Exception):  # its parts are built by setup(): its attributes tell
+        digests.update(state_digests(trainer.state_dict()))
+    return digests
+
+
+def _held_digests(trainer: Trainer) -> dict[str, str]:
+    digests: dict[str, str] = {}
+    for path, value in held_state(getattr(trainer, "__dict__", {})).items():
+        digests.update(state_digests(value, path))
+    return digests
 
 
 _SETUP_MOVED_RNG = (

@@ -9,7 +9,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from user_trainers import EvaluatesEveryOther, MnistStyle, SeedsInSetup, SetsLrUnderAScheduler
+from user_trainers import (
+    EvaluatesEveryOther,
+    MnistStyle,
+    OneCycleOverEpochs,
+    SeedsInSetup,
+    SetsLrUnderAScheduler,
+)
 
 import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
@@ -38,9 +44,18 @@ def test_a_setup_that_sets_again_what_a_scheduler_moved_is_named_as_the_cause():
     causes = message[message.index("Likely cause:") : message.index("After step")]
     assert causes.startswith(
         "Likely cause: setup() changes what load_state_dict() restored "
-        "(state_dict()['optimizer']['param_groups'][0]['lr']) when a resumed trainer calls it with every value"
+        "(self.optimizer.state_dict()['param_groups'][0]['lr']) when a resumed trainer calls it with every value"
     )
     assert "does load_state_dict() load it?" not in causes  # the scheduler is loaded
+
+
+def test_a_scheduler_built_in_setup_is_compared_by_what_the_trainer_holds():
+    with pytest.raises(TrialError) as failure:  # its state_dict() needs the scheduler setup() builds
+        run_alone(OneCycleOverEpochs, {"epochs": 4}, 3)
+    message = " ".join(str(failure.value).split())
+    assert message.index("Likely cause: setup() changes what load_state_dict() restored") < message.index(
+        "self.optimizer.state_dict()['param_groups'][0]['momentum']"
+    )
 
 
 def test_a_setup_that_keeps_the_generators_is_not_blamed():

@@ -283,3 +283,41 @@ class SetsLrUnderAScheduler(MnistStyle):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+class OneCycleOverEpochs(MnistStyle):
+    """``OneCycleLR`` over ``hp["epochs"]`` epochs: built in ``setup()`` (its length is a
+    hyper-parameter), its state loaded there once it exists. Its constructor rewrites the
+    optimizer's momentum (``cycle_momentum``), so a resumed trainer trains on with the first
+    step's momentum, not the checkpoint's."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.scheduler = self.pending = None
+
+    def setup(self, hp):
+        if "epochs" in hp:
+            total = hp["epochs"] * len(self.train_loader)
+            self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                self.optimizer, max_lr=0.1, total_steps=total
+            )
+            if self.pending is not None:
+                self.scheduler.load_state_dict(self.pending)
+                self.pending = None
+
+    def train(self):
+        self.model.train()
+        for data, target in self.train_loader:
+            self.optimizer.zero_grad()
+            loss = F.nll_loss(self.model(data), target)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+        return {"loss": loss.item()}
+
+    def state_dict(self):
+        return {**super().state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.pending = state["scheduler"]
