@@ -46,7 +46,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dagtune.errors import DagtuneError
+from dagtune.errors import DagtuneError, TrainerCheckError
 from dagtune.records import CheckpointInfo
 from dagtune.storage_retry import (
     DEFAULT_RETRY_SECONDS,
@@ -57,7 +57,7 @@ from dagtune.storage_retry import (
 )
 from dagtune.validation import check_int, is_int
 
-__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
+__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "UnsavableStateError", "process_token"]
 
 FORMAT_VERSION = 1
 MARKER = "COMMIT"
@@ -74,6 +74,11 @@ def process_token() -> str:
     """An id of this process, unique across machines: two copies of a store with the same
     token share the process's memory."""
     return _PROCESS
+
+
+class UnsavableStateError(TrainerCheckError, TypeError):
+    """A trainer's state holds what ``torch.load(weights_only=True)`` can't read back (a numpy
+    array, an object): the trainer's fault, not the storage's, and saving again fails again."""
 
 
 class CheckpointError(DagtuneError):
@@ -562,7 +567,7 @@ def _checked(state: dict) -> io.BytesIO | None:
     goes); a state holding anything else is saved into memory and loaded back there to let
     torch decide, and that saved copy is returned."""
     if not isinstance(state, dict):
-        raise TypeError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
+        raise UnsavableStateError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
     unusual = _first_unusual(state, "state")
     if unusual is None:
         return None
@@ -574,12 +579,14 @@ def _checked(state: dict) -> io.BytesIO | None:
     try:
         torch.save(state, buffer)
     except Exception as error:
-        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} (torch.save: {_short(error)})") from error
+        raise UnsavableStateError(
+            f"{where} is of type {kind}, {_REFUSAL} (torch.save: {_short(error)})"
+        ) from error
     buffer.seek(0)
     try:
         torch.load(buffer, weights_only=True)
     except Exception as error:
-        raise TypeError(f"{where} is of type {kind}, {_REFUSAL}: {fix} ({_short(error)})") from None
+        raise UnsavableStateError(f"{where} is of type {kind}, {_REFUSAL}: {fix} ({_short(error)})") from None
     return buffer
 
 

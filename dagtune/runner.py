@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dagtune.checkpoints import CheckpointError, CheckpointStore, serialize_state
+from dagtune.checkpoints import CheckpointError, CheckpointStore, UnsavableStateError, serialize_state
 from dagtune.config import config_values
 from dagtune.errors import DagtuneError, TrainerCheckError
 from dagtune.evalcheck import EvaluateChecks, training_state
@@ -274,10 +274,11 @@ class StorageFailedError(DagtuneError):
 
 def through_storage(call: Callable[..., Any], *args: Any) -> Any:
     """``call(*args)``, a checkpoint store's method: what storage raises becomes a
-    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is."""
+    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is, and so does
+    an `UnsavableStateError` (the trainer's state, not the storage, is at fault)."""
     try:
         return call(*args)
-    except CheckpointError:
+    except (CheckpointError, UnsavableStateError):
         raise
     except Exception as error:
         raise StorageFailedError(f"{type(error).__name__}: {error}") from error

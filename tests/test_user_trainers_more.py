@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from user_trainers import (
     EvaluatesEveryOther,
+    KeepsNumpyHistory,
     MnistStyle,
     OneCycleOverEpochs,
     SeedsInSetup,
@@ -245,3 +246,14 @@ def test_numpy_in_the_state_is_refused_at_save_naming_the_key_and_the_conversion
 def test_what_numpy_users_keep_instead_saves():
     rng = np.random.default_rng(0)
     serialize_state({"a": [0.5], "b": 0.5, "rng": rng.bit_generator.state, "py": random.Random(0).getstate()})
+
+
+def test_numpy_in_the_state_fails_the_trial_as_the_trainers_fault(client, tmp_path):
+    study = Study(KeepsNumpyHistory, client=client, storage=str(tmp_path))  # saved as on any worker
+    space = [{"lr": 0.05}, {"lr": dt.Steps([0.05, 0.02], [1])}]  # a checkpoint at step 1, to branch
+    with pytest.warns(dt.TrialsFailedWarning), study:
+        study.run(GridSearch(space, metric="val_loss", mode="min", steps=3), progress=False)
+        trials = [handle.trial for handle in study.trials]
+    for trial in trials:  # was cause "storage", which opening the study again retries, every time
+        assert (trial.status, trial.cause) == ("failed", "trainer")
+        assert "UnsavableStateError: state['trainer']['history'] is of type ndarray" in trial.error
