@@ -66,8 +66,9 @@ from dagtune.events import (
     TaskStarted,
     TrainerWarned,
 )
-from dagtune.hpreads import RecordingValues, SetupValues, unread_message
+from dagtune.hpreads import RecordingValues, SetupValues, defaulted_message, unread_message
 from dagtune.notices import (
+    DefaultedHyperparameterWarning,
     NondeterministicTrainingWarning,
     ResumeCheckSkippedWarning,
     UnreadHyperparameterWarning,
@@ -700,8 +701,11 @@ class PathRunner:
             if first:
                 recording = RecordingValues(changes, path.values, t)
                 trainer.setup(recording)
+                events.extend(self._defaulted(recording))
             elif changes:
-                trainer.setup(SetupValues(changes, path.values, t))
+                handed = SetupValues(changes, path.values, t)
+                trainer.setup(handed)
+                events.extend(self._defaulted(handed))
             began = self.clock()
             train_metrics = to_metrics(trainer.train(), "Trainer.train()")
             seconds = self.step_seconds() if self.step_seconds is not None else self.clock() - began
@@ -772,6 +776,24 @@ class PathRunner:
         return metrics
 
     # ------------------------------------------------------------------ warnings and the resume check
+
+    def _defaulted(self, handed: SetupValues) -> list[TaskEvent]:
+        """A `TrainerWarned` for each ``hp.get(name, default)`` whose default hid the config's
+        value of a hyper-parameter that did not change (`SetupValues.defaulted`)."""
+        cls = self.task.trainer.cls
+        name = getattr(cls, "__qualname__", repr(cls))
+        return [
+            self.path.warned(
+                self.task.segments[0].node,
+                self.path.position,
+                warning_event(
+                    DefaultedHyperparameterWarning,
+                    defaulted_message(name, key, default, value, handed.step),
+                    f"defaulted {getattr(cls, '__module__', '')}.{name} {key}",
+                ),
+            )
+            for key, default, value in handed.defaulted
+        ]
 
     def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""

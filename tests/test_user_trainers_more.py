@@ -6,11 +6,14 @@ from __future__ import annotations
 import multiprocessing
 import random
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
 from user_trainers import (
     EvaluatesEveryOther,
+    GetsWithDefault,
+    GetsWithTheValueInUse,
     KeepsNumpyHistory,
     MnistStyle,
     OneCycleOverEpochs,
@@ -21,6 +24,7 @@ from user_trainers import (
 import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
 from dagtune.checkpoints import serialize_state
+from dagtune.notices import DefaultedHyperparameterWarning
 from dagtune.runner import failure_fields
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
@@ -257,3 +261,23 @@ def test_numpy_in_the_state_fails_the_trial_as_the_trainers_fault(client, tmp_pa
     for trial in trials:  # was cause "storage", which opening the study again retries, every time
         assert (trial.status, trial.cause) == ("failed", "trainer")
         assert "UnsavableStateError: state['trainer']['history'] is of type ndarray" in trial.error
+
+
+def test_a_get_whose_default_hides_the_configs_value_is_warned_about():
+    config = {"lr": 0.01, "batch_size": dt.Steps([32, 64], [2])}  # only batch_size changes at step 2
+    with pytest.warns(DefaultedHyperparameterWarning) as caught:
+        run_alone(GetsWithDefault, config, 3, check_resume=0)
+    (warning,) = [w for w in caught if issubclass(w.category, DefaultedHyperparameterWarning)]
+    assert str(warning.message) == (
+        "GetsWithDefault.setup() read hyper-parameter 'lr' with hp.get('lr', 0.05) before step 2, where "
+        "'lr' did not change, so it got the default 0.05, not the config's 0.01: setup() is handed only "
+        "the values that changed; test 'lr' in hp first (a default that is the value in use, "
+        "hp.get(name, self.lr), is fine)"
+    )
+
+
+def test_a_get_whose_default_is_the_value_in_use_is_not_warned_about():
+    config = {"lr": 0.01, "batch_size": dt.Steps([32, 64], [2])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DefaultedHyperparameterWarning)
+        run_alone(GetsWithTheValueInUse, config, 3, check_resume=0)

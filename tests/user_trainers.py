@@ -343,3 +343,23 @@ class KeepsNumpyHistory(MnistStyle):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.history = state["history"]
+
+
+class GetsWithDefault(MnistStyle):
+    """Reads ``lr`` with ``hp.get("lr", 0.05)``, meaning "0.05 where the config has none":
+    before a step where only another value changes, ``lr`` is not handed, and the default
+    replaces the config's learning rate."""
+
+    def setup(self, hp):
+        for group in self.optimizer.param_groups:
+            group["lr"] = hp.get("lr", 0.05)
+        hp.get("batch_size")
+
+
+class GetsWithTheValueInUse(GetsWithDefault):
+    """``hp.get("lr", the learning rate in use)``: the idiom that keeps an unchanged value."""
+
+    def setup(self, hp):
+        for group in self.optimizer.param_groups:
+            group["lr"] = hp.get("lr", group["lr"])
+        hp.get("batch_size")
