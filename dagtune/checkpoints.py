@@ -46,7 +46,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dagtune.errors import DagtuneError
+from dagtune.errors import DagtuneError, TrainerCheckError
 from dagtune.records import CheckpointInfo
 from dagtune.storage_retry import (
     DEFAULT_RETRY_SECONDS,
@@ -57,7 +57,7 @@ from dagtune.storage_retry import (
 )
 from dagtune.validation import check_int, is_int
 
-__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "process_token"]
+__all__ = ["CheckpointError", "CheckpointInfo", "CheckpointStore", "UnsavableStateError", "process_token"]
 
 FORMAT_VERSION = 1
 MARKER = "COMMIT"
@@ -74,6 +74,11 @@ def process_token() -> str:
     """An id of this process, unique across machines: two copies of a store with the same
     token share the process's memory."""
     return _PROCESS
+
+
+class UnsavableStateError(TrainerCheckError, TypeError):
+    """A trainer's state holds what ``torch.load(weights_only=True)`` can't read back (a numpy
+    array, an object): the trainer's fault, not the storage's, and saving again fails again."""
 
 
 class CheckpointError(DagtuneError):
@@ -562,24 +567,38 @@ def _checked(state: dict) -> io.BytesIO | None:
     goes); a state holding anything else is saved into memory and loaded back there to let
     torch decide, and that saved copy is returned."""
     if not isinstance(state, dict):
-        raise TypeError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
+        raise UnsavableStateError(f"a checkpoint state must be a dict, got {type(state).__qualname__}")
     unusual = _first_unusual(state, "state")
     if unusual is None:
         return None
-    where, kind = unusual
+    where, kind = unusual[0], unusual[1].__qualname__
+    fix = _conversion(unusual[1])
     import torch  # the checkpoints' format: reading a store's records and markers needs none
 
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
     except Exception as error:
-        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} (torch.save: {_short(error)})") from error
+        raise UnsavableStateError(
+            f"{where} is of type {kind}, {_REFUSAL} (torch.save: {_short(error)})"
+        ) from error
     buffer.seek(0)
     try:
         torch.load(buffer, weights_only=True)
     except Exception as error:
-        raise TypeError(f"{where} is of type {kind}, {_REFUSAL} ({_short(error)})") from None
+        raise UnsavableStateError(f"{where} is of type {kind}, {_REFUSAL}: {fix} ({_short(error)})") from None
     return buffer
+
+
+def _conversion(kind: type) -> str:
+    """How to put a value of type `kind` into a checkpoint state instead (for the refusal)."""
+    if kind.__module__.split(".")[0] == "numpy":
+        if kind.__name__ == "ndarray":
+            return "save torch.from_numpy(array) or array.tolist() instead"
+        if kind.__name__ == "Generator":
+            return "save generator.bit_generator.state (a dict) and set it back in load_state_dict()"
+        return "save value.item() (a python number) instead"
+    return "save what it holds (its state_dict(), plain values) and build it again in load_state_dict()"
 
 
 #: a chunk this large is hashed on the hash thread while it is written (or read) elsewhere;
@@ -745,7 +764,7 @@ def _short(error: Exception) -> str:
     return reason or (lines[0] if lines else type(error).__name__)
 
 
-def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
+def _first_unusual(value: Any, where: str) -> tuple[str, type] | None:
     """The first part of `value` that is not a plain leaf or container, as (where, type).
     Plain leaves are passed over where they are met, without making their place's name (a
     state's RNG holds hundreds of ints)."""
@@ -753,7 +772,7 @@ def _first_unusual(value: Any, where: str) -> tuple[str, str] | None:
     if kind in _plain_leaves():
         return None
     if kind not in _CONTAINERS:
-        return where, kind.__qualname__
+        return where, kind
     if kind in (list, tuple):
         parts = (
             (lambda i=i: f"{where}[{i}]", item)

@@ -310,9 +310,14 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
 @main.command()
 @click.argument("target")
 @click.option("--scheduler", metavar="ADDRESS", help="A running `dask scheduler` (default: a local cluster).")
-@click.option("--storage", default="./dagtune-runs", show_default=True, help="Directory or fsspec URL.")
 @click.option(
-    "--workers", type=click.IntRange(min=1), help="Workers of the local cluster (default: one per core)."
+    "--storage",
+    help="Directory or fsspec URL (default: the setup's options['storage'], else ./dagtune-runs).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Workers of the local cluster (default: the setup's options['workers'], else one per core).",
 )
 @click.option("--name", help="Study name (default: the setup's).")
 @click.option("--resources", multiple=True, metavar="NAME=AMOUNT", help="Per stage, e.g. GPU=1 (repeatable).")
@@ -381,7 +386,7 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
 def run(
     target: str,
     scheduler: str | None,
-    storage: str,
+    storage: str | None,
     workers: int | None,
     name: str | None,
     resources: tuple[str, ...],
@@ -424,9 +429,19 @@ def run(
         if _debug():
             raise
         raise UserError(str(error), error.hint) from None
+    options = dict(setup.options)
+    # the command line's --storage and --workers win over the setup's
+    storage = storage if storage is not None else options.pop("storage", "./dagtune-runs")
+    options.pop("storage", None)
+    workers = workers if workers is not None else options.pop("workers", None)
+    options.pop("workers", None)
+    if scheduler and workers:
+        raise UserError(
+            "the setup's options['workers'] sizes the local cluster; it can't be used with --scheduler",
+            "drop one of them",
+        )
     _check_storage(storage)
     client = _connect(scheduler, security) if scheduler else None
-    options = dict(setup.options)
     if tensorboard:
         with _mistake(
             ImportError, str, "pip install tensorboard (or 'dagtune[tensorboard]'), or drop --tensorboard"

@@ -54,7 +54,12 @@ def normalize_config(config: Mapping[str, Any], owner: str = "config") -> Config
                 f"{owner}[{name!r}] holds a distribution ({value!r}); sample it with dt.Random first"
             )
         if isinstance(value, (list, tuple, dict)):
-            raise ValueError(f"{owner}[{name!r}] must be a sequence or a JSON scalar, got {value!r}")
+            raise ValueError(
+                f"{owner}[{name!r}] must be a sequence or a JSON scalar, got {value!r}: a value is a "
+                "number, string, bool or None, or a dagtune sequence of them (dt.Steps, dt.Cosine, ...); "
+                f"give each part of a {type(value).__name__} its own hyper-parameter ({name}_0, "
+                f"{name}_1, ...) or a string that setup() parses"
+            )
         normalized[name] = as_sequence(value, owner, name)
     return normalized
 

@@ -20,12 +20,18 @@ reads ``hp["lr"]`` every time fails where only the batch size changes; a bare
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from dagtune.errors import DagtuneError
 
-__all__ = ["MissingHyperparameterError", "RecordingValues", "SetupValues", "unread_message"]
+__all__ = [
+    "MissingHyperparameterError",
+    "RecordingValues",
+    "SetupValues",
+    "defaulted_message",
+    "unread_message",
+]
 
 _MISSING = object()
 
@@ -48,9 +54,25 @@ class SetupValues(dict):
         super().__init__(values)
         self.names = sorted(values if names is None else names)
         self.step = step
+        # every value now, where `names` gives them (the runner's): what hp.get's default hides
+        self.current = dict(names) if isinstance(names, Mapping) else {}
+        self.defaulted: list[tuple[str, Any, Any]] = []  # (name, default given, config's value)
 
     def __missing__(self, key: Any) -> Any:
         raise MissingHyperparameterError(missing_message(key, self.names, self.step))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``dict.get``; a default other than the config's value now, for a value that did
+        not change, is noted in `defaulted` (``hp.get("lr", 0.1)``: setup() would apply
+        0.1 where the config says otherwise; ``hp.get("lr", self.lr)`` is fine)."""
+        if (
+            default is not None
+            and key in self.current
+            and not dict.__contains__(self, key)
+            and not _equal(default, self.current[key])
+        ):
+            self.defaulted.append((key, default, self.current[key]))
+        return dict.get(self, key, default)
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
         # as an OrderedDict: what ``torch.load(weights_only=True)`` reads back, should a
@@ -102,7 +124,7 @@ class RecordingValues(SetupValues):
 
     def get(self, key: Any, default: Any = None) -> Any:
         self._note(key)
-        return dict.get(self, key, default)
+        return super().get(key, default)
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
         self._note(key)
@@ -160,4 +182,24 @@ def unread_message(trainer: str, name: str, asked: list[str]) -> str:
         f"{trainer}.setup() never read hyper-parameter {name!r}{hint}: every value of {name!r} "
         "trains the same, so trials that differ only in it are identical. Read it in setup(), "
         "fix its name, or leave it out of the search space."
+    )
+
+
+def _equal(default: Any, value: Any) -> bool:
+    """Whether a ``hp.get`` default is the config's value (by ``==``: 32 and 32.0, a numpy
+    float and the same python one, are the value in use)."""
+    try:
+        return bool(default == value)
+    except Exception:  # an array's ==, an object's that raises: not the value
+        return False
+
+
+def defaulted_message(trainer: str, name: str, default: Any, value: Any, step: int | None) -> str:
+    """What a ``hp.get(name, default)`` that hid the config's `value` does."""
+    before = "a step" if step is None else f"step {step}"
+    return (
+        f"{trainer}.setup() read hyper-parameter {name!r} with hp.get({name!r}, {default!r}) before "
+        f"{before}, where {name!r} did not change, so it got the default {default!r}, not the "
+        f"config's {value!r}: setup() is handed only the values that changed; test {name!r} in hp "
+        "first (a default that is the value in use, hp.get(name, self.lr), is fine)"
     )

@@ -10,8 +10,10 @@ from here can import its trainer too (on a remote cluster, its workers must find
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -20,7 +22,7 @@ from typing import Any
 
 from dagtune.algos import Algorithm
 from dagtune.errors import DagtuneError
-from dagtune.study import Surrogate
+from dagtune.study import Study, Surrogate
 from dagtune.trainer import Trainer
 
 __all__ = ["DEFAULT_FUNCTION", "SetupError", "StudySetup", "load_setup"]
@@ -55,6 +57,42 @@ class StudySetup:
             raise SetupError(f"algorithm must be a dagtune.algos algorithm, got {self.algorithm!r}")
         if self.surrogate is not None and not isinstance(self.surrogate, Surrogate):
             raise SetupError(f"surrogate must be a dagtune.Surrogate or None, got {self.surrogate!r}")
+        _check_options(self.options)
+
+
+#: options `dagtune run` takes from its command line alone, and the flag that gives each
+_COMMAND_LINE = {"client": "--scheduler ADDRESS"}
+#: what options the setup holds in its own fields
+_FIELDS = ("trainer", "trainer_kwargs", "name")
+
+
+def _check_options(options: Any) -> None:
+    """Refuse options `Study` does not take, naming each and the fix (a typo gets the option it
+    is closest to), before any cluster starts; ``storage`` and ``workers`` are the defaults of
+    ``--storage`` and ``--workers``."""
+    if not isinstance(options, dict):
+        raise SetupError(
+            f"options must be a dict of Study options, got {options!r}", "e.g. options={'seed': 1}"
+        )
+    known = set(inspect.signature(Study.__init__).parameters) - {"self", *_FIELDS}
+    for key in options:
+        if key in _FIELDS:
+            raise SetupError(
+                f"options[{key!r}] = {options[key]!r}: {key} is a field of StudySetup",
+                f"give StudySetup({key}=...) instead",
+            )
+        if key in _COMMAND_LINE:
+            raise SetupError(
+                f"options[{key!r}] = {options[key]!r}: dagtune run makes the {key} itself",
+                f"give {_COMMAND_LINE[key]} on the command line instead",
+            )
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            raise SetupError(
+                f"options[{key!r}] = {options[key]!r}: Study takes no option {key!r}"
+                + (f"; did you mean {close[0]!r}?" if close else ""),
+                "see help(dagtune.Study) for its options",
+            )
 
 
 def _split(target: str) -> tuple[str, str | None]:

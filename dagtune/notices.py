@@ -18,6 +18,7 @@ from dagtune.errors import DagtuneWarning
 from dagtune.events import TrainerWarned
 
 __all__ = [
+    "DefaultedHyperparameterWarning",
     "NondeterministicTrainingWarning",
     "Notices",
     "ResumeCheckSkippedWarning",
@@ -31,6 +32,11 @@ __all__ = [
 class UnreadHyperparameterWarning(DagtuneWarning):
     """``Trainer.setup`` never read a hyper-parameter of the config (a typo, or a name the
     trainer does not know): every value of it trains the same."""
+
+
+class DefaultedHyperparameterWarning(DagtuneWarning):
+    """``Trainer.setup`` read a hyper-parameter that did not change with ``hp.get(name,
+    default)`` and got a default that is not the config's value: it likely applies it."""
 
 
 class NondeterministicTrainingWarning(DagtuneWarning):
@@ -54,7 +60,12 @@ class TrialsDivergedWarning(DagtuneWarning):
 
 _CATEGORIES: dict[str, type[UserWarning]] = {
     cls.__name__: cls
-    for cls in (UnreadHyperparameterWarning, NondeterministicTrainingWarning, ResumeCheckSkippedWarning)
+    for cls in (
+        UnreadHyperparameterWarning,
+        DefaultedHyperparameterWarning,
+        NondeterministicTrainingWarning,
+        ResumeCheckSkippedWarning,
+    )
 }
 
 

@@ -23,6 +23,7 @@ with a warning instead of failing the trial.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -48,6 +49,7 @@ __all__ = [
     "likely_causes",
     "load_state",
     "out_of_memory",
+    "resumed_setup",
     "step_outcome",
     "trainer_outcome",
 ]
@@ -133,6 +135,7 @@ class StepOutcome:
     metrics: dict[str, float]
     rng: dict[str, str]
     error: str | None = None
+    setup_changed: tuple[str, ...] = ()  # what a resumed trainer's setup() changed (`resumed_setup`)
 
 
 def step_outcome(
@@ -155,6 +158,63 @@ def trainer_outcome(trainer: Trainer, metrics: Mapping[str, float]) -> StepOutco
 def failed_outcome(error: BaseException) -> StepOutcome:
     """The outcome of a step that raised `error`."""
     return StepOutcome({}, {}, {}, f"{type(error).__name__}: {error}")
+
+
+def resumed_setup(trainer: Trainer, values: Mapping[str, Any]) -> tuple[str, ...]:
+    """Call ``trainer.setup(values)`` on a trainer just loaded from a checkpoint (its random
+    generators restored); what it changed of the loaded state: ``state_dict()`` entries and
+    numpy's and torch's global generators. A resumed trainer's ``setup()`` gets every value,
+    the trainer that saved the checkpoint only the changed ones (often none), so a ``setup()``
+    that reseeds (``torch.manual_seed(hp["seed"])``) or sets again what training moved since
+    (a learning rate a scheduler decayed) makes the two train differently: `likely_causes`
+    names it. Costs two digests of ``state_dict()``; only the resume check calls it. A
+    trainer whose ``state_dict()`` works only once ``setup()`` has built what it holds (a
+    scheduler whose length is a hyper-parameter) is compared by its generators alone."""
+    before = {**_state_before_setup(trainer), **_rng_digests(capture_rng())}
+    trainer.setup(values)
+    after = {**_rng_digests(capture_rng()), **_held_digests(trainer)}
+    if any(key.startswith("state_dict()") for key in before):
+        after.update(state_digests(trainer.state_dict()))
+    changed = [key for key in after if key in before and before[key] != after[key]]
+    if any(key.startswith("self.") for key in changed):  # the same entries, by attribute
+        changed = [key for key in changed if not key.startswith("state_dict()")]
+    return tuple(changed)
+
+
+def _state_before_setup(trainer: Trainer) -> dict[str, str]:
+    """Digests of `trainer`'s state as loaded, before ``setup()``: what it holds in attributes
+    (optimizers, schedulers, modules, generators, data orders) and its ``state_dict()``,
+    where it can give one yet."""
+    digests = _held_digests(trainer)
+    with contextlib.suppress(Exception):  # its parts are built by setup(): its attributes tell
+        digests.update(state_digests(trainer.state_dict()))
+    return digests
+
+
+def _held_digests(trainer: Trainer) -> dict[str, str]:
+    digests: dict[str, str] = {}
+    for path, value in held_state(getattr(trainer, "__dict__", {})).items():
+        digests.update(state_digests(value, path))
+    return digests
+
+
+_SETUP_MOVED_RNG = (
+    "setup() changes the global random generators (it reseeds them, e.g. "
+    "torch.manual_seed(hp['seed']), or draws from them) when a resumed trainer calls it with every "
+    "value, where the trainer that saved the checkpoint had no such call: dagtune seeds and restores "
+    "the global generators itself (a seed goes to __init__ as seed=, Study(seed=...)); in setup(), "
+    "draw only when a value changes, from a generator kept in state_dict()."
+)
+
+
+def _setup_changed_state(keys: list[str]) -> str:
+    shown = ", ".join(keys[:3]) + (f" and {_count(len(keys) - 3, 'more')}" if len(keys) > 3 else "")
+    return (
+        f"setup() changes what load_state_dict() restored ({shown}) when a resumed trainer calls it "
+        "with every value, where the trainer that saved the checkpoint had kept it (a learning rate "
+        "a scheduler had moved, set again from hp['lr']?): setup() must leave as it is what a value "
+        "that did not change set before (give a scheduler the value, as its base_lrs, not the optimizer)."
+    )
 
 
 def _rng_digests(rng: Mapping[str, Any]) -> dict[str, str]:
@@ -231,12 +291,29 @@ def _same_number(a: float | None, b: float | None) -> bool:
     return a == b or (a is not None and b is not None and a != a and b != b)  # NaN == NaN here
 
 
-def likely_causes(attributes: Mapping[str, Any], saved: Any, keys: list[str]) -> list[str]:
+def likely_causes(
+    attributes: Mapping[str, Any], saved: Any, keys: list[str], setup_changed: tuple[str, ...] = ()
+) -> list[str]:
     """What probably makes a resumed trainer (with `attributes`, ``vars(trainer)``, whose
     checkpoint held `saved`, its ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
     generator, data order or module it holds that `saved` does not hold (a module whose
     weights differ only because of one of those is not blamed), else one that `saved` holds
-    but loading did not restore; else the general suspects."""
+    but loading did not restore; else the general suspects. What the resumed trainer's
+    ``setup()`` changed of the loaded state (`setup_changed`, `resumed_setup`: the global
+    generators, ``state_dict()`` entries) comes first: it makes the weights differ, so the
+    modules and optimizers it made differ are not blamed for not loading."""
+    moved = [key for key in setup_changed if key.startswith("the global ")]
+    changed = [key for key in setup_changed if not key.startswith("the global ")]
+    first = ([_SETUP_MOVED_RNG] if moved else []) + ([_setup_changed_state(changed)] if changed else [])
+    if first:
+        return [*first, *_causes(attributes, saved, keys, blame_loaded=False)]
+    return _causes(attributes, saved, keys, blame_loaded=True)
+
+
+def _causes(attributes: Mapping[str, Any], saved: Any, keys: list[str], blame_loaded: bool) -> list[str]:
+    """`likely_causes` past what a resumed ``setup()`` changed (`blame_loaded`: False to
+    leave out what state_dict() holds, which such a setup() makes differ anyway, and the
+    general suspects)."""
     missing, unrestored = [], []
     for name, value in _attributes(attributes):
         kind = _describe(value)
@@ -252,8 +329,10 @@ def likely_causes(attributes: Mapping[str, Any], saved: Any, keys: list[str]) ->
                 f"self.{name} ({kind}) is in state_dict() but a resumed trainer's differs: does "
                 "load_state_dict() load it?"
             )
-    if missing or unrestored:
-        return missing or unrestored
+    if missing or not blame_loaded:
+        return missing
+    if unrestored:
+        return unrestored
     if not state_digests(saved):
         return ["state_dict() holds nothing."]
     if any(key.startswith("train() raised") for key in keys):

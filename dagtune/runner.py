@@ -34,6 +34,7 @@ reported. A rerun finds them by listing its path's nodes in a durable store.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
@@ -48,7 +49,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dagtune.checkpoints import CheckpointError, CheckpointStore, serialize_state
+from dagtune.checkpoints import CheckpointError, CheckpointStore, UnsavableStateError, serialize_state
 from dagtune.config import config_values
 from dagtune.errors import DagtuneError, TrainerCheckError
 from dagtune.evalcheck import EvaluateChecks, training_state
@@ -65,8 +66,9 @@ from dagtune.events import (
     TaskStarted,
     TrainerWarned,
 )
-from dagtune.hpreads import RecordingValues, SetupValues, unread_message
+from dagtune.hpreads import RecordingValues, SetupValues, defaulted_message, unread_message
 from dagtune.notices import (
+    DefaultedHyperparameterWarning,
     NondeterministicTrainingWarning,
     ResumeCheckSkippedWarning,
     UnreadHyperparameterWarning,
@@ -83,6 +85,7 @@ from dagtune.resumecheck import (
     likely_causes,
     load_state,
     out_of_memory,
+    resumed_setup,
     trainer_outcome,
 )
 from dagtune.sequences import same_value
@@ -92,6 +95,7 @@ from dagtune.trainer import (
     build_trainer,
     capture_rng,
     check_rng_state,
+    explained,
     isolated_rng,
     kept_training_modes,
     restore_rng,
@@ -271,10 +275,11 @@ class StorageFailedError(DagtuneError):
 
 def through_storage(call: Callable[..., Any], *args: Any) -> Any:
     """``call(*args)``, a checkpoint store's method: what storage raises becomes a
-    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is."""
+    `StorageFailedError` (its cause kept); a `CheckpointError` stays what it is, and so does
+    an `UnsavableStateError` (the trainer's state, not the storage, is at fault)."""
     try:
         return call(*args)
-    except CheckpointError:
+    except (CheckpointError, UnsavableStateError):
         raise
     except Exception as error:
         raise StorageFailedError(f"{type(error).__name__}: {error}") from error
@@ -288,7 +293,9 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
     """The fields a `TaskFailed` gives a failure: `error` (one line), `traceback`, `cause`
     (``storage`` for a `StorageFailedError`, ``timeout`` for a `StepTimeoutError`, else
     ``trainer``) and `retry` (False for a failed check of the trainer's code,
-    `TrainerCheckError`: training again fails it again)."""
+    `TrainerCheckError`: training again fails it again). An error whose fix dagtune knows
+    is reported as the clearer error `dagtune.trainer.explained` makes of it."""
+    error = explained(error)
     if isinstance(error, StorageFailedError):
         cause = "storage"
     elif isinstance(error, StepTimeoutError):
@@ -694,8 +701,11 @@ class PathRunner:
             if first:
                 recording = RecordingValues(changes, path.values, t)
                 trainer.setup(recording)
+                events.extend(self._defaulted(recording))
             elif changes:
-                trainer.setup(SetupValues(changes, path.values, t))
+                handed = SetupValues(changes, path.values, t)
+                trainer.setup(handed)
+                events.extend(self._defaulted(handed))
             began = self.clock()
             train_metrics = to_metrics(trainer.train(), "Trainer.train()")
             seconds = self.step_seconds() if self.step_seconds is not None else self.clock() - began
@@ -767,6 +777,24 @@ class PathRunner:
 
     # ------------------------------------------------------------------ warnings and the resume check
 
+    def _defaulted(self, handed: SetupValues) -> list[TaskEvent]:
+        """A `TrainerWarned` for each ``hp.get(name, default)`` whose default hid the config's
+        value of a hyper-parameter that did not change (`SetupValues.defaulted`)."""
+        cls = self.task.trainer.cls
+        name = getattr(cls, "__qualname__", repr(cls))
+        return [
+            self.path.warned(
+                self.task.segments[0].node,
+                self.path.position,
+                warning_event(
+                    DefaultedHyperparameterWarning,
+                    defaulted_message(name, key, default, value, handed.step),
+                    f"defaulted {getattr(cls, '__module__', '')}.{name} {key}",
+                ),
+            )
+            for key, default, value in handed.defaulted
+        ]
+
     def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""
         cls = self.task.trainer.cls
@@ -820,8 +848,9 @@ class PathRunner:
                 fresh = build_trainer(spec.cls, spec.kwargs, spec.seed)
                 load_state(fresh, trainer_state)
                 restore_rng(rng_state)
-                fresh.setup(SetupValues(values))
-                return trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+                changed = resumed_setup(fresh, SetupValues(values))
+                outcome = trainer_outcome(fresh, to_metrics(fresh.train(), "Trainer.train()"))
+                return dataclasses.replace(outcome, setup_changed=changed)
             except LoadStateError:  # every resume of this trainer would fail: not a difference
                 raise
             except Exception as error:  # the resumed trainer's failure is what it computed
@@ -848,7 +877,7 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        causes = likely_causes(vars(trainer), saved, keys)
+        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_changed)
         raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:

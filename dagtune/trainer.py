@@ -24,9 +24,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from dagtune.errors import TrainerCheckError
 from dagtune.validation import check_int
 
 __all__ = [
+    "DaemonicWorkerError",
     "ResumableBatchSampler",
     "ResumableBatches",
     "Trainer",
@@ -34,6 +36,7 @@ __all__ = [
     "capture_rng",
     "check_rng_state",
     "check_torch_threads",
+    "explained",
     "isolated_rng",
     "kept_training_modes",
     "modules_of",
@@ -559,3 +562,31 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return self.batches.batches_left() if self.num_batches is None else self.num_batches
+
+
+class DaemonicWorkerError(TrainerCheckError, RuntimeError):
+    """The trainer started processes (a ``DataLoader`` with ``num_workers > 0``, a process
+    pool) in a Dask worker process, which is daemonic and may not have children."""
+
+
+_DAEMONIC = "daemonic processes are not allowed to have children"
+
+
+def explained(error: BaseException) -> BaseException:
+    """`error`, or for an error whose fix dagtune knows, an error that names it (caused by
+    `error`, whose traceback it keeps): a ``DataLoader(num_workers=2)`` in a Dask worker
+    fails deep in multiprocessing with ``AssertionError: daemonic processes are not allowed
+    to have children``, while ``run_alone`` in the user's own process runs it."""
+    if not (isinstance(error, AssertionError) and _DAEMONIC in str(error)):
+        return error
+    clearer = DaemonicWorkerError(
+        "the trainer starts processes (a DataLoader with num_workers > 0, a multiprocessing pool), "
+        "and Dask's worker processes are daemonic, which may not have children (AssertionError: "
+        f"{_DAEMONIC}). Load batches in the worker's own process (DataLoader(..., num_workers=0); "
+        "data in memory rarely gains from more), or start the workers non-daemonic: "
+        "dask.config.set({'distributed.worker.daemon': False}) before the Study starts its local "
+        "cluster, or DASK_DISTRIBUTED__WORKER__DAEMON=False in the environment of `dagtune run` "
+        "and of `dask worker`. The stage is not retried: it would fail the same way."
+    )
+    clearer.__cause__ = error
+    return clearer

@@ -18,6 +18,7 @@ import inspect
 import math
 import os
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (as PyTorch's examples write it)
 from torch import nn
@@ -216,3 +217,149 @@ class TooBigForTwo(MnistStyle):
         if any(frame.function == "_resumed_step" for frame in inspect.stack()):
             os._exit(9)
         super().__init__(seed, samples)
+
+
+class SeedsInSetup(MnistStyle):
+    """Seeds torch from a hyper-parameter in ``setup()``, as scripts seed at their top: a
+    resumed trainer's ``setup()`` (handed every value) reseeds where the trainer that saved
+    the checkpoint did not, so every branch trains on other random numbers."""
+
+    def setup(self, hp):
+        super().setup(hp)
+        if "seed" in hp:
+            torch.manual_seed(hp["seed"])
+
+
+class LoaderWorkers(MnistStyle):
+    """Loads its batches in two worker processes (``DataLoader(num_workers=2)``), as scripts
+    for large datasets do: fine in the user's own process, refused in a daemonic one (a Dask
+    worker's)."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.train_loader = DataLoader(_data(samples, 1), batch_size=32, shuffle=True, num_workers=2)
+
+
+class EvaluatesEveryOther(MnistStyle):
+    """Evaluates only every other epoch, to save time, as scripts do (`first`: the first
+    epoch is one of them): its other results hold only ``train()``'s loss."""
+
+    def __init__(self, seed: int = 0, samples: int = 96, first: bool = True):
+        super().__init__(seed, samples)
+        self.epochs = 0
+        self.first = first
+
+    def train(self):
+        self.epochs += 1
+        return super().train()
+
+    def evaluate(self):
+        return super().evaluate() if (self.epochs % 2 == 1) == self.first else {}
+
+    def state_dict(self):
+        return {**super().state_dict(), "epochs": self.epochs}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.epochs = state["epochs"]
+
+
+class SetsLrUnderAScheduler(MnistStyle):
+    """Saves its ``StepLR`` as it should, but its ``setup()`` (MnistStyle's) writes ``lr`` into
+    the optimizer: a resumed trainer's ``setup()``, handed every value, undoes the decay the
+    scheduler made since the value was set."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.7)
+
+    def train(self):
+        metrics = super().train()
+        self.scheduler.step()
+        return metrics
+
+    def state_dict(self):
+        return {**super().state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class OneCycleOverEpochs(MnistStyle):
+    """``OneCycleLR`` over ``hp["epochs"]`` epochs: built in ``setup()`` (its length is a
+    hyper-parameter), its state loaded there once it exists. Its constructor rewrites the
+    optimizer's momentum (``cycle_momentum``), so a resumed trainer trains on with the first
+    step's momentum, not the checkpoint's."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.scheduler = self.pending = None
+
+    def setup(self, hp):
+        if "epochs" in hp:
+            total = hp["epochs"] * len(self.train_loader)
+            self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                self.optimizer, max_lr=0.1, total_steps=total
+            )
+            if self.pending is not None:
+                self.scheduler.load_state_dict(self.pending)
+                self.pending = None
+
+    def train(self):
+        self.model.train()
+        for data, target in self.train_loader:
+            self.optimizer.zero_grad()
+            loss = F.nll_loss(self.model(data), target)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+        return {"loss": loss.item()}
+
+    def state_dict(self):
+        return {**super().state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.pending = state["scheduler"]
+
+
+class KeepsNumpyHistory(MnistStyle):
+    """Keeps its losses so far as a numpy array in ``state_dict()``, which a checkpoint
+    (read with ``torch.load(weights_only=True)``) can't hold."""
+
+    def __init__(self, seed: int = 0, samples: int = 96):
+        super().__init__(seed, samples)
+        self.history = np.zeros(0)
+
+    def train(self):
+        metrics = super().train()
+        self.history = np.append(self.history, metrics["loss"])
+        return metrics
+
+    def state_dict(self):
+        return {**super().state_dict(), "history": self.history}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.history = state["history"]
+
+
+class GetsWithDefault(MnistStyle):
+    """Reads ``lr`` with ``hp.get("lr", 0.05)``, meaning "0.05 where the config has none":
+    before a step where only another value changes, ``lr`` is not handed, and the default
+    replaces the config's learning rate."""
+
+    def setup(self, hp):
+        for group in self.optimizer.param_groups:
+            group["lr"] = hp.get("lr", 0.05)
+        hp.get("batch_size")
+
+
+class GetsWithTheValueInUse(GetsWithDefault):
+    """``hp.get("lr", the learning rate in use)``: the idiom that keeps an unchanged value."""
+
+    def setup(self, hp):
+        for group in self.optimizer.param_groups:
+            group["lr"] = hp.get("lr", group["lr"])
+        hp.get("batch_size")

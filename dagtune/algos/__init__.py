@@ -4,7 +4,7 @@ Every algorithm runs on the stage tree: what it asks for shares every prefix it 
 everything asked before, and early stopping, promotion and branching cost no recomputation.
 """
 
-from dagtune.algos._base import Algorithm, Context, Decision, Extend, Stop, Submit
+from dagtune.algos._base import Algorithm, Context, Decision, Extend, MissingMetricWarning, Stop, Submit
 from dagtune.algos._bayes import BayesOpt
 from dagtune.algos._halving import ASHA, Hyperband, SuccessiveHalving
 from dagtune.algos._median import MedianStopping
@@ -26,6 +26,7 @@ __all__ = [
     "GridSearch",
     "Hyperband",
     "MedianStopping",
+    "MissingMetricWarning",
     "OptunaSampler",
     "Param",
     "ParamSpace",

@@ -30,16 +30,23 @@ A minimal algorithm::
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from dagtune.config import Config, normalize_config
+from dagtune.errors import DagtuneWarning
 from dagtune.records import COMPLETED, Trial
 from dagtune.space import SearchSpace
 from dagtune.validation import check_int
 
-__all__ = ["Algorithm", "Context", "Decision", "Extend", "Stop", "Submit"]
+__all__ = ["Algorithm", "Context", "Decision", "Extend", "MissingMetricWarning", "Stop", "Submit"]
+
+
+class MissingMetricWarning(DagtuneWarning):
+    """A result lacks the algorithm's metric after the first had it: the algorithm counts
+    it as the worst value (a trainer that returns the metric only at some steps)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class Algorithm:
         self.mode = mode
         self.trials: list[Trial] = []
         self._checked_metric = False
+        self._warned_missing = False  # MissingMetricWarning given
 
     # ---- the callbacks
 
@@ -154,14 +162,27 @@ class Algorithm:
         return sorted(trials, key=lambda t: (-self.score(t.metrics), t.id))[:k]
 
     def check_metric(self, metrics: dict[str, float]) -> None:
-        """Raise a clear error if the first result lacks `metric`."""
+        """Raise a clear error if the first result lacks `metric` (misspelled, or not returned
+        at every step); warn once (`MissingMetricWarning`) if a later one does: `score`
+        counts it as the worst value, which would otherwise stop or pass over a trial silently."""
         if not self._checked_metric:
             if self.metric not in metrics:
                 raise ValueError(
                     f"{type(self).__name__}: metric {self.metric!r} is not among the reported "
-                    f"metrics {sorted(metrics)}"
+                    f"metrics {sorted(metrics)} of the first result: is it misspelled, or does the "
+                    "trainer return it only at some steps? evaluate() (or train()) must return it "
+                    "at every step"
                 )
             self._checked_metric = True
+        elif self.metric not in metrics and not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(
+                f"{type(self).__name__}: a result lacks metric {self.metric!r} (it has "
+                f"{sorted(metrics)}); the algorithm counts it as the worst value of "
+                f"{self.metric!r}: evaluate() (or train()) must return it at every step",
+                MissingMetricWarning,
+                stacklevel=2,
+            )
 
     def check_ended(self, trial: Trial) -> None:
         """`check_metric` for a trial that ended: a non-finite result never reaches
