@@ -23,6 +23,8 @@ from slurm_helpers import spawn
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.dashboard import page_url
+from dagtune.events import TaskStarted
+from dagtune.execution._wire import unpack
 from dagtune.execution.dask import (
     DASK_TRIM,
     DEMAND,
@@ -55,9 +57,9 @@ def run_grid(
     return result.report, started_on(events)
 
 
-def started_on(events: list[tuple[float, list[dict]]]) -> set[str]:
+def started_on(events: list[tuple[float, bytes]]) -> set[str]:
     """The workers that started tasks, from a study's topic (each message: one step's events)."""
-    return {event["worker"] for _, batch in events for event in batch if event["kind"] == "start"}
+    return {event.worker for _, batch in events for event in unpack(batch) if isinstance(event, TaskStarted)}
 
 
 # --------------------------------------------------------------------------- no cluster needed
