@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -206,36 +205,3 @@ def test_a_task_whose_end_the_stream_lost_has_its_result_fetched(client, tmp_pat
             assert study.submit(config, 3).result(timeout=60) == run_alone(SyntheticTrainer, config, 3)[-1]
         assert study.executor.results_fetched == study.coordinator.dispatcher.launched == len(configs)
         assert study.report["executed_steps"] == 3 * len(configs)
-
-
-def test_a_finished_tasks_key_is_released_by_the_next_launch_not_as_it_finishes(
-    client, tmp_path, monkeypatch
-):
-    """A finished task's future is let go by the coordinator's thread at its next launch (or
-    poll), so the key's release travels to the scheduler with the submission that follows;
-    it was let go on Dask's callback thread as the task finished, a write of its own."""
-    from distributed import Future
-
-    released: list[tuple[str, str]] = []
-    release = Future.release
-
-    def recording(future):
-        if str(future.key).startswith("dagtune-release-"):
-            released.append((str(future.key), threading.current_thread().name))
-        release(future)
-
-    monkeypatch.setattr(Future, "release", recording)
-    configs = [{"lr": lr, "batch_size": 128} for lr in (0.1, 0.05, 0.02, 0.01, 0.005, 0.002)]
-    with Study(
-        SyntheticTrainer, name="release", storage=tmp_path, client=client, resources={"GPU": 1}
-    ) as study:
-        for handle in [study.submit(config, 1) for config in configs]:
-            handle.result(timeout=60)
-        launched = study.coordinator.dispatcher.launched
-        coordinator = f"dagtune-{study.name}"
-        deadline = time.monotonic() + 10
-        while len(released) < launched and time.monotonic() < deadline:
-            time.sleep(0.01)  # the last one goes at the coordinator's next poll (0.2 s at most)
-        before_close = list(released)
-    assert len(before_close) == launched
-    assert {thread for _, thread in before_close} == {coordinator}

@@ -72,8 +72,6 @@ class DaskExecutor(Executor):
         self._store_ref = None if store is None else register(client, store, f"{topic}-store")
         self._events: queue.Queue[list[TaskEvent]] = queue.Queue()  # batches: a step's events, a result
         self._futures: dict[str, Future] = {}
-        # futures done since the last launch or poll, released by the next one (`_release_finished`)
-        self._finished: list[Future] = []
         self._members: dict[str, list[str]] = {}  # a fused group's Dask key -> its tasks' keys
         # each launched task's key -> whether its `TaskEnded` came through the stream (until its future is done)
         self._streamed: dict[str, bool] = {}
@@ -131,19 +129,7 @@ class DaskExecutor(Executor):
             self._batching = (comm, interval)
         comm.interval = SUBMIT_BATCH_SECONDS
 
-    def _release_finished(self) -> None:
-        """Let go of the futures done since the last launch or poll: their keys' release
-        (``client-releases-keys``) then travels to the scheduler in the same write as the
-        submission that follows at once, where each went alone as the future finished (a
-        write and a read more in the study's process per stage, and the scheduler's release
-        of the worker's copy apart from the next task sent there). The scheduler keeps a
-        finished task's result (its events, a few hundred bytes) until then."""
-        with self._streamed_lock:
-            finished, self._finished = self._finished, []
-        finished.clear()  # the last references: each future asks its client to release its key
-
     def launch(self, task: PathTask, priority: float = 0.0, prefer: str | None = None) -> None:
-        self._release_finished()
         self._submit_promptly()
         future = self.client.submit(
             run_path,
@@ -162,7 +148,6 @@ class DaskExecutor(Executor):
     def launch_group(self, tasks: list[PathTask], priority: float = 0.0, prefer: str | None = None) -> None:
         key = f"{tasks[0].key}-fused{len(tasks)}"
         self._members[key] = [task.key for task in tasks]
-        self._release_finished()
         self._submit_promptly()
         future = self.client.submit(
             run_group,
@@ -208,8 +193,6 @@ class DaskExecutor(Executor):
             with self._directives_lock:
                 if [self._directives.pop(k, None) for k in keys] != [None] * len(keys):
                     self._variable.set(dict(self._directives))
-            with self._streamed_lock:
-                self._finished.append(future)  # released with the next launch (`_release_finished`)
 
     def abandon(self, key: str, worker: str | None) -> None:
         """Cancel the future running task `key` (its fused group's, for a member) and restart
@@ -267,7 +250,6 @@ class DaskExecutor(Executor):
             self._variable.set(dict(self._directives))
 
     def poll(self, timeout: float | None = None) -> list[TaskEvent]:
-        self._release_finished()  # a turn that launched nothing releases them here
         events: list[TaskEvent] = []
         try:
             events.extend(self._events.get(timeout=timeout) if timeout else self._events.get_nowait())
@@ -290,7 +272,6 @@ class DaskExecutor(Executor):
             log.debug("unsubscribe_topic failed", exc_info=True)
         for future in list(self._futures.values()):
             future.cancel()
-        self._release_finished()
         try:
             self._variable.delete()
         except Exception:
