@@ -27,8 +27,6 @@ from typing import Any
 import dagtune as dt
 from perf.dispatch import NoopTrainer
 
-_COMMS = {"write": 0, "read": 0}  # this process's Dask connection writes and reads, once counted
-
 
 def thread_cpu() -> dict[str, float]:
     """CPU seconds of each thread of this process so far, by name (Dask's task threads as
@@ -49,26 +47,30 @@ def thread_cpu() -> dict[str, float]:
 
 
 def count_comms() -> None:
-    """Count every read and write of Dask's TCP (and TLS) connections in this process."""
+    """Count every read and write of Dask's TCP (and TLS) connections in this process (on the
+    class itself: `comms` may run pickled by value, from ``__main__``)."""
     from distributed.comm import tcp
 
+    if hasattr(tcp.TCP, "dagtune_comms"):
+        return
+    tcp.TCP.dagtune_comms = {"write": 0, "read": 0}  # type: ignore[attr-defined]
     for name in ("write", "read"):
         method = getattr(tcp.TCP, name)
-        if getattr(method, "counted", False):
-            continue
 
         async def counted(
             self: Any, *args: Any, _method: Any = method, _name: str = name, **kwargs: Any
         ) -> Any:
-            _COMMS[_name] += 1
+            tcp.TCP.dagtune_comms[_name] += 1  # type: ignore[attr-defined]
             return await _method(self, *args, **kwargs)
 
-        counted.counted = True  # type: ignore[attr-defined]
         setattr(tcp.TCP, name, counted)
 
 
 def comms() -> dict[str, int]:
-    return dict(_COMMS)
+    """This process's counts since `count_comms`."""
+    from distributed.comm import tcp
+
+    return dict(tcp.TCP.dagtune_comms)  # type: ignore[attr-defined]
 
 
 def _per(before: dict[str, float], after: dict[str, float], n: float) -> dict[str, float]:
@@ -128,12 +130,8 @@ def measure(stages: int = 300, tls: bool = True, warmup: int = 20, idle: float =
 
 
 if __name__ == "__main__":
-    # this module's functions run in the workers by reference (`__main__`'s would be pickled
-    # by value, each call with a copy of the counts)
-    from perf.dispatch_cpu import measure as measure_here
-
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    result = measure_here(
+    result = measure(
         int(args[0]) if args else 300, tls="--tcp" not in sys.argv, idle=10.0 if "--idle" in sys.argv else 0.0
     )
     print(json.dumps(result, indent=2))
