@@ -23,6 +23,8 @@ from slurm_helpers import spawn
 import dagtune as dt
 from dagtune.algos import GridSearch
 from dagtune.dashboard import page_url
+from dagtune.events import TaskStarted
+from dagtune.execution._wire import unpack
 from dagtune.execution.dask import (
     DASK_TRIM,
     DEMAND,
@@ -30,6 +32,7 @@ from dagtune.execution.dask import (
     DemandAdaptive,
     dask_setup,
     embedded_cluster,
+    quiet_monitoring,
     slow_allocator_workers,
     total_demand,
 )
@@ -55,9 +58,9 @@ def run_grid(
     return result.report, started_on(events)
 
 
-def started_on(events: list[tuple[float, list[dict]]]) -> set[str]:
+def started_on(events: list[tuple[float, bytes]]) -> set[str]:
     """The workers that started tasks, from a study's topic (each message: one step's events)."""
-    return {event["worker"] for _, batch in events for event in batch if event["kind"] == "start"}
+    return {event.worker for _, batch in events for event in unpack(batch) if isinstance(event, TaskStarted)}
 
 
 # --------------------------------------------------------------------------- no cluster needed
@@ -214,14 +217,27 @@ def test_the_embedded_cluster_has_one_worker_pinned_to_each_visible_gpu(tmp_path
         assert study.submit(config, 6).result(timeout=60) == dt.run_alone(SyntheticTrainer, config, 6)[-1]
 
 
-def test_the_embedded_cluster_keeps_glibcs_malloc_thresholds(monkeypatch):
+def test_the_embedded_cluster_keeps_glibcs_malloc_thresholds_and_monitors_less_often(monkeypatch):
+    """Also: its scheduler and nanny watch their event loops every 200 ms (Dask: 20 ms) and its
+    worker too, sampling its tasks' stacks every 100 ms (Dask: 10 ms): `quiet_monitoring`."""
     monkeypatch.delenv(TRIM, raising=False)
     with dask.config.set({DASK_TRIM: 65536}):  # Dask's default (conftest drops it for other tests)
         cluster = embedded_cluster(1, None)
     with cluster, Client(cluster) as client:
         assert list(client.run(os.environ.get, TRIM).values()) == [None]
         assert slow_allocator_workers(client) == {}
+        ticks = [cluster.scheduler._tick_interval, *(n._tick_interval for n in cluster.workers.values())]
+        assert ticks == [0.2, 0.2]
+        assert list(client.run(lambda dask_worker: dask_worker._tick_interval).values()) == [0.2]
+        assert list(client.run(dask.config.get, "distributed.worker.profile.interval").values()) == ["100ms"]
     assert TRIM not in os.environ  # the nanny leaked nothing into this process
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"  # this process's config as it was
+
+
+def test_quiet_monitoring_leaves_a_cadence_the_user_set():
+    with dask.config.set({"distributed.admin.tick.interval": "50ms"}), quiet_monitoring():
+        assert dask.config.get("distributed.admin.tick.interval") == "50ms"
+        assert dask.config.get("distributed.worker.profile.interval") == "100ms"
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ import pytest
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.events import MetricsReported, StateLoaded, StepDone, TaskEnded, TaskStarted, from_wire
+from dagtune.events import MetricsReported, StateLoaded, StepDone, TaskEnded, TaskStarted
+from dagtune.execution._wire import unpack
 from dagtune.sim import SyntheticTrainer
 from dagtune.study import Study, run_alone
 
@@ -136,7 +137,7 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
         # each message is one step's events, the step last: the step is counted together with
         # its metrics, so the report read when the trial ends has counted every step
         assert study.report["executed_steps"] == 10
-        messages = [[from_wire(e) for e in batch] for _, batch in client.get_events(study.coordinator.topic)]
+        messages = [unpack(batch) for _, batch in client.get_events(study.coordinator.topic)]
         steps = [batch for batch in messages if any(isinstance(e, MetricsReported) for e in batch)]
         assert [[e.step for e in batch if isinstance(e, MetricsReported | StepDone)] for batch in steps] == [
             [n, n] for n in range(1, 11)
@@ -148,7 +149,7 @@ def test_metrics_stream_to_the_study_while_a_stage_runs(client, tmp_path):
 
 def test_a_one_step_stage_is_one_message_and_its_result_is_not_fetched(client, tmp_path):
     """Each independent one-step stage sends one ``log_event`` message (its step's events and
-    its end; it sent two, the end apart), and the coordinator fetches no task's result (a
+    its end; it sent two, the end apart), its events packed into one bytes, and the coordinator fetches no task's result (a
     gather through the scheduler from the worker for events the stream had carried: it
     fetched every one), so it handles each event once."""
     configs = [{"lr": lr, "batch_size": 128} for lr in (0.1, 0.05, 0.02, 0.01, 0.005, 0.002)]
@@ -157,7 +158,11 @@ def test_a_one_step_stage_is_one_message_and_its_result_is_not_fetched(client, t
     ) as study:
         for handle, config in [(study.submit(config, 1), config) for config in configs]:
             assert handle.result(timeout=60) == run_alone(SyntheticTrainer, config, 1)[-1]
-        messages = [[from_wire(e) for e in batch] for _, batch in client.get_events(study.coordinator.topic)]
+        payloads = [batch for _, batch in client.get_events(study.coordinator.topic)]
+        # each message is one bytes (`_wire`): Dask's walks of it (dumpable? its size?) see one
+        # object, where they visited each of its events' dicts and values (about 80)
+        assert all(isinstance(batch, bytes) for batch in payloads)
+        messages = [unpack(batch) for batch in payloads]
         executor, dispatcher = study.executor, study.coordinator.dispatcher
         assert dispatcher.launched == len(configs)
         assert len(messages) == len(configs)

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLOSE_SECONDS",
     "DASK_TRIM",
+    "MONITORING",
     "NANNY_PRELOAD",
     "TRIM",
     "check_resources",
@@ -56,6 +57,7 @@ __all__ = [
     "dask_setup",
     "embedded_cluster",
     "glibc_thresholds",
+    "quiet_monitoring",
     "slow_allocator_workers",
     "slurm",
 ]
@@ -210,6 +212,36 @@ def glibc_thresholds() -> contextlib.AbstractContextManager:
     return dask.config.set({DASK_TRIM: None})
 
 
+#: Dask's cadence of its own monitoring in the embedded cluster's scheduler, nannies and
+#: workers (`quiet_monitoring`), against distributed's defaults (20 ms, 10 ms)
+MONITORING = {
+    "distributed.admin.tick.interval": ("20ms", "200ms"),  # each server's event-loop watchdog
+    "distributed.worker.profile.interval": ("10ms", "100ms"),  # each worker's stack sampling
+}
+
+
+def quiet_monitoring() -> contextlib.AbstractContextManager:
+    """Dask config under which the embedded cluster's scheduler, nannies and workers (made
+    inside; a nanny hands its config to the worker processes it starts) watch their event
+    loops every 200 ms instead of 20 and sample their running tasks' stacks for Dask's
+    profile every 100 ms instead of 10. Those timers cost the cluster about 0.1 s of CPU a
+    second with nothing to do, two thirds of it at these settings' old values (the study's
+    process 32 to 53 ms, each worker 29 to 34, against 21 to 25 and 7 to 9: perf/RESULTS.md
+    section 5): CPU the study's own work waits for on a small machine. The watchdog still
+    warns of a loop blocked for its 3 s limit; Dask's dashboard profile gets a tenth of the
+    samples. A value this process's Dask config sets to anything but distributed's default is
+    left as it is."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    changes = {
+        key: ours
+        for key, (default, ours) in MONITORING.items()
+        if parse_timedelta(dask.config.get(key)) == parse_timedelta(default)
+    }
+    return dask.config.set(changes)
+
+
 def slow_allocator_workers(client: Any) -> dict[str, int]:
     """The workers of `client` whose ``MALLOC_TRIM_THRESHOLD_`` is below 1 MiB, with its
     value (Dask's nanny sets 65536; see the module docstring). Workers that can't be asked
@@ -328,7 +360,8 @@ def embedded_cluster(
     With ``resources={"GPU": g}``: one worker per ``ceil(g)`` of this machine's visible GPUs,
     each offering only the GPUs it is pinned to (``CUDA_VISIBLE_DEVICES``), as
     ``dask worker --resources GPU=1`` per GPU does; a machine without GPUs is refused rather
-    than offered pretend ones. A study started by a script's top-level code outside
+    than offered pretend ones. Its servers monitor themselves less often than Dask's defaults
+    (`quiet_monitoring`). A study started by a script's top-level code outside
     ``if __name__ == "__main__":`` is refused before anything starts (`dagtune.mainguard`)."""
     import dask
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
@@ -339,7 +372,7 @@ def embedded_cluster(
     if gpus is None:
         security = embedded_security(security)
         count = workers or os.cpu_count() or 1
-        with glibc_thresholds():
+        with glibc_thresholds(), quiet_monitoring():
             cluster = LocalCluster(
                 n_workers=0,  # `_start_workers` starts them
                 threads_per_worker=1,
@@ -390,7 +423,7 @@ def embedded_cluster(
         "cls": Scheduler,
         "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **secured},
     }
-    with glibc_thresholds():
+    with glibc_thresholds(), quiet_monitoring():
         cluster = SpecCluster(workers={}, scheduler=scheduler, security=security, silence_logs=logging.ERROR)
         cluster.worker_spec.update(specs)  # `_start_workers` starts them
         return _start_workers(cluster, len(specs))

@@ -9,8 +9,9 @@ that the task reads between steps, and events travel back through ``log_event`` 
 ``Client.subscribe_topic``. The events of one step (its metrics, checkpoint and ``step``)
 travel as one message and are polled together, so the coordinator never sees a step's
 metrics without the step itself (a run could otherwise end on a trial's last metrics and
-report one executed step too few); a task's last step travels with its end (`_dask_tasks`),
-so a one-step stage is one message. The task's result repeats every event, so nothing is
+report one executed step too few), packed into one ``bytes`` that Dask carries as it is
+(`_wire`); a task's last step travels with its end (`_dask_tasks`), so a one-step stage is
+one message. The task's result repeats every event, so nothing is
 lost if the stream lags: a task whose every ``TaskEnded`` came through the stream before
 Dask reported it finished has sent everything (its events travel in order on one stream,
 the end last), and its result is not fetched (a round trip to its worker through the
@@ -33,9 +34,10 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Variable
 from distributed.client import FutureCancelledError
 
-from dagtune.events import TaskEnded, TaskEvent, TaskFailed, from_wire
+from dagtune.events import TaskEnded, TaskEvent, TaskFailed
 from dagtune.execution._dask_tasks import run_group, run_path
 from dagtune.execution._interface import Executor
+from dagtune.execution._wire import unpack
 from dagtune.execution._worker_store import register, unregister
 from dagtune.tasks import Directive, PathTask
 
@@ -85,8 +87,8 @@ class DaskExecutor(Executor):
         self._replacing: set[str] = set()  # workers being restarted (`abandon`)
         client.subscribe_topic(topic, self._on_event)
 
-    def _on_event(self, event: tuple[float, list[dict]]) -> None:
-        batch = [from_wire(wire) for wire in event[1]]
+    def _on_event(self, event: tuple[float, bytes]) -> None:
+        batch = unpack(event[1])
         ended = [e.task for e in batch if isinstance(e, TaskEnded)]
         if ended:
             with self._streamed_lock:

@@ -1,8 +1,8 @@
 """What a Dask task of the executor runs on its worker: a path task (`run_path`) or a fused
 group (`run_group`), streaming each step's events as one ``log_event`` message (the last
-step's with the task's end: `_Relay`), reading the directives between steps from a
-`distributed.Variable`, and watching each step against the study's ``step_timeout``
-(`_StepWatch`). A worker process keeps, per worker, the trainer it
+step's with the task's end: `_Relay`; packed into one ``bytes``: `_wire`), reading the
+directives between steps from a `distributed.Variable`, and watching each step against the
+study's ``step_timeout`` (`_StepWatch`). A worker process keeps, per worker, the trainer it
 ran last and its evaluate and resume checks, so the next task there may continue in memory.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 from distributed import Variable, Worker, get_worker
 
 from dagtune.evalcheck import EvaluateChecks
-from dagtune.events import TaskEvent, TaskFailed, to_wire
+from dagtune.events import TaskEvent, TaskFailed
+from dagtune.execution._wire import pack
 from dagtune.execution._worker_store import StoreRef, store_on
 from dagtune.fusion import FusedPathRunner
 from dagtune.resumecheck import ResumeChecks
@@ -134,7 +135,7 @@ class _StepWatch:
             self._done = True
         frame = sys._current_frames().get(self.thread)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
-        self.worker.log_event(self.topic, [to_wire(event) for event in self.give_up(self.seconds, stack)])
+        self.worker.log_event(self.topic, pack(self.give_up(self.seconds, stack)))
 
 
 def _this_worker() -> tuple[Worker, LiveTrainers, EvaluateChecks, ResumeChecks]:
@@ -202,4 +203,4 @@ class _Relay:
             self._send(held)
 
     def _send(self, events: list[TaskEvent]) -> None:
-        self.worker.log_event(self.topic, [to_wire(event) for event in events])
+        self.worker.log_event(self.topic, pack(events))  # one bytes: Dask walks no dicts (`_wire`)

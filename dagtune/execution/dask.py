@@ -4,7 +4,8 @@
   task runs on its worker is in `_dask_tasks`; the checkpoint store reaches the workers
   once, as a plugin (`_worker_store`);
 - the clusters (`_clusters`): the embedded cluster a study starts, SLURM GPU workers and
-  their nanny preload (`dask_setup`), the allocator settings, `check_resources`; the
+  their nanny preload (`dask_setup`), the allocator settings, Dask's monitoring cadence in
+  the embedded cluster (`quiet_monitoring`), `check_resources`; the
   embedded cluster's workers leave Ctrl-C and SIGTERM to the study (`_worker_preload`);
 - a study's demand and the adaptive scaling that reads it (`_demand`);
 - the one thread that keeps what a study shows on its scheduler up to date, its demand and
@@ -24,6 +25,7 @@ from dagtune.execution._clusters import (
     dask_setup,
     embedded_cluster,
     glibc_thresholds,
+    quiet_monitoring,
     slow_allocator_workers,
     slurm,
 )
@@ -59,6 +61,7 @@ __all__ = [
     "dask_setup",
     "embedded_cluster",
     "glibc_thresholds",
+    "quiet_monitoring",
     "slow_allocator_workers",
     "slurm",
     "study_demand",
