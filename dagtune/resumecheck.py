@@ -301,9 +301,21 @@ def likely_causes(
     but loading did not restore; else the general suspects. What the resumed trainer's
     ``setup()`` changed of the loaded state (`setup_changed`, `resumed_setup`: the global
     generators, ``state_dict()`` entries) comes first: it makes the weights differ, so the
-    modules and optimizers it made differ are not blamed for not loading."""
+    modules and optimizers it made differ are not blamed for not loading. What ``setup()``
+    changed of an object `saved` does not hold is not named so: loading never restored it
+    (an optimizer left out of ``state_dict()`` whose learning rate ``setup()`` sets), and
+    `_causes` names it as missing."""
     moved = [key for key in setup_changed if key.startswith("the global ")]
-    changed = [key for key in setup_changed if not key.startswith("the global ")]
+    unsaved = [
+        f"self.{name}."
+        for name, value in _attributes(attributes)
+        if _describe(value) is not None and not _saved_somewhere(value, saved)
+    ]
+    changed = [
+        key
+        for key in setup_changed
+        if not key.startswith("the global ") and not any(key.startswith(prefix) for prefix in unsaved)
+    ]
     first = ([_SETUP_MOVED_RNG] if moved else []) + ([_setup_changed_state(changed)] if changed else [])
     if first:
         return [*first, *_causes(attributes, saved, keys, blame_loaded=False)]

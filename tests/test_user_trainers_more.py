@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from user_trainers import (
     EvaluatesEveryOther,
+    ForgetsTheOptimizer,
     GetsWithDefault,
     GetsWithTheValueInUse,
     KeepsNumpyHistory,
@@ -52,6 +53,15 @@ def test_a_setup_that_sets_again_what_a_scheduler_moved_is_named_as_the_cause():
         "(self.optimizer.state_dict()['param_groups'][0]['lr']) when a resumed trainer calls it with every value"
     )
     assert "does load_state_dict() load it?" not in causes  # the scheduler is loaded
+
+
+def test_a_setup_that_sets_the_lr_of_an_optimizer_left_out_of_the_state_is_not_blamed():
+    with pytest.raises(TrialError) as failure:  # setup() moves the lr from __init__'s 0.05: not the cause
+        run_alone(ForgetsTheOptimizer, {"lr": 0.1}, 3)
+    message = " ".join(str(failure.value).split())
+    causes = message[message.index("Likely cause:") : message.index("After step")]
+    assert causes.startswith("Likely cause: self.optimizer (the SGD optimizer) is not in state_dict()")
+    assert "setup() changes what load_state_dict() restored" not in causes
 
 
 def test_a_scheduler_built_in_setup_is_compared_by_what_the_trainer_holds():
