@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dagtune.lightning import LightningTrainer
     from dagtune.mainguard import UnguardedMainError
     from dagtune.notices import (
+        DefaultedHyperparameterWarning,
         NondeterministicTrainingWarning,
         ResumeCheckSkippedWarning,
         TrialsDivergedWarning,
@@ -82,6 +83,7 @@ __all__ = [
     "Cyclic",
     "DagtuneError",
     "DagtuneWarning",
+    "DefaultedHyperparameterWarning",
     "Exponential",
     "FusibleTrainer",
     "FusionWarning",
@@ -161,6 +163,7 @@ _WHERE = {
     "GcPolicy": "dagtune.gc",
     "LightningTrainer": "dagtune.lightning",
     "UnguardedMainError": "dagtune.mainguard",
+    "DefaultedHyperparameterWarning": "dagtune.notices",
     "NondeterministicTrainingWarning": "dagtune.notices",
     "ResumeCheckSkippedWarning": "dagtune.notices",
     "TrialsDivergedWarning": "dagtune.notices",

@@ -25,7 +25,6 @@ from user_trainers import (
 import dagtune as dt
 from dagtune.algos import GridSearch, MissingMetricWarning
 from dagtune.checkpoints import serialize_state
-from dagtune.notices import DefaultedHyperparameterWarning
 from dagtune.runner import failure_fields
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, TrialError, run_alone
@@ -275,9 +274,9 @@ def test_numpy_in_the_state_fails_the_trial_as_the_trainers_fault(client, tmp_pa
 
 def test_a_get_whose_default_hides_the_configs_value_is_warned_about():
     config = {"lr": 0.01, "batch_size": dt.Steps([32, 64], [2])}  # only batch_size changes at step 2
-    with pytest.warns(DefaultedHyperparameterWarning) as caught:
+    with pytest.warns(dt.DefaultedHyperparameterWarning) as caught:
         run_alone(GetsWithDefault, config, 3, check_resume=0)
-    (warning,) = [w for w in caught if issubclass(w.category, DefaultedHyperparameterWarning)]
+    (warning,) = [w for w in caught if issubclass(w.category, dt.DefaultedHyperparameterWarning)]
     assert str(warning.message) == (
         "GetsWithDefault.setup() read hyper-parameter 'lr' with hp.get('lr', 0.05) before step 2, where "
         "'lr' did not change, so it got the default 0.05, not the config's 0.01: setup() is handed only "
@@ -289,5 +288,5 @@ def test_a_get_whose_default_hides_the_configs_value_is_warned_about():
 def test_a_get_whose_default_is_the_value_in_use_is_not_warned_about():
     config = {"lr": 0.01, "batch_size": dt.Steps([32, 64], [2])}
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DefaultedHyperparameterWarning)
+        warnings.simplefilter("error", dt.DefaultedHyperparameterWarning)
         run_alone(GetsWithTheValueInUse, config, 3, check_resume=0)
