@@ -780,36 +780,37 @@ class PathRunner:
     def _defaulted(self, handed: SetupValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each ``hp.get(name, default)`` whose default hid the config's
         value of a hyper-parameter that did not change (`SetupValues.defaulted`)."""
-        cls = self.task.trainer.cls
-        name = getattr(cls, "__qualname__", repr(cls))
-        return [
-            self.path.warned(
-                self.task.segments[0].node,
-                self.path.position,
-                warning_event(
-                    DefaultedHyperparameterWarning,
-                    defaulted_message(name, key, default, value, handed.step),
-                    f"defaulted {getattr(cls, '__module__', '')}.{name} {key}",
-                ),
-            )
-            for key, default, value in handed.defaulted
-        ]
+        name = _qualname(self.task.trainer.cls)
+        return self._warned(
+            DefaultedHyperparameterWarning,
+            "defaulted",
+            [
+                (key, defaulted_message(name, key, default, value, handed.step))
+                for key, default, value in handed.defaulted
+            ],
+        )
 
     def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""
+        name = _qualname(self.task.trainer.cls)
+        return self._warned(
+            UnreadHyperparameterWarning,
+            "unread",
+            [(key, unread_message(name, key, recording.asked)) for key in recording.unread()],
+        )
+
+    def _warned(self, category: type[Warning], kind: str, warnings: list[tuple[str, str]]) -> list[TaskEvent]:
+        """A `TrainerWarned` of `category` for each (hyper-parameter, message) of `warnings`,
+        keyed by `kind`, the trainer class and the name, so a study shows each once."""
         cls = self.task.trainer.cls
-        name = getattr(cls, "__qualname__", repr(cls))
+        trainer = f"{getattr(cls, '__module__', '')}.{_qualname(cls)}"
         return [
             self.path.warned(
                 self.task.segments[0].node,
                 self.path.position,
-                warning_event(
-                    UnreadHyperparameterWarning,
-                    unread_message(name, key, recording.asked),
-                    f"unread {getattr(cls, '__module__', '')}.{name} {key}",
-                ),
+                warning_event(category, message, f"{kind} {trainer} {key}"),
             )
-            for key in recording.unread()
+            for key, message in warnings
         ]
 
     def _resumed_next(self, segment: Segment, n: int, load: Callable[[], Any]) -> list[TaskEvent]:
@@ -959,3 +960,8 @@ class _NoRoomError(DagtuneError):
 def _in_memory(data: bytes) -> dict:
     """A checkpoint state read back from `serialize_state`'s bytes, as a store reads it."""
     return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _qualname(cls: Any) -> str:
+    """A trainer class's name as its warnings give it."""
+    return getattr(cls, "__qualname__", repr(cls))
