@@ -431,10 +431,9 @@ def run(
         raise UserError(str(error), error.hint) from None
     options = dict(setup.options)
     # the command line's --storage and --workers win over the setup's
-    storage = storage if storage is not None else options.pop("storage", "./dagtune-runs")
-    options.pop("storage", None)
-    workers = workers if workers is not None else options.pop("workers", None)
-    options.pop("workers", None)
+    setup_storage, setup_workers = options.pop("storage", "./dagtune-runs"), options.pop("workers", None)
+    storage = storage if storage is not None else setup_storage
+    workers = workers if workers is not None else setup_workers
     if scheduler and workers:
         raise UserError(
             "the setup's options['workers'] sizes the local cluster; it can't be used with --scheduler",
