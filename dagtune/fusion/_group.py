@@ -167,6 +167,7 @@ class FusedGroup:
             [groups[0] for groups in optimizer["param_groups"]],
             optimizer["state"],
             optimizer["present"],
+            optimizer.get("keys"),
         )
         if self.optimizer.members != self.members:
             raise FusionError(

@@ -90,7 +90,7 @@ class FusibleTrainer(Trainer):
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {model!r}")
         if not isinstance(optimizer, OptimizerSpec):
             raise TypeError(
-                f"{name}: optimizer must be dagtune.SGD(...) or dagtune.AdamW(...), got {optimizer!r}"
+                f"{name}: optimizer must be one of dagtune.SGD, Adam, AdamW, RMSprop, Adagrad (an OptimizerSpec), got {optimizer!r}"
             )
         if not isinstance(batches, ResumableBatches):
             raise TypeError(f"{name}: batches must be a dagtune.ResumableBatches, got {batches!r}")
