@@ -1,4 +1,5 @@
-"""Fused Adam (L2 weight decay), RMSprop (momentum, centered) and Adagrad against torch.optim.
+"""Fused Adam (L2 weight decay), RMSprop (momentum, centered) and Adagrad against torch.optim,
+and gradient clipping in `FusibleTrainer.before_step` (per member, never the group's norm).
 
 Given the same gradients, each member's update is its own torch optimizer's bit for bit.
 Trained on the 30-64-2 MLP, whose fused training is bitwise the unfused one on this CPU (the
@@ -10,6 +11,7 @@ another group.
 
 from __future__ import annotations
 
+import random
 from typing import Any, ClassVar
 
 import pytest
@@ -19,9 +21,10 @@ from test_fusion_engine import fused, unfused
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.fusion import same_state, split, stack
+from dagtune.fusion import FusedGroup, FusionError, check_fusion, same_state, split, stack
 from dagtune.sim import SimulatedExecutor
 from dagtune.study import Study, run_alone
+from dagtune.trainer import build_trainer
 
 # --------------------------------------------------------------------------- given gradients
 
@@ -296,3 +299,116 @@ def test_split_of_stack_keeps_each_members_rmsprop_keys():
     fused_state = stack(states)
     for member, state in enumerate(states):
         assert same_state(split(fused_state, member), state)
+
+
+# --------------------------------------------------------------------------- gradient clipping
+
+
+class Clipping(TinyMLP):
+    """Clips each trial's gradients in `before_step`, as users write it with torch; records
+    the norms torch reports (member by member fused)."""
+
+    def __init__(self, max_norm: float = 0.3, how: str = "norm", seed: int = 0, **optimizer: Any):
+        self.max_norm, self.how, self.norms = max_norm, how, []
+        super().__init__(seed=seed, **optimizer)
+
+    def before_step(self, model):
+        if self.how == "norm":
+            self.norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_norm)))
+        elif self.how == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), self.max_norm)
+        elif self.how == "by-lr":  # a threshold from the trial's own learning rate
+            lr = self.optimizer.param_groups[0]["lr"]
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), lr / 2)
+        elif self.how == "noise":  # the same draws for every trial: replayed per member
+            for param in model.parameters():
+                param.grad.add_(torch.randn_like(param.grad), alpha=1e-3)
+        elif self.how == "replace":
+            for param in model.parameters():
+                param.grad = param.grad * 0.5
+        elif self.how == "state":
+            self.optimizer.state  # noqa: B018
+        elif self.how == "draws-by-lr":
+            torch.rand(int(1000 * self.optimizer.param_groups[0]["lr"]))
+
+
+CLIPPED = [
+    {0: {"lr": lr, "momentum": m, "batch_size": 32}} for lr, m in ((0.1, 0.9), (0.3, 0.0), (0.05, 0.5))
+]
+
+
+@pytest.mark.parametrize("how", ["norm", "value", "by-lr", "noise", "replace"])
+def test_before_step_clips_each_member_by_its_own_gradients(how):
+    """Silent group-norm clipping is the defect ruled out: each member's gradients are clipped
+    by its own norm (the norms torch reports are its unfused ones), so it trains exactly as
+    unfused and as alone."""
+    kwargs = {"how": how, "max_norm": 0.3 if how == "norm" else 0.05}
+    histories, states, rng = fused(Clipping, kwargs, CLIPPED)
+    for member, schedule in enumerate(CLIPPED):
+        expected, state, expected_rng = unfused(Clipping, kwargs, schedule)
+        assert histories[member] == expected
+        assert same_state(states[member], state)
+        assert torch.equal(rng, expected_rng)
+        alone, _, _ = fused(Clipping, kwargs, [schedule])
+        assert histories[member] == alone[0]
+        assert expected != unfused(TinyMLP, {}, schedule)[0]  # the hook changed training
+
+
+def test_the_norms_are_each_members_own_not_the_groups():
+    host = build_trainer(Clipping, {}, 0)
+    group = FusedGroup.from_states(host, [host.state_dict()] * 3)
+    group.setup([s[0] for s in CLIPPED])
+    group.train()
+    batches = len(host.norms) // 3
+    fused_norms = [host.norms[k::3] for k in range(3)]  # member by member, batch after batch
+    assert len(host.norms) == 3 * batches and batches == 8
+    for member, schedule in enumerate(CLIPPED):
+        alone = build_trainer(Clipping, {}, 0)
+        alone.setup(schedule[0])
+        alone.train()
+        assert fused_norms[member] == alone.norms
+        assert all(norm > 0.3 for norm in alone.norms)  # every batch is clipped
+    group_norms = [sum(n[b] ** 2 for n in fused_norms) ** 0.5 for b in range(batches)]
+    assert all(g > max(n[b] for n in fused_norms) for b, g in enumerate(group_norms))
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("state", r"before_step\(\) reads self\.optimizer\.state"),
+        ("draws-by-lr", r"left the random generators in another state for member 1"),
+    ],
+)
+def test_what_before_step_cannot_do_per_member_is_refused_naming_it(how, message):
+    host = build_trainer(Clipping, {"how": how}, 0)
+    group = FusedGroup.from_states(host, [host.state_dict()] * 2)
+    group.setup([{"lr": 0.1}, {"lr": 0.2}])
+    with pytest.raises(FusionError, match=message):
+        group.train()
+    if how == "state":  # the check sees it too: such a trainer trains unfused, with a warning
+        verdict = check_fusion(Clipping, {"how": how}, 0, {"lr": 0.1, "batch_size": 32})
+        assert not verdict.ok and "reads self.optimizer.state" in verdict.reason
+
+
+def test_before_step_leaves_the_host_module_and_generators_as_it_found_them():
+    host = build_trainer(Clipping, {"how": "noise"}, 0)
+    before = {k: v.clone() for k, v in host.model.state_dict().items()}
+    group = FusedGroup.from_states(host, [host.state_dict()] * 2)
+    random.seed(5)
+    group.setup([{"lr": 0.1}, {"lr": 0.2}])
+    group.train()
+    assert all(torch.equal(before[k], v) for k, v in host.model.state_dict().items())
+    assert all(p.grad is None for p in host.model.parameters())
+    assert isinstance(host.optimizer, torch.optim.SGD)
+
+
+def test_a_fused_study_of_a_clipping_trainer_is_run_alone_fused_and_unfused():
+    space = dt.Grid({"lr": [0.1, 0.3, dt.Steps([0.1, 0.02], [1])], "momentum": [0.9], "batch_size": [32]})
+    study = Study(Clipping, executor=SimulatedExecutor(1), fuse=4)
+    report = study.run(GridSearch(space, metric="val_acc", steps=2)).report
+    assert report["mean_group_size"] > 1
+    for trial in study.coordinator.trials.values():
+        assert trial.status == "completed"
+        curve = [m for _, m in trial.curve]
+        assert curve == run_alone(Clipping, trial.config, 2, fused=True)
+        assert curve == run_alone(Clipping, trial.config, 2)  # bitwise unfused on this MLP

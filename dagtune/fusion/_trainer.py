@@ -145,6 +145,18 @@ class FusibleTrainer(Trainer):
         """Validation metrics of `model` (the module, in eval mode and under
         ``torch.no_grad``; dagtune puts it back in training mode afterwards)."""
 
+    def before_step(self, model: nn.Module) -> None:
+        """Called after each batch's backward pass, before the optimizer's step, with the
+        trial's model: clip (or otherwise change) its gradients here, with torch's own
+        functions, e.g. ``torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`` or
+        ``clip_grad_value_``. The default does nothing.
+
+        Fused, a group calls it once per member, with the host's module holding that member's
+        weights, buffers and gradients (each parameter's ``.grad`` is the member's slice of
+        the stacked gradient), so a norm is the member's own, never the group's; change
+        gradients in place. ``self.optimizer`` there gives the member's ``param_groups`` only.
+        """
+
     def apply(self, name: str, value: Any) -> None:
         """Apply hyper-parameter `name`, which is neither fusible nor the batch size (say, a
         dropout probability). The default knows none."""
@@ -186,6 +198,7 @@ class FusibleTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         loss = mean_loss(self.loss(self.model, batch))
         loss.backward()
+        self.before_step(self.model)
         self.optimizer.step()
         return loss.item()
 
