@@ -412,3 +412,16 @@ def test_a_fused_study_of_a_clipping_trainer_is_run_alone_fused_and_unfused():
         curve = [m for _, m in trial.curve]
         assert curve == run_alone(Clipping, trial.config, 2, fused=True)
         assert curve == run_alone(Clipping, trial.config, 2)  # bitwise unfused on this MLP
+
+
+def test_a_hook_that_fails_per_member_later_turns_fusion_off_and_the_trials_finish_unfused():
+    """The check's members share their starting values, so a hook drawing random numbers by
+    the learning rate passes it and fails at the first fused step of different rates: the
+    study warns and trains those trials unfused (they were not failed and retried)."""
+    space = dt.Grid({"lr": [0.1, 0.2], "momentum": [0.9], "batch_size": [32]})
+    study = Study(Clipping, executor=SimulatedExecutor(1), fuse=4, trainer_kwargs={"how": "draws-by-lr"})
+    with pytest.warns(dt.FusionWarning, match="left the random generators in another state"):
+        study.run(GridSearch(space, metric="val_acc", steps=2))
+    for trial in study.coordinator.trials.values():
+        assert trial.status == "completed"
+        assert [m for _, m in trial.curve] == run_alone(Clipping, trial.config, 2, {"how": "draws-by-lr"})
