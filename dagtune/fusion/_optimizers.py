@@ -31,7 +31,7 @@ import torch
 
 from dagtune.validation import is_number
 
-__all__ = ["SGD", "Adam", "AdamW", "FusedAdam", "FusedAdamW", "FusedOptimizer", "FusedSGD", "OptimizerSpec"]
+__all__ = ["SGD", "Adam", "AdamW", "FusedAdam", "FusedOptimizer", "FusedSGD", "OptimizerSpec"]
 
 
 def _hyperparameter_value(field: str, value: Any) -> float:
@@ -517,7 +517,3 @@ class FusedAdam(CountedOptimizer):
                 second = exp_avg_sq
             denom = (second.sqrt() / self._per_step(root, param)).add_(self._per_member("eps", eps, param))
             param.addcdiv_(exp_avg * self._per_step(step_size, param), denom)
-
-
-#: the name this class had before `Adam` joined it (AdamW is `FusedAdam` with decoupled decay)
-FusedAdamW = FusedAdam
