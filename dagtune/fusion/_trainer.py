@@ -62,14 +62,15 @@ class FusibleTrainer(Trainer):
             batch_size_name = "batch_size"
 
     Hyper-parameters named in `fusible` set that optimizer field (SGD: ``lr``, ``momentum``,
-    ``dampening``, ``weight_decay``; AdamW: ``lr``, ``beta1``, ``beta2``, ``eps``,
-    ``weight_decay``) and may differ inside a fused group; `batch_size_name` sets the batch
+    ``dampening``, ``weight_decay``; Adam and AdamW: ``lr``, ``beta1``, ``beta2``, ``eps``,
+    ``weight_decay``; RMSprop: ``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``;
+    Adagrad: ``lr``, ``lr_decay``, ``weight_decay``, ``eps``) and may differ inside a fused group; `batch_size_name` sets the batch
     size of `batches`; any other name goes to `apply` (which rejects it unless overridden).
 
     The state (`state_dict`) is ``{"model", "optimizer", "batches"}``: the module's and the
     ``torch.optim`` optimizer's state dicts and the data order's state. Anything else a step
     depends on must be set again by `setup` (dagtune passes every value at a start or
-    resume), or be fixed by the trainer arguments.
+    resume), or be fixed by the trainer arguments. Gradient clipping goes in `before_step`.
     """
 
     #: hyper-parameter name -> optimizer field; these may differ between fused members
