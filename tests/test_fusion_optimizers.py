@@ -425,3 +425,29 @@ def test_a_hook_that_fails_per_member_later_turns_fusion_off_and_the_trials_fini
     for trial in study.coordinator.trials.values():
         assert trial.status == "completed"
         assert [m for _, m in trial.curve] == run_alone(Clipping, trial.config, 2, {"how": "draws-by-lr"})
+
+
+def test_adagrad_state_missing_for_a_member_is_created_as_torch_creates_it():
+    """torch's Adagrad builds its state with the optimizer, and creates it at the step (sums
+    filled with initial_accumulator_value) where a loaded state lacks it: fused, per member."""
+    spec = dt.Adagrad(initial_accumulator_value=0.3)
+    start = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
+    params = [start[k].clone().requires_grad_() for k in range(2)]
+    optimizers = [spec.build([p]) for p in params]
+    optimizers[1].load_state_dict({"state": {}, "param_groups": optimizers[1].state_dict()["param_groups"]})
+    fused_state = stack([{"model": {}, "optimizer": o.state_dict(), "batches": {}} for o in optimizers])
+    opt = fused_state["optimizer"]
+    assert opt["present"] == {0: [True, False]}
+    stacked = start.clone().requires_grad_()
+    fused_optimizer = spec.fused([stacked], [g[0] for g in opt["param_groups"]], opt["state"], opt["present"])
+    for _ in range(2):
+        grads = torch.randn(2, 5)
+        for k, (param, optimizer) in enumerate(zip(params, optimizers)):
+            param.grad = grads[k].clone()
+            optimizer.step()
+        stacked.grad = grads.clone()
+        with torch.no_grad():
+            fused_optimizer.step()
+    for k, (param, optimizer) in enumerate(zip(params, optimizers)):
+        assert same_state(stacked[k].detach(), param.detach())
+        assert same_state(fused_optimizer.member_state_dict(k), optimizer.state_dict())
