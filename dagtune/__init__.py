@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dagtune.checkpoints import CheckpointError, CheckpointStore
     from dagtune.distributions import choice, loguniform, normal, qloguniform, quniform, randint, uniform
     from dagtune.errors import DagtuneError, DagtuneWarning
-    from dagtune.fusion import SGD, AdamW, FusibleTrainer, FusionWarning
+    from dagtune.fusion import SGD, Adagrad, Adam, AdamW, FusibleTrainer, FusionWarning, RMSprop
     from dagtune.gc import GcPolicy
     from dagtune.lightning import LightningTrainer
     from dagtune.mainguard import UnguardedMainError
@@ -75,6 +75,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SGD",
+    "Adagrad",
+    "Adam",
     "AdamW",
     "CheckpointError",
     "CheckpointStore",
@@ -94,6 +96,7 @@ __all__ = [
     "MultiStep",
     "NondeterministicTrainingWarning",
     "Piecewise",
+    "RMSprop",
     "Random",
     "Result",
     "ResumableBatchSampler",
@@ -157,7 +160,10 @@ _WHERE = {
     "DagtuneError": "dagtune.errors",
     "DagtuneWarning": "dagtune.errors",
     "SGD": "dagtune.fusion",
+    "Adam": "dagtune.fusion",
     "AdamW": "dagtune.fusion",
+    "Adagrad": "dagtune.fusion",
+    "RMSprop": "dagtune.fusion",
     "FusibleTrainer": "dagtune.fusion",
     "FusionWarning": "dagtune.fusion",
     "GcPolicy": "dagtune.gc",

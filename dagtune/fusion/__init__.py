@@ -6,6 +6,7 @@ lock step; `stack`/`split` convert between K unfused trainer states and one fuse
 `check_fusion` checks, before a trainer's first fused task, that it fuses and exactly.
 """
 
+from dagtune.fusion._adaptive import Adagrad, FusedAdagrad, FusedRMSprop, RMSprop
 from dagtune.fusion._check import ATOL, RTOL, FusionVerdict, FusionWarning, check_fusion
 from dagtune.fusion._count import (
     CpuMemory,
@@ -17,7 +18,15 @@ from dagtune.fusion._count import (
 )
 from dagtune.fusion._group import FusedGroup, FusionError, MemberModel
 from dagtune.fusion._grouping import can_fuse, fusion_conflict, fusion_groups
-from dagtune.fusion._optimizers import SGD, AdamW, FusedAdamW, FusedOptimizer, FusedSGD, OptimizerSpec
+from dagtune.fusion._optimizers import (
+    SGD,
+    Adam,
+    AdamW,
+    FusedAdam,
+    FusedOptimizer,
+    FusedSGD,
+    OptimizerSpec,
+)
 from dagtune.fusion._runner import FusedPathRunner
 from dagtune.fusion._state import TRAINER_STATE_KEYS, same_state, split, stack
 from dagtune.fusion._trace import ModuleTrace
@@ -28,13 +37,17 @@ __all__ = [
     "RTOL",
     "SGD",
     "TRAINER_STATE_KEYS",
+    "Adagrad",
+    "Adam",
     "AdamW",
     "CpuMemory",
     "CudaMemory",
-    "FusedAdamW",
+    "FusedAdagrad",
+    "FusedAdam",
     "FusedGroup",
     "FusedOptimizer",
     "FusedPathRunner",
+    "FusedRMSprop",
     "FusedSGD",
     "FusibleTrainer",
     "FusionError",
@@ -45,6 +58,7 @@ __all__ = [
     "MemoryProbe",
     "ModuleTrace",
     "OptimizerSpec",
+    "RMSprop",
     "can_fuse",
     "check_fusion",
     "fusion_conflict",

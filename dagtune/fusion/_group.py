@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from dagtune.errors import DagtuneError
+from dagtune.fusion._before_step import has_before_step, run_before_step
+from dagtune.fusion._errors import FusionError
 from dagtune.fusion._horizontal import horizontal_call
 from dagtune.fusion._memberwise import MemberwiseLayers
 from dagtune.fusion._state import split, stack
@@ -57,10 +58,6 @@ __all__ = [
 #: of its own (one vmapped loss, one backward, the fused optimizer), so an override of these
 #: would be left out fused
 REPLACED_METHODS = ("train", "train_batch")
-
-
-class FusionError(DagtuneError, ValueError):
-    """Trials that cannot train as one fused group (the message says what differs)."""
 
 
 def check_dense_gradients(model: torch.nn.Module) -> None:
@@ -85,7 +82,8 @@ def check_not_replaced(cls: type[FusibleTrainer]) -> None:
             raise FusionError(
                 f"{cls.__qualname__} overrides FusibleTrainer.{name}() (in {owner.__qualname__}), which a "
                 f"fused group never calls (it trains its members with one fused step of its own): what "
-                f"the override does would be left out, so its trials cannot train fused"
+                f"the override does would be left out, so its trials cannot train fused (to clip "
+                f"gradients, override before_step(model) instead: a fused group calls it per member)"
             )
 
 
@@ -167,6 +165,7 @@ class FusedGroup:
             [groups[0] for groups in optimizer["param_groups"]],
             optimizer["state"],
             optimizer["present"],
+            optimizer.get("keys"),
         )
         if self.optimizer.members != self.members:
             raise FusionError(
@@ -249,6 +248,8 @@ class FusedGroup:
             param.requires_grad_(self._module_params[key].requires_grad)  # frozen: no gradient, no update
         losses = self._losses(batch, trace)
         losses.sum().backward()
+        if has_before_step(type(self.host)):  # each member's own gradients (clipping: its own norm)
+            run_before_step(self.host, self.params, self.buffers, self.optimizer.groups)
         with torch.no_grad():
             self.optimizer.step()
         return losses.detach().tolist()

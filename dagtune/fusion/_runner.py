@@ -22,7 +22,8 @@ task leaves no live trainer behind (its members continue from their checkpoints)
 A task with a ``fusion_check`` first checks its trainer (`check_fusion`, on a throwaway
 trainer) and reports the verdict as a `FusionChecked` (``ok``, ``reason``) under its key.
 When the trainer cannot fuse, or a fused step later fails with an error of vmap itself (an
-operation it cannot batch), every member still training ends with reason ``"unfused"`` at
+operation it cannot batch) or a `FusionError` (what a group cannot do per member, e.g. a
+`before_step` reading the optimizer's state), every member still training ends with reason ``"unfused"`` at
 the point it reached (its checkpoints are kept) after that `FusionChecked`: the coordinator
 then trains it unfused.
 """
@@ -87,7 +88,8 @@ VMAP_ERROR_MARKERS = ("vmap", "functorch", "Batching rule", "BatchedTensor")
 
 
 class _UnfusibleError(DagtuneError):
-    """A fused step failed with an error of vmap itself: the trainer cannot train fused. The
+    """A fused step failed with an error of vmap itself or a `FusionError`: the trainer cannot
+    train fused. The
     message names the innermost module of `model` that was running, as the check's does."""
 
     def __init__(self, error: BaseException, model: torch.nn.Module):
@@ -346,7 +348,7 @@ class FusedPathRunner:
         try:
             metrics = group.train()
         except Exception as error:
-            if any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
+            if isinstance(error, FusionError) or any(marker in str(error) for marker in VMAP_ERROR_MARKERS):
                 raise _UnfusibleError(error, group.host.model) from error
             raise
         if self.step_seconds is not None:  # the executor says each member's share

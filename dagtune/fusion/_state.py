@@ -11,6 +11,7 @@ The fused format::
      "model": OrderedDict(key -> Tensor[K, ...]),        # tied keys share one tensor
      "optimizer": {"state": {index: {key: Tensor[K, ...]}},
                    "present": {index: [bool] * K},         # members that have state there
+                   "keys": {index: [member's keys] * K},   # only where members keep different keys
                    "param_groups": [member's param_groups] * K},
      "batches": the data order's state, one for the whole group}
 """
@@ -74,9 +75,13 @@ def split(fused: Mapping[str, Any], member: int) -> dict[str, Any]:
     if metadata is not None:
         model._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
     optimizer = fused["optimizer"]
+    member_keys = optimizer.get("keys", {})
     state = {
-        index: {key: tensor[member].detach().clone() for key, tensor in keys.items()}
-        for index, keys in optimizer["state"].items()
+        index: {
+            key: stacked[key][member].detach().clone()
+            for key in (member_keys[index][member] if index in member_keys else stacked)
+        }
+        for index, stacked in optimizer["state"].items()
         if optimizer["present"][index][member]
     }
     groups = [{**group, "params": list(group["params"])} for group in optimizer["param_groups"][member]]
@@ -137,30 +142,40 @@ def _stack_optimizer(optimizers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         order.extend(index for index in optimizer["state"] if index not in order)
     state: dict[int, dict[str, torch.Tensor]] = {}
     present: dict[int, list[bool]] = {}
+    keys: dict[int, list[list[str]]] = {}
     for index in order:
         flags = [index in optimizer["state"] for optimizer in optimizers]
-        template_member = flags.index(True)
-        template = optimizers[template_member]["state"][index]
-        for member, optimizer in enumerate(optimizers):
-            if flags[member] and list(optimizer["state"][index]) != list(template):
-                raise ValueError(
-                    f"members {template_member} and {member} keep different optimizer state for "
-                    f"parameter {index}: {list(template)} != {list(optimizer['state'][index])}"
-                )
+        member_keys = [
+            list(optimizer["state"][index]) if flag else [] for optimizer, flag in zip(optimizers, flags)
+        ]
+        union: dict[str, torch.Tensor] = {}  # every key some member keeps, a tensor of the first one
+        for optimizer, flag in zip(optimizers, flags):
+            for key, value in optimizer["state"][index].items() if flag else ():
+                if not isinstance(value, torch.Tensor):
+                    raise ValueError(
+                        f"optimizer state {key!r} of parameter {index} is not a tensor: it cannot be fused"
+                    )
+                union.setdefault(key, value)
         stacked = {}
-        for key, value in template.items():
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(
-                    f"optimizer state {key!r} of parameter {index} is not a tensor: it cannot be fused"
-                )
-            parts = [
-                optimizer["state"][index][key].detach() if flag else torch.zeros_like(value)
-                for optimizer, flag in zip(optimizers, flags)
-            ]
+        for key, template in union.items():
+            parts = []
+            for member, (optimizer, flag) in enumerate(zip(optimizers, flags)):
+                value = optimizer["state"][index].get(key) if flag else None
+                if value is not None and (value.shape != template.shape or value.dtype != template.dtype):
+                    raise ValueError(
+                        f"optimizer state {key!r} of parameter {index} is {tuple(value.shape)} {value.dtype} "
+                        f"for member {member}, {tuple(template.shape)} {template.dtype} for another"
+                    )
+                parts.append(value.detach() if value is not None else torch.zeros_like(template))
             stacked[key] = torch.stack(parts)
         state[index] = stacked
         present[index] = flags
-    return {"state": state, "present": present, "param_groups": groups}
+        if any(flag and names != list(union) for flag, names in zip(flags, member_keys)):
+            keys[index] = member_keys  # members keep different keys (the optimizer checks which)
+    fused = {"state": state, "present": present, "param_groups": groups}
+    if keys:
+        fused["keys"] = keys
+    return fused
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -62,14 +62,15 @@ class FusibleTrainer(Trainer):
             batch_size_name = "batch_size"
 
     Hyper-parameters named in `fusible` set that optimizer field (SGD: ``lr``, ``momentum``,
-    ``dampening``, ``weight_decay``; AdamW: ``lr``, ``beta1``, ``beta2``, ``eps``,
-    ``weight_decay``) and may differ inside a fused group; `batch_size_name` sets the batch
+    ``dampening``, ``weight_decay``; Adam and AdamW: ``lr``, ``beta1``, ``beta2``, ``eps``,
+    ``weight_decay``; RMSprop: ``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``;
+    Adagrad: ``lr``, ``lr_decay``, ``weight_decay``, ``eps``) and may differ inside a fused group; `batch_size_name` sets the batch
     size of `batches`; any other name goes to `apply` (which rejects it unless overridden).
 
     The state (`state_dict`) is ``{"model", "optimizer", "batches"}``: the module's and the
     ``torch.optim`` optimizer's state dicts and the data order's state. Anything else a step
     depends on must be set again by `setup` (dagtune passes every value at a start or
-    resume), or be fixed by the trainer arguments.
+    resume), or be fixed by the trainer arguments. Gradient clipping goes in `before_step`.
     """
 
     #: hyper-parameter name -> optimizer field; these may differ between fused members
@@ -90,7 +91,7 @@ class FusibleTrainer(Trainer):
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {model!r}")
         if not isinstance(optimizer, OptimizerSpec):
             raise TypeError(
-                f"{name}: optimizer must be dagtune.SGD(...) or dagtune.AdamW(...), got {optimizer!r}"
+                f"{name}: optimizer must be one of dagtune.SGD, Adam, AdamW, RMSprop, Adagrad (an OptimizerSpec), got {optimizer!r}"
             )
         if not isinstance(batches, ResumableBatches):
             raise TypeError(f"{name}: batches must be a dagtune.ResumableBatches, got {batches!r}")
@@ -145,6 +146,18 @@ class FusibleTrainer(Trainer):
         """Validation metrics of `model` (the module, in eval mode and under
         ``torch.no_grad``; dagtune puts it back in training mode afterwards)."""
 
+    def before_step(self, model: nn.Module) -> None:
+        """Called after each batch's backward pass, before the optimizer's step, with the
+        trial's model: clip (or otherwise change) its gradients here, with torch's own
+        functions, e.g. ``torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`` or
+        ``clip_grad_value_``. The default does nothing.
+
+        Fused, a group calls it once per member, with the host's module holding that member's
+        weights, buffers and gradients (each parameter's ``.grad`` is the member's slice of
+        the stacked gradient), so a norm is the member's own, never the group's; change
+        gradients in place. ``self.optimizer`` there gives the member's ``param_groups`` only.
+        """
+
     def apply(self, name: str, value: Any) -> None:
         """Apply hyper-parameter `name`, which is neither fusible nor the batch size (say, a
         dropout probability). The default knows none."""
@@ -186,6 +199,7 @@ class FusibleTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         loss = mean_loss(self.loss(self.model, batch))
         loss.backward()
+        self.before_step(self.model)
         self.optimizer.step()
         return loss.item()
 
