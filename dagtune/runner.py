@@ -637,6 +637,9 @@ class PathRunner:
         self.members = {task.key: self.path}
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
         self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
+        # the `DefaultedHyperparameterWarning` messages of this task's setup() calls: a resume
+        # check that fails after one names it first (a resumed trainer is handed the value)
+        self._defaulted_messages: list[str] = []
 
     def update(self, directive: Directive) -> list[CheckpointDeclined]:
         """Take a new directive (`MemberPath.update`)."""
@@ -781,14 +784,12 @@ class PathRunner:
         """A `TrainerWarned` for each ``hp.get(name, default)`` whose default hid the config's
         value of a hyper-parameter that did not change (`SetupValues.defaulted`)."""
         name = _qualname(self.task.trainer.cls)
-        return self._warned(
-            DefaultedHyperparameterWarning,
-            "defaulted",
-            [
-                (key, defaulted_message(name, key, default, value, handed.step))
-                for key, default, value in handed.defaulted
-            ],
-        )
+        warnings = [
+            (key, defaulted_message(name, key, default, value, handed.step))
+            for key, default, value in handed.defaulted
+        ]
+        self._defaulted_messages.extend(message for _, message in warnings)
+        return self._warned(DefaultedHyperparameterWarning, "defaulted", warnings)
 
     def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""
@@ -878,7 +879,11 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_changed)
+        # a default setup() applied instead of the config's value is named too: its warning
+        # goes with the step's events, which this error fails
+        causes = likely_causes(
+            vars(trainer), saved, keys, probe.outcome.setup_changed, self._defaulted_messages
+        )
         raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:
