@@ -702,7 +702,7 @@ class PathRunner:
             first = path.values is None
             changes = path.changes(segment, t)
             if first:
-                recording = RecordingValues(changes, path.values, t)
+                recording = RecordingValues(changes, path.values, t, self._unchanged(segment, t))
                 trainer.setup(recording)
                 events.extend(self._defaulted(recording))
             elif changes:
@@ -763,6 +763,17 @@ class PathRunner:
             )
         events.append(path.ended())
         yield events
+
+    def _unchanged(self, segment: Segment, t: int) -> set[str]:
+        """The values that did not change before step `t`, where others did and the task
+        starts there (after step 0): `run_alone`, one task, hands setup() only those that
+        changed, so the task's first setup(), handed every value, reads these as it would
+        (`SetupValues.unchanged`). None where nothing changed: `run_alone` calls no setup()."""
+        if t == 0:
+            return set()
+        now, before = config_values(segment.config, t), config_values(segment.config, t - 1)
+        unchanged = {k for k, v in now.items() if same_value(v, before.get(k, _MISSING))}
+        return unchanged if len(unchanged) < len(now) else set()
 
     def _evaluate(self, trainer: Trainer) -> dict[str, float]:
         """The trainer's validation metrics, its random draws isolated from training and its

@@ -5,11 +5,12 @@ shows."""
 from __future__ import annotations
 
 import pytest
-from user_trainers import GetsWithDefault
+from user_trainers import GetsWithDefault, ReadsAnUnchangedValue
 
 import dagtune as dt
 from dagtune.algos import GridSearch
-from dagtune.study import Study
+from dagtune.hpreads import MissingHyperparameterError, RecordingValues, SetupValues
+from dagtune.study import Study, TrialError, run_alone
 
 
 def test_a_default_setup_applied_is_named_by_the_resume_check_it_fails(client, tmp_path):
@@ -31,3 +32,53 @@ def test_a_default_setup_applied_is_named_by_the_resume_check_it_fails(client, t
         "step 2, where 'lr' did not change, so it got the default 0.05, not the config's 0.01"
     ), line
     assert "does load_state_dict() load it?" not in line
+
+
+def test_a_setup_reading_an_unchanged_value_fails_in_a_study_as_alone(client, tmp_path):
+    """``hp["momentum"]`` read unconditionally fails `run_alone` where only lr changes (step 2).
+    A study, whose stage starts there (another trial branches off; a checkpoint), hands that
+    setup() every value: it used to pass, a trial run_alone can't train. It fails the same way
+    now, and the trial that never changes a value passes in both, equal to run_alone."""
+    changing = {"lr": dt.MultiStep(0.1, [2], 0.1), "momentum": 0.9}
+    constant = {"lr": 0.1, "momentum": 0.9}
+    with pytest.raises(
+        TrialError, match=r"MissingHyperparameterError: setup\(\) read hyper-parameter 'momentum', "
+    ):
+        run_alone(ReadsAnUnchangedValue, changing, 4)
+    with (
+        pytest.warns(dt.TrialsFailedWarning),
+        Study(ReadsAnUnchangedValue, client=client, storage=str(tmp_path), checkpoint_every=2) as study,
+    ):
+        result = study.run(
+            GridSearch([changing, constant], metric="val_loss", mode="min", steps=4), progress=False
+        )
+        trials = {handle.trial.config["lr"]: handle.trial for handle in study.trials}
+    (failed,) = result.failed
+    assert failed.steps == 2
+    assert (
+        failed.error.strip()
+        .splitlines()[-1]
+        .startswith(
+            "dagtune.hpreads.MissingHyperparameterError: setup() read hyper-parameter 'momentum', which did not "
+            "change before step 2"
+        )
+    )
+    passed = trials[dt.Constant(0.1)]
+    assert passed.status == "completed"
+    assert [metrics for _, metrics in passed.curve] == run_alone(ReadsAnUnchangedValue, constant, 4)
+
+
+def test_values_handed_only_because_a_stage_starts_read_as_run_alone_hands_them():
+    """Before a step where lr changes, a stage's first setup() holds momentum too: testing it
+    (or iterating) reads it; ``hp.get`` without testing gets the default, as alone; ``hp[...]``
+    without testing raises as alone."""
+    hp = SetupValues({"lr": 0.01, "momentum": 0.9}, {"lr": 0.01, "momentum": 0.9}, 2, unchanged={"momentum"})
+    assert hp["lr"] == 0.01
+    assert hp.get("momentum") is None and hp.get("momentum", 0.9) == 0.9
+    assert hp.get("momentum", 0.5) == 0.5 and hp.defaulted == [("momentum", 0.5, 0.9)]
+    with pytest.raises(MissingHyperparameterError):
+        hp["momentum"]
+    assert "momentum" in hp and hp["momentum"] == 0.9
+    recording = RecordingValues({"lr": 0.01, "momentum": 0.9}, None, 2, unchanged={"momentum"})
+    assert dict(recording.items()) == {"lr": 0.01, "momentum": 0.9}
+    assert recording["momentum"] == 0.9  # found by iterating

@@ -363,3 +363,13 @@ class GetsWithTheValueInUse(GetsWithDefault):
         for group in self.optimizer.param_groups:
             group["lr"] = hp.get("lr", group["lr"])
         hp.get("batch_size")
+
+
+class ReadsAnUnchangedValue(MnistStyle):
+    """Reads ``hp["momentum"]`` in every setup(), testing only ``"lr" in hp``: wrong before a
+    step where only ``lr`` changes (setup() is handed only the changed values)."""
+
+    def setup(self, hp):
+        super().setup(hp)
+        for group in self.optimizer.param_groups:
+            group["momentum"] = hp["momentum"]
