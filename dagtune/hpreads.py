@@ -16,9 +16,10 @@ Every ``setup()`` is handed a `SetupValues` (the first one of a task a `Recordin
 reads ``hp["lr"]`` every time fails where only the batch size changes; a bare
 ``KeyError: 'lr'`` about a config that has ``lr`` would send its author looking elsewhere.
 A task that starts before a step where some values change hands its first ``setup()`` every
-value, but the unchanged ones read as `run_alone` (one task) would hand them: absent to
-``hp[...]`` and ``hp.get`` until tested (``"lr" in hp``) or iterated, so a trainer fails, or
-gets its default, the same way in a study and alone.
+value, but ``hp[...]`` of an unchanged one, not tested first (``"lr" in hp``) nor iterated,
+raises as it does in `run_alone` (one task, handed only the changed values), so such a
+trainer fails the same way in a study and alone. (``hp.get`` returns the value: a trainer
+loaded from a checkpoint needs it.)
 """
 
 from __future__ import annotations
@@ -98,11 +99,13 @@ class SetupValues(dict):
         """``dict.get``; a default other than the config's value now, for a value that did
         not change, is noted in `defaulted` (``hp.get("lr", 0.1)``: setup() would apply
         0.1 where the config says otherwise; ``hp.get("lr", self.lr)`` is fine). A value held
-        only because a stage starts here (`unchanged`) gets the default too, as in `run_alone`."""
-        absent = not dict.__contains__(self, key) or self._alone_lacks(key)
+        only because a stage starts here (`unchanged`) is returned: a trainer loaded from a
+        checkpoint needs it where ``self.lr`` is only ``__init__``'s (``hp.get("lr",
+        self.lr)``), and one kept in memory gets what it holds already."""
+        absent = not dict.__contains__(self, key)
         if default is not None and key in self.current and absent and not _equal(default, self.current[key]):
             self.defaulted.append((key, default, self.current[key]))
-        return default if absent else dict.__getitem__(self, key)
+        return dict.get(self, key, default)
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
         # as an OrderedDict: what ``torch.load(weights_only=True)`` reads back, should a
