@@ -4,11 +4,16 @@ shows."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from user_trainers import GetsWithDefault, ReadsAnUnchangedValue
+from dask.sizeof import sizeof
+from user_trainers import AugmentsWithGlobalRandom, GetsWithDefault, ReadsAnUnchangedValue
 
 import dagtune as dt
 from dagtune.algos import GridSearch
+from dagtune.config import config_dumps, normalize_config
+from dagtune.execution._private_random import private_random_for_dask
 from dagtune.hpreads import MissingHyperparameterError, RecordingValues, SetupValues
 from dagtune.study import Study, TrialError, run_alone
 
@@ -81,3 +86,28 @@ def test_values_handed_only_because_a_stage_starts_read_as_run_alone_hands_them(
     recording = RecordingValues({"lr": 0.01, "momentum": 0.9}, None, 2, unchanged={"momentum"})
     assert dict(recording.items()) == {"lr": 0.01, "momentum": 0.9}
     assert recording["momentum"] == 0.9  # found by iterating
+
+
+def test_a_trainer_drawing_from_pythons_global_random_trains_as_alone(client, tmp_path):
+    """``random.shuffle`` and ``random.random()`` in train() (python's global generator):
+    dask's sizeof, sampling large dicts on the worker's event loop, drew from it while the
+    trainer built and trained, so the study's trials differed from run_alone (or failed the
+    resume check, blaming the model). Now bit for bit, with the resume check on."""
+    space = [{"lr": 0.05}, {"lr": dt.MultiStep(0.05, [2], 0.1)}, {"lr": dt.MultiStep(0.05, [3], 0.1)}]
+    with Study(AugmentsWithGlobalRandom, client=client, storage=str(tmp_path), checkpoint_every=1) as study:
+        study.run(GridSearch(space, metric="val_loss", mode="min", steps=4), progress=False)
+        trials = {config_dumps(handle.trial.config): handle.trial for handle in study.trials}
+    for config in space:
+        trial = trials[config_dumps(normalize_config(config))]
+        assert trial.status == "completed", trial.error
+        assert [metrics for _, metrics in trial.curve] == run_alone(AugmentsWithGlobalRandom, config, 4)
+
+
+def test_dask_sizes_large_collections_without_pythons_global_random():
+    """What a worker's event loop does to every large message it sizes leaves the trainer's
+    generator where it was (before: one ``random.sample`` per dict)."""
+    private_random_for_dask()
+    random.seed(0)
+    before = random.getstate()
+    sizeof({str(i): list(range(20)) for i in range(100)})
+    assert random.getstate() == before
