@@ -260,6 +260,7 @@ class _PatientClose:
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
         self.told = False
+        self.interrupted_after_finish = False
 
     def __enter__(self) -> _PatientClose:
         if threading.current_thread() is threading.main_thread():
@@ -282,6 +283,24 @@ class _PatientClose:
                 err=True,
             )
 
+    def finished(self) -> None:
+        """The study's run has returned, its results complete: from now on an interrupt (of
+        its close) is not one of the run. It says so once and is otherwise ignored, so that
+        the close writes everything and the command still shows the result and exits as a
+        finished run does."""
+        for number in self.previous:
+            signal.signal(number, self._after_finish)
+
+    def _after_finish(self, signum: int, frame: Any) -> None:
+        if not self.interrupted_after_finish:
+            self.interrupted_after_finish = True
+            click.echo(
+                f"dagtune: {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'} after the study had finished: "
+                "its results are complete; closing it (a few seconds), then its result. Further interrupts "
+                "are ignored until then",
+                err=True,
+            )
+
     def __exit__(self, *exc_info: Any) -> None:
         for number, handler in self.previous.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
@@ -296,10 +315,17 @@ def _interrupted(shown: list, storage: str, interrupt: KeyboardInterrupt) -> NoR
     command = shlex.join(["dagtune", *sys.argv[1:]])
     if trials:
         pending = sum(1 for trial in trials if trial.status == PENDING)
+        again = (
+            "The same command resumes each pending trial from its latest checkpoint"
+            if pending
+            # the run was cut after its last trial ended, before it returned: its algorithm may
+            # still have asked for more
+            else "The same command ends the study (training only what its algorithm still asks for) "
+            "and shows its best"
+        )
         kept = (
             f"{len(trials) - pending}/{len(trials)} trials finished, {pending} pending; their results and "
-            f"checkpoints are kept in {storage}. The same command resumes each pending trial from its "
-            f"latest checkpoint: {command}"
+            f"checkpoints are kept in {storage}. {again}: {command}"
         )
     else:
         kept = f"the study had not started, nothing was trained. The same command starts it: {command}"
@@ -462,6 +488,7 @@ def run(
     if client is None and security is not None:
         options["security"] = security
     shown: list[dt.Study] = []  # the studies opened (both halves of a surrogate study)
+    result: Any = None  # the run's result, once it returned
     try:
         with (
             _mistake(  # e.g. resources no worker offers, a name in use by another model
@@ -497,16 +524,20 @@ def run(
             str,
             "see the workers' logs for why they died; the same command continues the pending trials",
         )
-        # a second Ctrl-C while the study closes must not cut its close short
-        with _PatientClose(), study, contextlib.ExitStack() as watching, expired, lost:
+        # a second Ctrl-C while the study closes must not cut its close short, nor one that
+        # comes once the run has returned (`_PatientClose.finished`)
+        with _PatientClose() as patient, study, contextlib.ExitStack() as watching, expired, lost:
             for each in shown:
                 watching.enter_context(watch(each, algorithm.metric, algorithm.mode, show="terminal"))
             with warnings.catch_warnings():  # listed after the summary (`_print_result`), not twice
                 warnings.simplefilter("ignore", dt.TrialsFailedWarning)
                 warnings.simplefilter("ignore", dt.TrialsDivergedWarning)
                 result = study.run(algorithm, timeout=timeout)
+            patient.finished()
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`_terminate_as_interrupt`)
-        _interrupted(shown, storage, interrupt)
+        if result is None:
+            _interrupted(shown, storage, interrupt)
+        # it came between the run's return and `patient.finished()`: the close was patient
     finally:
         if client is not None:
             client.close()

@@ -15,6 +15,11 @@ Every ``setup()`` is handed a `SetupValues` (the first one of a task a `Recordin
 ``setup()`` gets only the values that changed before the step it prepares, so a trainer that
 reads ``hp["lr"]`` every time fails where only the batch size changes; a bare
 ``KeyError: 'lr'`` about a config that has ``lr`` would send its author looking elsewhere.
+A task that starts before a step where some values change hands its first ``setup()`` every
+value, but ``hp[...]`` of an unchanged one, not tested first (``"lr" in hp``) nor iterated,
+raises as it does in `run_alone` (one task, handed only the changed values), so such a
+trainer fails the same way in a study and alone. (``hp.get`` returns the value: a trainer
+loaded from a checkpoint needs it.)
 """
 
 from __future__ import annotations
@@ -50,27 +55,55 @@ class SetupValues(dict):
     `MissingHyperparameterError` saying why. It pickles (and so is saved in a checkpoint,
     and copied) as an ``OrderedDict``."""
 
-    def __init__(self, values: dict[str, Any], names: Iterable[str] | None = None, step: int | None = None):
+    def __init__(
+        self,
+        values: dict[str, Any],
+        names: Iterable[str] | None = None,
+        step: int | None = None,
+        unchanged: Iterable[str] = (),
+    ):
         super().__init__(values)
         self.names = sorted(values if names is None else names)
         self.step = step
         # every value now, where `names` gives them (the runner's): what hp.get's default hides
         self.current = dict(names) if isinstance(names, Mapping) else {}
         self.defaulted: list[tuple[str, Any, Any]] = []  # (name, default given, config's value)
+        # values handed only because the task starts here (a stage's start, from a checkpoint
+        # or a live trainer) before a step where others change: training the trial alone
+        # (`run_alone`, one task) hands only those others, so each reads as absent there
+        # until tested (``"lr" in hp``)
+        self.unchanged = frozenset(unchanged)
+        self.tested: set[Any] = set()
 
     def __missing__(self, key: Any) -> Any:
         raise MissingHyperparameterError(missing_message(key, self.names, self.step))
 
+    def _alone_lacks(self, key: Any) -> bool:
+        """Whether `key` is held here but `run_alone` would not hand it (see `unchanged`)."""
+        return key in self.unchanged and key not in self.tested
+
+    def __contains__(self, key: object) -> bool:
+        self.tested.add(key)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key: Any) -> Any:
+        if self._alone_lacks(key):
+            raise MissingHyperparameterError(
+                f"{missing_message(key, self.names, self.step)}. (Here a stage starts at this step, so "
+                f"setup() was handed every value, but training the trial alone (run_alone) hands only "
+                "those that changed and fails here: a study fails it the same way)"
+            )
+        return dict.__getitem__(self, key)
+
     def get(self, key: Any, default: Any = None) -> Any:
         """``dict.get``; a default other than the config's value now, for a value that did
         not change, is noted in `defaulted` (``hp.get("lr", 0.1)``: setup() would apply
-        0.1 where the config says otherwise; ``hp.get("lr", self.lr)`` is fine)."""
-        if (
-            default is not None
-            and key in self.current
-            and not dict.__contains__(self, key)
-            and not _equal(default, self.current[key])
-        ):
+        0.1 where the config says otherwise; ``hp.get("lr", self.lr)`` is fine). A value held
+        only because a stage starts here (`unchanged`) is returned: a trainer loaded from a
+        checkpoint needs it where ``self.lr`` is only ``__init__``'s (``hp.get("lr",
+        self.lr)``), and one kept in memory gets what it holds already."""
+        absent = not dict.__contains__(self, key)
+        if default is not None and key in self.current and absent and not _equal(default, self.current[key]):
             self.defaulted.append((key, default, self.current[key]))
         return dict.get(self, key, default)
 
@@ -100,8 +133,14 @@ class RecordingValues(SetupValues):
     """The values of a task's first ``setup()`` (a `SetupValues`), recording which keys are
     read while `recording`, and the keys asked for that it does not hold."""
 
-    def __init__(self, values: dict[str, Any], names: Iterable[str] | None = None, step: int | None = None):
-        super().__init__(values, names, step)
+    def __init__(
+        self,
+        values: dict[str, Any],
+        names: Iterable[str] | None = None,
+        step: int | None = None,
+        unchanged: Iterable[str] = (),
+    ):
+        super().__init__(values, names, step, unchanged)
         self.read: set[str] = set()
         self.asked: list[str] = []  # absent keys asked for, in order
         self.recording = True
@@ -115,12 +154,13 @@ class RecordingValues(SetupValues):
             self.asked.append(key)
 
     def _note_all(self) -> None:
+        self.tested.update(dict.keys(self))  # iterating finds each key, as testing it does
         if self.recording:
             self.read.update(dict.keys(self))
 
     def __getitem__(self, key: Any) -> Any:
         self._note(key)
-        return dict.__getitem__(self, key)
+        return super().__getitem__(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
         self._note(key)
@@ -142,7 +182,7 @@ class RecordingValues(SetupValues):
             and key not in self.asked
         ):
             self.asked.append(key)
-        return dict.__contains__(self, key)
+        return super().__contains__(key)
 
     def __iter__(self) -> Iterator[Any]:
         self._note_all()

@@ -292,7 +292,11 @@ def _same_number(a: float | None, b: float | None) -> bool:
 
 
 def likely_causes(
-    attributes: Mapping[str, Any], saved: Any, keys: list[str], setup_changed: tuple[str, ...] = ()
+    attributes: Mapping[str, Any],
+    saved: Any,
+    keys: list[str],
+    setup_changed: tuple[str, ...] = (),
+    defaulted: list[str] | tuple[str, ...] = (),
 ) -> list[str]:
     """What probably makes a resumed trainer (with `attributes`, ``vars(trainer)``, whose
     checkpoint held `saved`, its ``state_dict()``) train differently, given the differing `keys`: an optimizer, scheduler,
@@ -304,7 +308,9 @@ def likely_causes(
     modules and optimizers it made differ are not blamed for not loading. What ``setup()``
     changed of an object `saved` does not hold is not named so: loading never restored it
     (an optimizer left out of ``state_dict()`` whose learning rate ``setup()`` sets), and
-    `_causes` names it as missing."""
+    `_causes` names it as missing. A default the saving trainer's ``setup()`` applied instead
+    of the config's value (`defaulted`: the `DefaultedHyperparameterWarning` messages; the
+    resumed trainer is handed the value) comes first of all, for the same reason."""
     moved = [key for key in setup_changed if key.startswith("the global ")]
     unsaved = [
         f"self.{name}."
@@ -316,7 +322,11 @@ def likely_causes(
         for key in setup_changed
         if not key.startswith("the global ") and not any(key.startswith(prefix) for prefix in unsaved)
     ]
-    first = ([_SETUP_MOVED_RNG] if moved else []) + ([_setup_changed_state(changed)] if changed else [])
+    first = (
+        [f"{message} (DefaultedHyperparameterWarning)" for message in defaulted]
+        + ([_SETUP_MOVED_RNG] if moved else [])
+        + ([_setup_changed_state(changed)] if changed else [])
+    )
     if first:
         return [*first, *_causes(attributes, saved, keys, blame_loaded=False)]
     return _causes(attributes, saved, keys, blame_loaded=True)

@@ -637,6 +637,9 @@ class PathRunner:
         self.members = {task.key: self.path}
         self._probe: _Probe | None = None  # a fresh trainer's step after a checkpoint, to compare
         self._after_checkpoint: tuple | None = None  # (segment, step, load) of one still to probe
+        # the `DefaultedHyperparameterWarning` messages of this task's setup() calls: a resume
+        # check that fails after one names it first (a resumed trainer is handed the value)
+        self._defaulted_messages: list[str] = []
 
     def update(self, directive: Directive) -> list[CheckpointDeclined]:
         """Take a new directive (`MemberPath.update`)."""
@@ -699,7 +702,7 @@ class PathRunner:
             first = path.values is None
             changes = path.changes(segment, t)
             if first:
-                recording = RecordingValues(changes, path.values, t)
+                recording = RecordingValues(changes, path.values, t, self._unchanged(segment, t))
                 trainer.setup(recording)
                 events.extend(self._defaulted(recording))
             elif changes:
@@ -761,6 +764,17 @@ class PathRunner:
         events.append(path.ended())
         yield events
 
+    def _unchanged(self, segment: Segment, t: int) -> set[str]:
+        """The values that did not change before step `t`, where others did and the task
+        starts there (after step 0): `run_alone`, one task, hands setup() only those that
+        changed, so the task's first setup(), handed every value, reads these as it would
+        (`SetupValues.unchanged`). None where nothing changed: `run_alone` calls no setup()."""
+        if t == 0:
+            return set()
+        now, before = config_values(segment.config, t), config_values(segment.config, t - 1)
+        unchanged = {k for k, v in now.items() if same_value(v, before.get(k, _MISSING))}
+        return unchanged if len(unchanged) < len(now) else set()
+
     def _evaluate(self, trainer: Trainer) -> dict[str, float]:
         """The trainer's validation metrics, its random draws isolated from training and its
         modules' training modes put back after; while the worker's checks are due, the state
@@ -781,14 +795,12 @@ class PathRunner:
         """A `TrainerWarned` for each ``hp.get(name, default)`` whose default hid the config's
         value of a hyper-parameter that did not change (`SetupValues.defaulted`)."""
         name = _qualname(self.task.trainer.cls)
-        return self._warned(
-            DefaultedHyperparameterWarning,
-            "defaulted",
-            [
-                (key, defaulted_message(name, key, default, value, handed.step))
-                for key, default, value in handed.defaulted
-            ],
-        )
+        warnings = [
+            (key, defaulted_message(name, key, default, value, handed.step))
+            for key, default, value in handed.defaulted
+        ]
+        self._defaulted_messages.extend(message for _, message in warnings)
+        return self._warned(DefaultedHyperparameterWarning, "defaulted", warnings)
 
     def _unread(self, recording: RecordingValues) -> list[TaskEvent]:
         """A `TrainerWarned` for each hyper-parameter the first setup() and train() never read."""
@@ -878,7 +890,11 @@ class PathRunner:
         if again is not None and differences(again, probe.outcome):
             return [self._nondeterministic(probe.step, keys)]
         saved = checkpoint_parts(probe.load())[0]
-        causes = likely_causes(vars(trainer), saved, keys, probe.outcome.setup_changed)
+        # a default setup() applied instead of the config's value is named too: its warning
+        # goes with the step's events, which this error fails
+        causes = likely_causes(
+            vars(trainer), saved, keys, probe.outcome.setup_changed, self._defaulted_messages
+        )
         raise ResumeChangedTrainingError(probe.step, keys, causes, limit, past_end)
 
     def _check_at_the_end(self, trainer: Trainer, values: dict) -> list[TaskEvent]:

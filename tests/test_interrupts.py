@@ -313,3 +313,29 @@ def test_an_interrupted_run_leaves_its_trials_pending_and_the_same_run_continues
         trial = trials[config_dumps(dt.config.normalize_config(config))]
         assert trial.status == "completed"
         assert [metrics for _, metrics in trial.curve] == alone
+
+
+def after_the_last_trial(storage: str, lines: list[str]) -> bool:
+    """Once `dagtune run` printed its last progress line: the run has returned, the study closes."""
+    return any(f"{len(SPACE)}/{len(SPACE)} trials finished" in line for line in lines)
+
+
+def test_ctrl_c_after_the_study_finished_shows_its_result(tmp_path, uninterrupted):
+    """Ctrl-C that comes once every trial has finished (twice: the second while the study
+    closes) does not make a finished study an interrupted one: one notice says so, the study
+    closes completely (lease released, every result written), the command shows the best and
+    exits 0, and the same command again reports the same finished study."""
+    started = uninterrupted(())
+    storage = str(tmp_path / "runs")
+    code, lines = run_and_cut(storage, signal.SIGINT, after_the_last_trial, again=0.1)
+    output = "\n".join(lines)
+    assert code == 0, output
+    assert not any(line.startswith("Interrupted") or "Traceback" in line for line in lines), output
+    assert sum("Ctrl-C after the study had finished" in line for line in lines) == 1, output
+    assert writer_status(open_storage(storage), NAME).startswith("none (last closed by session")
+    reference, reference_output = started.result()
+    assert_same_results(storage, reference)
+    assert best_lines(output) == best_lines(reference_output)
+    again = run_to_the_end(storage)
+    assert best_lines(again) == best_lines(reference_output)
+    assert " trained 0 steps " in again

@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import random
 
 import numpy as np
 import torch
@@ -363,3 +364,31 @@ class GetsWithTheValueInUse(GetsWithDefault):
         for group in self.optimizer.param_groups:
             group["lr"] = hp.get("lr", group["lr"])
         hp.get("batch_size")
+
+
+class ReadsAnUnchangedValue(MnistStyle):
+    """Reads ``hp["momentum"]`` in every setup(), testing only ``"lr" in hp``: wrong before a
+    step where only ``lr`` changes (setup() is handed only the changed values)."""
+
+    def setup(self, hp):
+        super().setup(hp)
+        for group in self.optimizer.param_groups:
+            group["momentum"] = hp["momentum"]
+
+
+class AugmentsWithGlobalRandom(MnistStyle):
+    """Shuffles the order of its batches with ``random.shuffle`` and jitters its inputs with
+    ``random.random()``: python's global generator, which dagtune seeds and checkpoints."""
+
+    def train(self):
+        self.model.train()
+        batches = list(self.train_loader)
+        random.shuffle(batches)
+        total = 0.0
+        for data, target in batches:
+            self.optimizer.zero_grad()
+            loss = F.nll_loss(self.model(data * (1 + 0.1 * random.random())), target)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item()
+        return {"loss": total / len(batches)}

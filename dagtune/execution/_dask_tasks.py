@@ -18,6 +18,7 @@ from distributed import Variable, Worker, get_worker
 
 from dagtune.evalcheck import EvaluateChecks
 from dagtune.events import TaskEvent, TaskFailed
+from dagtune.execution._private_random import private_random_for_dask
 from dagtune.execution._wire import pack
 from dagtune.execution._worker_store import StoreRef, store_on
 from dagtune.fusion import FusedPathRunner
@@ -54,7 +55,10 @@ def _run(
 ) -> list[TaskEvent]:
     """Run `given` (a task, or the tasks of a fused group, `first` among them) with a
     `runner_type` on this worker: each step's events sent as one message, each member's
-    directive handed to it between steps, every step watched against the step timeout."""
+    directive handed to it between steps, every step watched against the step timeout.
+    Before the trainer is built, Dask's own random draws leave the global generator
+    (`private_random_for_dask`)."""
+    private_random_for_dask()
     worker, live, checks, resume_checks = _this_worker()
     runner = runner_type(
         given,
