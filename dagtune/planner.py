@@ -372,16 +372,20 @@ class Pricing:
 
     def _reprice(self, source: str | None, tops: list[str]) -> None:
         """Give every node with stages priced from `source` its current estimate: the nodes
-        below `tops` down to (not into) measured descendants."""
+        below `tops` down to (not into) measured descendants. Only a node whose estimate
+        changes is re-priced (`touch`): a node now priced from another source at the same
+        value (measured at what it inherited) keeps its priorities."""
         self.refreshes += 1
         value = self._applied[source]
         stack = list(tops)
         while stack:
             node = stack.pop()
-            if node in self.estimate and (self._source[node] != source or self.estimate[node] != value):
-                self._source[node], self.estimate[node] = source, value
-                self.repriced += 1
-                self.touch(node)
+            if node in self.estimate:
+                self._source[node] = source
+                if self.estimate[node] != value:
+                    self.estimate[node] = value
+                    self.repriced += 1
+                    self.touch(node)
             stack.extend(c for c in self._children_with.get(node, ()) if not self.cost.measured(c))
 
 

@@ -501,3 +501,58 @@ def test_checkpoint_and_task_events_on_a_long_trial_decide_what_they_change():
     small, large = _node_event_counts(40), _node_event_counts(400)
     assert small == large
     assert all(decided <= 1 and priced <= 7 for _, decided, priced in small), small
+
+
+def _estimate_event_counts(n: int, monkeypatch) -> list[tuple[str, int, int, int]]:
+    """Measured step times on `_comb(n)` (every sibling submitted and settled first), each
+    settled on its own: ``(event, stages priced, stages priced twice, stages whose priority
+    changed)``. The planner is checked against a rebuild at the end."""
+    session = Session(_comb(n), "critical_path", 0.0)
+    planner, cost = session.planner, session.cost
+    for i in range(n + 1):
+        session.apply("submit", i, 0)
+    planner.settle()
+    root, sibling = session.requests[0][0], session.requests[n // 2][0]
+    priced: list[int] = []
+    price = IncrementalPlanner._price
+
+    def counting(self, stage) -> None:
+        priced.append(stage.index)
+        price(self, stage)
+
+    monkeypatch.setattr(IncrementalPlanner, "_price", counting)
+    counts = []
+    for event, node, seconds in (
+        ("the long trial measured (its subtree: 1.0 s to 2.0 s)", root, 2.0),
+        ("a sibling measured at its inherited 2.0 s", sibling, 2.0),
+        ("the long trial again (2.0 s to 2.6 s)", root, 4.0),
+        ("the sibling again (2.0 s to 1.7 s)", sibling, 1.0),
+    ):
+        before = {index: stage.priority for index, stage in planner._stages.items()}
+        priced.clear()
+        cost.observe(node, seconds)
+        planner.settle()
+        changed = sum(planner._stages[i].priority != p for i, p in before.items())
+        counts.append((event, len(priced), len(priced) - len(set(priced)), changed))
+    session.check()
+    counts.append(("stages", len(planner), 0, 0))
+    return counts
+
+
+def test_a_re_priced_estimate_prices_the_stages_whose_priority_changes(monkeypatch):
+    """A node's estimate moving re-prices every stage of the nodes priced with it: every one
+    of those priorities changes (each path below such a stage crosses its own steps, whose
+    seconds all moved the same way), so that work is what changed. Each stage is priced once
+    per event, and besides the changed ones only where a change stops (the stage a changed
+    sibling's head continues from, when the long chain still dominates it): at most one more.
+    A node whose estimate came from another source at the same value (a sibling measured at
+    the value it inherited) re-priced all its stages for nothing on main's code (2 stages
+    priced, none changed); now none are."""
+    for n in (40, 400):
+        *counts, (_, stages, _, _) = _estimate_event_counts(n, monkeypatch)
+        for event, priced, twice, changed in counts:
+            assert twice == 0, event
+            assert changed <= priced <= changed + 1, (event, priced, changed)
+        assert counts[0][1] == counts[0][3] == stages  # every stage: the long chain's and the siblings'
+        assert counts[1][1:] == (0, 0, 0)
+        assert counts[3][3] > 0
