@@ -24,21 +24,26 @@ the last one, deepest first, so a burst of submissions or events costs one pass.
 `TreeObserver` hears which stages were added, changed, linked or removed, which is how the
 scheduler keeps priorities and its ready queue without walking the tree.
 
-Cost of one change. A change of what a node wants at a step (a request, metrics, a child
-node beginning to branch there or changing the rank it asks with) decides that step alone
-again (`_update`) and splices its stage into or out of its chain: O(log w) for w wanted steps
-on the node, plus the stages it changes (its own, the next one's start, the previous one's
-link, and the ranks before it while they change). The other steps keep their decisions: what
-they were decided on did not change, as for a node not touched at all. So a sibling branching
-off a long trial at a new step costs a constant, not the trial's branch points (perf/RESULTS.md
-9u). A checkpoint or a running task that comes, goes or moves on a node may change the source
-of every stage on it: that node decides all its wanted steps again (`_rebuild`, O(w log c) for
-c checkpoints). Either way, ancestors follow as long as what a node asks of its parent changes
-(one step of the parent each). Linking a new child stage is O(1); a branch point whose source
-changes (checkpoint committed, task launched) relinks the children waiting on it, once per
-change of that point. Only the branch points a change may have moved are asked (`NodeState.moved_at`: a
-checkpoint, the stage ending there or the task serving it came or went, a first child
-branched there), so a node with w branch points costs a change one point, not w.
+Cost of one change. Every change decides again only the wanted steps whose decision can change
+and relinks the chains around the source points it moved (`_update`): a request, metrics or a
+child's ask at a step decides that step; a checkpoint committed or dropped decides its step and
+relinks the chain after it (a source point came or went there); a task's launch decides the
+chained steps it claims, its advance or end the steps it claimed or was relied on for, and
+either relinks the chains after its segment ends. A step records whether it is served, claimed
+or chained, not its source: a chain is a run of chained steps with no source point between
+them, so a point that comes or goes relinks one pair of neighbours, not the steps after it.
+O(log w) per step or point for w wanted steps on the node, plus the stages changed (a stage
+spliced in or out, the next one's start, the previous one's link, and the ranks before it while
+they change). So a sibling branching off a long trial at a new step costs a constant, and so do
+a checkpoint and a task event on a long trial with thousands of branch points (perf/RESULTS.md
+9u), unless the task claims or releases many steps at once (each a stage that comes or goes).
+No node decides all its steps again: a node without state wants nothing unserved, so a new
+state decides the steps queued. Ancestors follow as long as what a node asks of its parent
+changes (one step of the parent each). Linking a new child stage is O(1); a branch point whose
+source changes (checkpoint committed, task launched) relinks the children waiting on it, once
+per change of that point. Only the branch points a change may have moved are asked
+(`NodeState.moved_at`: a checkpoint, the stage ending there or the task serving it came or went,
+a first child branched there), so a node with w branch points costs a change one point, not w.
 """
 
 from __future__ import annotations
