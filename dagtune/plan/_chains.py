@@ -244,6 +244,29 @@ class NodeState:
         else:
             checkpoints.discard(step)
 
+    def detach(self, stage: LiveStage, touched: dict, serve: set[int]) -> None:
+        """Take `stage` out of the node's chains (`LiveStageTree._relink` joins its neighbours);
+        `serve` gets the point its chain started from, if a running task's."""
+        keep(touched, stage)
+        del self.stages[stage.end], self.own[stage.end]
+        self.chained.remove(stage.end)
+        if stage.origin == "running":
+            serve.add(stage.start)
+        if stage.origin == "head":
+            unlink(stage)
+        stage.next = stage.parent = None
+        stage.origin = ""
+
+    def server(self, step: int) -> str | None:
+        """The running task the node's point `step` relies on, as the builder records it:
+        the task a chain starts from there, else the task claimed for the step."""
+        at = self.chained.bisect_right(step)
+        if at < len(self.chained):
+            stage = self.stages[self.chained[at]]
+            if stage.origin == "running" and stage.start == step:
+                return stage.source_task
+        return self.claims.get(step)
+
     def rerank(self, ranked: set[int], touched: dict) -> None:
         """Ranks again from the stages ending at `ranked`, back along their chains while they
         change (a stage's rank: the least of its own and the next stage's)."""

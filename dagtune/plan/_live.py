@@ -56,7 +56,7 @@ from typing import Protocol
 from sortedcontainers import SortedList
 
 from dagtune.plan._chains import METRICS, LiveStage, MinRank, NodeState, follow, keep, unlink
-from dagtune.plan._plan import SearchPlan
+from dagtune.plan._plan import Node, SearchPlan
 from dagtune.plan._tree import StageTree
 
 __all__ = ["InFlightPoints", "LiveStageTree", "TreeObserver"]
@@ -384,31 +384,6 @@ class LiveStageTree:
         task = self.tasks.claim(node.id, step)
         return "" if task is None else task
 
-    def _source(self, node, state: NodeState, step: int) -> tuple[int, str, str | None]:
-        """Where a chain whose first stage ends at `step` starts: ``(step, origin, task)`` of
-        the latest source point before it (a checkpoint after the node's start, else a
-        running task's segment end), or the node's start."""
-        checkpoints = state.sorted_checkpoints(node)
-        at = checkpoints.bisect_left(step)
-        source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
-        origin, ref = "checkpoint", None
-        running = self.tasks.latest_before(node.id, step)
-        if running is not None and (source is None or running[0] > source):
-            source, origin, ref = running[0], "running", running[1]
-        if source is None:
-            source = node.start
-            origin = "scratch" if node.parent is None else "head"
-        return source, origin, ref
-
-    def _one_chain(self, node, state: NodeState, before: int, step: int) -> bool:
-        """Whether chained steps `before` < `step` are on one chain: no source point in
-        ``[before, step)`` (chained steps lie after the node's start)."""
-        checkpoints = state.sorted_checkpoints(node)
-        at = checkpoints.bisect_left(before)
-        if at < len(checkpoints) and checkpoints[at] < step:
-            return False
-        return not self.tasks.ahead_in(node.id, before, step)
-
     def _update(self, node_id: str, state: NodeState, steps: set[int], points: set[int]) -> None:
         """Decide again the wanted steps in `steps` and place again the chains around them
         and around the source points in `points`, changing only the stages that reaches.
@@ -440,15 +415,15 @@ class LiveStageTree:
             claimed = state.claims.get(step)
             if claimed is not None and claimed != decision:
                 del state.claims[step]
-                self._unnote(self._claimed, claimed, node_id, step)
+                _unnote(self._claimed, claimed, node_id, step)
                 serve.add(step)
             if decision and claimed != decision:
                 state.claims[step] = decision
-                self._note(self._claimed, decision, node_id, step)
+                _note(self._claimed, decision, node_id, step)
                 serve.add(step)
             stage = state.stages.get(step)
             if stage is not None and decision != "":
-                self._detach(state, stage, touched, serve)
+                state.detach(stage, touched, serve)
                 detached.append(stage)
                 places.add(step)
             elif decision == "":
@@ -475,21 +450,9 @@ class LiveStageTree:
             state.moved_at(stage.end)
             touched.pop(stage.index, None)
         for step in serve:
-            self._serve_point(node_id, state, step, self._server(state, step))
+            self._serve_point(node_id, state, step, state.server(step))
         asked = state.head.rank if state.head is not None else None
         self._finish(node, state, asked, added, list(touched.values()), detached)
-
-    def _detach(self, state: NodeState, stage: LiveStage, touched: dict, serve: set[int]) -> None:
-        """Take `stage` out of the node's chains (`_relink` joins its neighbours)."""
-        keep(touched, stage)
-        del state.stages[stage.end], state.own[stage.end]
-        state.chained.remove(stage.end)
-        if stage.origin == "running":
-            serve.add(stage.start)
-        if stage.origin == "head":
-            unlink(stage)
-        stage.next = stage.parent = None
-        stage.origin = ""
 
     def _relink(
         self, node, state: NodeState, place: int, touched: dict, ranked: set[int], serve: set[int]
@@ -510,11 +473,11 @@ class LiveStageTree:
         keep(touched, stage)
         if stage.origin == "running":
             serve.add(stage.start)
-        if before is not None and self._one_chain(node, state, before.end, stage.end):
+        if before is not None and _one_chain(self.tasks, node, state, before.end, stage.end):
             follow(stage, before)
             link = stage
         else:
-            state.begin(stage, *self._source(node, state, stage.end))
+            state.begin(stage, *_source(self.tasks, node, state, stage.end))
             if stage.origin == "running":
                 serve.add(stage.start)
             link = None
@@ -522,31 +485,6 @@ class LiveStageTree:
             keep(touched, before)
             before.next = link
             ranked.add(before.end)
-
-    def _server(self, state: NodeState, step: int) -> str | None:
-        """The running task the node's point `step` relies on, as the builder records it:
-        the task a chain starts from there, else the task claimed for the step."""
-        at = state.chained.bisect_right(step)
-        if at < len(state.chained):
-            stage = state.stages[state.chained[at]]
-            if stage.origin == "running" and stage.start == step:
-                return stage.source_task
-        return state.claims.get(step)
-
-    @staticmethod
-    def _note(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
-        points = index.get(task)
-        if points is None:
-            points = index[task] = SortedList()
-        points.add((step, node))
-
-    @staticmethod
-    def _unnote(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
-        points = index.get(task)
-        if points is not None:
-            points.discard((step, node))
-            if not points:
-                del index[task]
 
     def _finish(self, node, state: NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
         """What an update of `node` ends with: its ask of its parent, its head's link, its
@@ -578,11 +516,11 @@ class LiveStageTree:
         if old is not None:
             del state.served[step]
             self._relied_changed.add(old)
-            self._unnote(self._relied, old, node_id, step)
+            _unnote(self._relied, old, node_id, step)
         if task is not None:
             state.served[step] = task
             self._relied_changed.add(task)
-            self._note(self._relied, task, node_id, step)
+            _note(self._relied, task, node_id, step)
 
     def _ask_parent(self, node, state: NodeState, asked: int | None) -> None:
         """Tell the parent whether this node needs its state at the branch step, and with
@@ -681,3 +619,47 @@ class LiveStageTree:
             unlink(head)
             head.source, head.source_point = kind, (node.parent, node.start)
             head.source_task = ref if kind == "running" else None
+
+
+def _source(tasks: InFlightPoints, node: Node, state: NodeState, step: int) -> tuple[int, str, str | None]:
+    """Where a chain whose first stage ends at `step` starts: ``(step, origin, task)`` of the
+    latest source point before it (a checkpoint after the node's start, else a running task's
+    segment end), or the node's start."""
+    checkpoints = state.sorted_checkpoints(node)
+    at = checkpoints.bisect_left(step)
+    source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
+    origin, ref = "checkpoint", None
+    running = tasks.latest_before(node.id, step)
+    if running is not None and (source is None or running[0] > source):
+        source, origin, ref = running[0], "running", running[1]
+    if source is None:
+        source = node.start
+        origin = "scratch" if node.parent is None else "head"
+    return source, origin, ref
+
+
+def _one_chain(tasks: InFlightPoints, node: Node, state: NodeState, before: int, step: int) -> bool:
+    """Whether chained steps `before` < `step` are on one chain: no source point in
+    ``[before, step)`` (chained steps lie after the node's start)."""
+    checkpoints = state.sorted_checkpoints(node)
+    at = checkpoints.bisect_left(before)
+    if at < len(checkpoints) and checkpoints[at] < step:
+        return False
+    return not tasks.ahead_in(node.id, before, step)
+
+
+def _note(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
+    """Add point ``(node, step)`` to `task`'s in `index` (kept by step)."""
+    points = index.get(task)
+    if points is None:
+        points = index[task] = SortedList()
+    points.add((step, node))
+
+
+def _unnote(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
+    """Take point ``(node, step)`` out of `task`'s in `index`."""
+    points = index.get(task)
+    if points is not None:
+        points.discard((step, node))
+        if not points:
+            del index[task]
