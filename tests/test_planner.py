@@ -546,8 +546,8 @@ def test_a_re_priced_estimate_prices_the_stages_whose_priority_changes(monkeypat
     per event, and besides the changed ones only where a change stops (the stage a changed
     sibling's head continues from, when the long chain still dominates it): at most one more.
     A node whose estimate came from another source at the same value (a sibling measured at
-    the value it inherited) re-priced all its stages for nothing on main's code (2 stages
-    priced, none changed); now none are."""
+    the value it inherited) re-priced all its stages for nothing on main's code (its one
+    stage priced, no priority changed); now none are."""
     for n in (40, 400):
         *counts, (_, stages, _, _) = _estimate_event_counts(n, monkeypatch)
         for event, priced, twice, changed in counts:
