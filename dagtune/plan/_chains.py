@@ -16,9 +16,10 @@ O(log w) for w wanted steps plus the stages changed.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Iterator
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedList
 
 from dagtune.plan._plan import Node
 from dagtune.plan._tree import Stage
@@ -176,12 +177,12 @@ class NodeState:
         self.moved: set[int] | None = None  # steps whose answer to children may have changed
         self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
         self.asked: int | None = None  # the rank this node asks its parent's state with
-        self.checkpoints: SortedList | None = None  # sorted checkpoint steps (built when first read)
+        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (built when first read)
         self.chained = SortedList()  # the wanted steps a stage ends at
         self.own: dict[int, int] = {}  # chained step -> its own rank (the request's, or the least ask)
         # wanted step -> the running task claimed to deliver it (the first in launch order
         # covering it; `served` may name another: the task a chain starts from wins there)
-        self.claims = SortedDict()
+        self.claims: dict[int, str] = {}
 
     def idle(self) -> bool:
         return not (self.stages or self.served or self.claims or self.asks or self.asked is not None)
@@ -227,10 +228,10 @@ class NodeState:
             stage.source_point = (stage.node, start) if origin in ("checkpoint", "running") else None
         stage.origin = origin
 
-    def sorted_checkpoints(self, node: Node) -> SortedList:
+    def sorted_checkpoints(self, node: Node) -> list[int]:
         """The node's checkpoint steps, sorted (kept by `checkpoint_changed` once built)."""
         if self.checkpoints is None:
-            self.checkpoints = SortedList(node.checkpoints)
+            self.checkpoints = sorted(node.checkpoints)
         return self.checkpoints
 
     def checkpoint_changed(self, node: Node, step: int) -> None:
@@ -238,11 +239,13 @@ class NodeState:
         checkpoints = self.checkpoints
         if checkpoints is None:
             return
+        at = bisect_left(checkpoints, step)
+        present = at < len(checkpoints) and checkpoints[at] == step
         if step in node.checkpoints:
-            if step not in checkpoints:
-                checkpoints.add(step)
-        else:
-            checkpoints.discard(step)
+            if not present:
+                checkpoints.insert(at, step)
+        elif present:
+            del checkpoints[at]
 
     def detach(self, stage: LiveStage, touched: dict, serve: set[int]) -> None:
         """Take `stage` out of the node's chains (`LiveStageTree._relink` joins its neighbours);

@@ -49,7 +49,7 @@ a first child branched there), so a node with w branch points costs a change one
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -123,7 +123,7 @@ class InFlightPoints:
     def __init__(self) -> None:
         self.tasks: dict[str, tuple[tuple[tuple[str, int, int], ...], int]] = {}
         self.on_node: dict[str, dict[str, _Covered]] = {}  # node -> its tasks in launch order
-        self._ahead: dict[str, SortedList] = {}  # node -> (end, launch, task) with progress < end
+        self._ahead: dict[str, list] = {}  # node -> (end, launch, task) with progress < end, sorted
         self._launch: dict[str, int] = {}
         self._launched = 0
 
@@ -142,13 +142,13 @@ class InFlightPoints:
     def set_progress(self, key: str, progress: int) -> None:
         segments, before = self.tasks[key]
         self.tasks[key] = (segments, progress)
-        low, high = sorted((before, progress))
+        low, high = (before, progress) if before < progress else (progress, before)
         for node in self.nodes(key):
             self._move(node, key, self.on_node[node][key].ends_in(low, high), add=progress < before)
 
     def remove(self, key: str) -> None:
         segments, progress = self.tasks.pop(key)
-        for node in {node for node, _, _ in segments}:
+        for node in self.nodes_of(segments):
             keys = self.on_node[node]
             covered = keys.pop(key)
             self._move(node, key, covered.ends_in(progress, covered.ends[-1]), add=False)
@@ -157,23 +157,31 @@ class InFlightPoints:
         del self._launch[key]
 
     def _move(self, node: str, key: str, ends: list[int], add: bool) -> None:
-        """Put `ends` of task `key` on `node` among those still ahead, or take them out."""
+        """Put `ends` of task `key` on `node` among those still ahead, or take them out (a
+        sorted list: a bisection and a move of the entries after it, few but on a long path)."""
         if not ends:
             return
         ahead = self._ahead.get(node)
         if ahead is None:
-            ahead = self._ahead[node] = SortedList()
+            ahead = self._ahead[node] = []
         launch = self._launch[key]
         for end in ends:
             if add:
-                ahead.add((end, launch, key))
+                insort(ahead, (end, launch, key))
             else:
-                ahead.remove((end, launch, key))
+                del ahead[bisect_left(ahead, (end, launch, key))]
         if not ahead:
             del self._ahead[node]
 
-    def nodes(self, key: str) -> set[str]:
-        return {node for node, _, _ in self.tasks[key][0]}
+    @staticmethod
+    def nodes_of(segments: tuple[tuple[str, int, int], ...]) -> Iterable[str]:
+        """The nodes of `segments`, once each (most tasks train one or two)."""
+        if len(segments) == 1:
+            return (segments[0][0],)
+        return dict.fromkeys(node for node, _, _ in segments)
+
+    def nodes(self, key: str) -> Iterable[str]:
+        return self.nodes_of(self.tasks[key][0])
 
     def covered(self, node: str, key: str) -> _Covered:
         """What task `key` trains on `node`."""
@@ -192,18 +200,18 @@ class InFlightPoints:
         ahead = self._ahead.get(node)
         if ahead is None:
             return None
-        at = ahead.bisect_left((step,))
+        at = bisect_left(ahead, (step,))
         if not at:
             return None
         end = ahead[at - 1][0]
-        return end, ahead[ahead.bisect_left((end,))][2]
+        return end, ahead[bisect_left(ahead, (end,))][2]
 
     def ahead_in(self, node: str, low: int, high: int) -> bool:
         """Whether a task will still reach a segment end on `node` in ``[low, high)``."""
         ahead = self._ahead.get(node)
         if ahead is None:
             return False
-        at = ahead.bisect_left((low,))
+        at = bisect_left(ahead, (low,))
         return at < len(ahead) and ahead[at][0] < high
 
 
@@ -222,8 +230,8 @@ class LiveStageTree:
         self._queue: list[tuple[int, str]] = []
         # queued node -> (wanted steps to decide again, source points that came, went or changed)
         self._pending: dict[str, tuple[set[int], set[int]]] = {}
-        self._relied: dict[str, SortedList] = {}  # task -> (step, node) the tree relies on it for
-        self._claimed: dict[str, SortedList] = {}  # task -> (step, node) claimed for it
+        self._relied: dict[str, list] = {}  # task -> (step, node) the tree relies on it for, sorted
+        self._claimed: dict[str, list] = {}  # task -> (step, node) claimed for it, sorted
         self._relied_changed: set[str] = set()  # tasks whose points changed since `take_changed`
         self._next_index = 0
         self.rebuilds = 0  # node updates so far: what the changes cost
@@ -274,7 +282,8 @@ class LiveStageTree:
                 state = self._states.get(node)
                 if state is not None:
                     self._cover(node, state, key, progress, before, state.chained)
-                    self._cover(node, state, key, progress, before, state.claims)
+                    for other in self.tasks.on_node[node]:  # their claims it may take back
+                        self._cover(node, state, key, progress, before, self._claimed.get(other, ()))
             return
         for points in (self._relied.get(key), self._claimed.get(key)):
             for step, node in points or ():  # by step: those it passed come first
@@ -290,16 +299,22 @@ class LiveStageTree:
                 self._touch(node, step, step)
 
     def _cover(self, node: str, state: NodeState, key: str, low: int, high: int | None, steps) -> None:
-        """Queue the steps of `steps` (sorted) that task `key` covers on `node` above `low`
-        (and up to `high`), and its segment ends there (points chains may start from)."""
+        """Queue the steps that task `key` covers on `node` above `low` (and up to `high`)
+        among `steps` (the node's chained steps, or another task's claimed ``(step, node)``),
+        and its segment ends there (points chains may start from)."""
         covered = self.tasks.covered(node, key)
         top = covered.ends[-1] if high is None else high
-        points = covered.ends_in(low, top)
-        for step in points:
+        for step in covered.ends_in(low, top):
             self._touch(node, None, step)
         for first, last in covered.ranges(low):
-            for step in steps.irange(first, min(last, top)):
-                self._touch(node, step)
+            last = min(last, top)
+            if isinstance(steps, SortedList):
+                for step in steps.irange(first, last):
+                    self._touch(node, step)
+                continue
+            for step, where in steps[bisect_left(steps, (first,)) : bisect_left(steps, (last + 1,))]:
+                if where == node:
+                    self._touch(node, step)
 
     def _touch(self, node: str, step: int | None, point: int | None = None) -> None:
         """Queue `node` for the next `settle`: what it wants, or how it decides, changed at
@@ -626,7 +641,7 @@ def _source(tasks: InFlightPoints, node: Node, state: NodeState, step: int) -> t
     latest source point before it (a checkpoint after the node's start, else a running task's
     segment end), or the node's start."""
     checkpoints = state.sorted_checkpoints(node)
-    at = checkpoints.bisect_left(step)
+    at = bisect_left(checkpoints, step)
     source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
     origin, ref = "checkpoint", None
     running = tasks.latest_before(node.id, step)
@@ -642,24 +657,28 @@ def _one_chain(tasks: InFlightPoints, node: Node, state: NodeState, before: int,
     """Whether chained steps `before` < `step` are on one chain: no source point in
     ``[before, step)`` (chained steps lie after the node's start)."""
     checkpoints = state.sorted_checkpoints(node)
-    at = checkpoints.bisect_left(before)
+    at = bisect_left(checkpoints, before)
     if at < len(checkpoints) and checkpoints[at] < step:
         return False
     return not tasks.ahead_in(node.id, before, step)
 
 
-def _note(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
-    """Add point ``(node, step)`` to `task`'s in `index` (kept by step)."""
+def _note(index: dict[str, list], task: str, node: str, step: int) -> None:
+    """Add point ``(node, step)`` to `task`'s in `index` (a sorted list: most tasks have one or
+    two; a long path's points go in step order, at the end)."""
     points = index.get(task)
     if points is None:
-        points = index[task] = SortedList()
-    points.add((step, node))
+        index[task] = [(step, node)]
+    else:
+        insort(points, (step, node))
 
 
-def _unnote(index: dict[str, SortedList], task: str, node: str, step: int) -> None:
+def _unnote(index: dict[str, list], task: str, node: str, step: int) -> None:
     """Take point ``(node, step)`` out of `task`'s in `index`."""
     points = index.get(task)
     if points is not None:
-        points.discard((step, node))
-        if not points:
-            del index[task]
+        at = bisect_left(points, (step, node))
+        if at < len(points) and points[at] == (step, node):
+            del points[at]
+            if not points:
+                del index[task]
