@@ -125,6 +125,7 @@ class InFlightPoints:
         self.on_node: dict[str, dict[str, _Covered]] = {}  # node -> its tasks in launch order
         self._ahead: dict[str, list] = {}  # node -> (end, launch, task) with progress < end, sorted
         self._launch: dict[str, int] = {}
+        self._nodes: dict[str, tuple[str, ...]] = {}  # task -> its nodes
         self._launched = 0
 
     def add(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
@@ -135,6 +136,7 @@ class InFlightPoints:
         spans: dict[str, list[tuple[int, int]]] = {}
         for node, start, end in segments:
             spans.setdefault(node, []).append((start, end))
+        self._nodes[key] = tuple(spans)
         for node, parts in spans.items():
             covered = self.on_node.setdefault(node, {})[key] = _Covered(parts)
             self._move(node, key, covered.ends_in(progress, covered.ends[-1]), add=True)
@@ -147,8 +149,8 @@ class InFlightPoints:
             self._move(node, key, self.on_node[node][key].ends_in(low, high), add=progress < before)
 
     def remove(self, key: str) -> None:
-        segments, progress = self.tasks.pop(key)
-        for node in self.nodes_of(segments):
+        _, progress = self.tasks.pop(key)
+        for node in self._nodes.pop(key):
             keys = self.on_node[node]
             covered = keys.pop(key)
             self._move(node, key, covered.ends_in(progress, covered.ends[-1]), add=False)
@@ -173,15 +175,9 @@ class InFlightPoints:
         if not ahead:
             del self._ahead[node]
 
-    @staticmethod
-    def nodes_of(segments: tuple[tuple[str, int, int], ...]) -> Iterable[str]:
-        """The nodes of `segments`, once each (most tasks train one or two)."""
-        if len(segments) == 1:
-            return (segments[0][0],)
-        return dict.fromkeys(node for node, _, _ in segments)
-
     def nodes(self, key: str) -> Iterable[str]:
-        return self.nodes_of(self.tasks[key][0])
+        """The nodes task `key` trains, once each (kept: a long path has a segment per stage)."""
+        return self._nodes[key]
 
     def covered(self, node: str, key: str) -> _Covered:
         """What task `key` trains on `node`."""
