@@ -82,6 +82,10 @@ class _Covered:
     __slots__ = ("starts", "stops", "ends")
 
     def __init__(self, spans: list[tuple[int, int]]) -> None:
+        if len(spans) == 1:  # most tasks: one segment on a node
+            start, end = spans[0]
+            self.starts, self.stops, self.ends = [start], [end], [end]
+            return
         self.starts: list[int] = []
         self.stops: list[int] = []
         for start, end in sorted(spans):
@@ -145,8 +149,10 @@ class InFlightPoints:
         segments, before = self.tasks[key]
         self.tasks[key] = (segments, progress)
         low, high = (before, progress) if before < progress else (progress, before)
-        for node in self.nodes(key):
-            self._move(node, key, self.on_node[node][key].ends_in(low, high), add=progress < before)
+        for node in self._nodes[key]:
+            ends = self.on_node[node][key].ends_in(low, high)
+            if ends:
+                self._move(node, key, ends, add=progress < before)
 
     def remove(self, key: str) -> None:
         _, progress = self.tasks.pop(key)
@@ -302,6 +308,8 @@ class LiveStageTree:
         top = covered.ends[-1] if high is None else high
         for step in covered.ends_in(low, top):
             self._touch(node, None, step)
+        if not steps:
+            return
         for first, last in covered.ranges(low):
             last = min(last, top)
             if isinstance(steps, SortedList):
