@@ -31,16 +31,22 @@ by more than `tolerance` (relative); with ``tolerance=0`` it follows every chang
 under it are equal to the planner's, and each of its estimates is within `tolerance` of
 the live cost model's.
 
-Costs (n stages, w wanted steps on a node, c checkpoints on it): a plan change updates the
-stages it reaches on its node and its ancestors (O(log w) per step it changes; a checkpoint
-or a task event decides the node's w steps again, O(w log c); see `LiveStageTree`), then
-prices the stages that changed and, while their priority changes, the stages above them: a
-priority is a maximum over the stages below, so a change stops going up where it no longer
-moves the maximum (a sibling at a new branch point prices a few stages, not the node's).
-O(log n) per stage priced (the ready queue and a branch point's children are sorted
-containers); `priced` counts them.
-A re-priced estimate costs O(stages priced with it) and happens once per change beyond
-`tolerance`. `pick` costs O(slots x path length x log n).
+Costs (n stages, w wanted steps on a node): a plan change or a task event updates the stages it
+reaches on its node and its ancestors (O(log w) per step it decides or source point it moves;
+see `LiveStageTree`), then prices the stages that changed and, while their priority changes,
+the stages above them: a priority is a maximum over the stages below, so a change stops going
+up where it no longer moves the maximum (a sibling at a new branch point, a checkpoint or a
+task event on a long trial prices a few stages, not the node's). O(log n) per stage priced (the
+ready queue and a branch point's children are sorted containers); `priced` counts them.
+A re-priced estimate prices every stage of the nodes whose estimate it changes, each once,
+and every one of those priorities changes: the nodes re-priced together move from one value to
+another, and every path below such a stage crosses its own steps, so each path's seconds, and
+their maximum, move the same way (for one estimate that moved: two moving apart between two
+settles can offset each other on a path through both). Beyond them it prices the stages a
+change reaches, as above; a node that only changes where its estimate comes from (measured at
+what it inherited) is not re-priced (`test_a_re_priced_estimate_prices_the_stages_whose_priority_changes`
+counts it). It happens once per change beyond `tolerance`. `pick` costs
+O(slots x path length x log n).
 """
 
 from __future__ import annotations
@@ -372,16 +378,20 @@ class Pricing:
 
     def _reprice(self, source: str | None, tops: list[str]) -> None:
         """Give every node with stages priced from `source` its current estimate: the nodes
-        below `tops` down to (not into) measured descendants."""
+        below `tops` down to (not into) measured descendants. Only a node whose estimate
+        changes is re-priced (`touch`): a node now priced from another source at the same
+        value (measured at what it inherited) keeps its priorities."""
         self.refreshes += 1
         value = self._applied[source]
         stack = list(tops)
         while stack:
             node = stack.pop()
-            if node in self.estimate and (self._source[node] != source or self.estimate[node] != value):
-                self._source[node], self.estimate[node] = source, value
-                self.repriced += 1
-                self.touch(node)
+            if node in self.estimate:
+                self._source[node] = source
+                if self.estimate[node] != value:
+                    self.estimate[node] = value
+                    self.repriced += 1
+                    self.touch(node)
             stack.extend(c for c in self._children_with.get(node, ()) if not self.cost.measured(c))
 
 

@@ -2,7 +2,7 @@
 
 After random sequences of what a coordinator does to a plan (submit, extend, stop, metrics,
 checkpoints committed and dropped, step costs measured, paths picked and launched, running
-tasks advancing and ending), `IncrementalPlanner` must hold exactly what `build_stage_tree`
+tasks advancing, restarting and ending), `IncrementalPlanner` must hold exactly what `build_stage_tree`
 with `critical_path_priorities` and the policy's `pick` compute from scratch: the same
 stages (numbered as the builder numbers them), sources, ranks, `wanted`, priorities, ready
 set, pick order, demand and the schedule a view draws (`IncrementalPlanner.schedule_view`:
@@ -105,6 +105,12 @@ class Session:
             key = list(self.running.tasks)[b % len(self.running.tasks)]
             segments, progress = self.running.tasks[key]
             progress = min(progress + 1 + a % 4, segments[-1][2])
+            self.running.tasks[key] = (segments, progress)
+            planner.task_progressed(key, progress)
+        elif op == "restart" and self.running.tasks:  # a task retried from an earlier point
+            key = list(self.running.tasks)[b % len(self.running.tasks)]
+            segments, progress = self.running.tasks[key]
+            progress = max(segments[0][1], progress - 1 - a % 4)
             self.running.tasks[key] = (segments, progress)
             planner.task_progressed(key, progress)
         elif op == "end" and self.running.tasks:
@@ -221,6 +227,7 @@ OPERATIONS = (
     "launch",
     "pick",
     "progress",
+    "restart",
     "end",
 )
 operations = st.lists(
@@ -265,6 +272,34 @@ def test_incremental_state_equals_the_rebuilt_one(trials, ops, policy, tolerance
 def test_siblings_at_distinct_steps_keep_the_rebuilt_state(trials, ops, every):
     """The comb shape with submissions, stops and metrics weighing more: branch points come and
     go in any order along one node's chain, between checkpoints and running tasks."""
+    session = Session(trials, "critical_path", 0.0)
+    for i, (op, a, b) in enumerate(ops):
+        session.apply(op, a, b)
+        if i % every == every - 1:
+            session.check()
+    session.check()
+
+
+@more_examples(150)
+@given(
+    combs,
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ("submit",) * 2 + ("checkpoint", "drop", "launch", "pick", "progress", "end") * 2 + OPERATIONS
+            ),
+            st.integers(0, 2**16),
+            st.integers(0, 2**16),
+        ),
+        min_size=20,
+        max_size=80,
+    ),
+    st.integers(1, 4),
+)
+def test_checkpoints_and_tasks_on_a_comb_keep_the_rebuilt_state(trials, ops, every):
+    """The comb shape with checkpoints and running tasks weighing more: source points come and
+    go between a node's branch points (`LiveStageTree._relink` places the chains around them)
+    and tasks claim and release runs of its steps."""
     session = Session(trials, "critical_path", 0.0)
     for i, (op, a, b) in enumerate(ops):
         session.apply(op, a, b)
@@ -395,3 +430,129 @@ def test_a_view_follows_the_critical_path_without_reading_every_child():
     stages at 40 and 400 children); the planner keeps the children by priority and the
     builder's order, so a view reads the best one: the same count at 40 children as at 400."""
     assert _view_reads(40) == _view_reads(400) <= 4
+
+
+def _node_event_counts(n: int) -> list[tuple[str, int, int]]:
+    """Checkpoint and task events on the long trial of `_comb(n)` (every sibling submitted and
+    settled first), each settled on its own: ``(event, wanted steps decided, stages priced)``.
+
+    First with the long trial's stages waiting (a checkpoint committed and dropped at step 5),
+    then as a coordinator runs it: its path launched as one task, which commits a checkpoint
+    at each branch point it passes; a checkpoint it committed dropped behind it (the stage up
+    to it is needed again) and a short task launched on that stage, advancing, lost, launched
+    again. The launch of the long task itself is not counted: it claims every branch point
+    ahead of it, each a stage that goes (work proportional to what changed, n here). The
+    planner is checked against a rebuild at the end."""
+    session = Session(_comb(n), "critical_path", 0.0)
+    plan, planner, running = session.plan, session.planner, session.running.tasks
+    for i in range(n + 1):
+        session.apply("submit", i, 0)
+    planner.settle()
+    root = session.requests[0][0]
+    counts = []
+
+    def count(event: str, change) -> None:
+        walked, priced = planner.live.walked, planner.priced
+        change()
+        planner.settle()
+        counts.append((event, planner.live.walked - walked, planner.priced - priced))
+
+    def progress(key: str, step: int) -> None:
+        running[key] = (running[key][0], step)
+        planner.task_progressed(key, step)
+
+    def end(key: str) -> None:
+        del running[key]
+        planner.task_ended(key)
+
+    count("checkpoint at 5, stages waiting", lambda: plan.record_checkpoint(root, 5, CKPT))
+    count("checkpoint at 5 dropped", lambda: plan.drop_checkpoint(root, 5))
+    session.apply("pick", 0, 0)  # the long trial's whole path, one task
+    (long,) = running
+    assert running[long][0][-1][2] == 10_000
+    for step in (1, 2):
+        plan.record_checkpoint(root, step, CKPT)
+        progress(long, step)
+    planner.settle()
+    count("checkpoint at 3, task running", lambda: plan.record_checkpoint(root, 3, CKPT))
+    count("long task advances to 3, passing nothing relied on", lambda: progress(long, 3))
+    count("long task advances to 4 before its checkpoint there", lambda: progress(long, 4))
+    count("checkpoint at 4", lambda: plan.record_checkpoint(root, 4, CKPT))
+    count("checkpoint at 3 dropped", lambda: plan.drop_checkpoint(root, 3))
+    count("short task launched on (2, 3]", lambda: session._launch([(root, 2, 3)], 2))
+    short = f"task-{session.launched - 1}"
+    count("short task lost", lambda: end(short))
+    count("short task launched again", lambda: session._launch([(root, 2, 3)], 2))
+    short = f"task-{session.launched - 1}"
+    count("short task advances to 3", lambda: progress(short, 3))
+    count("its checkpoint at 3", lambda: plan.record_checkpoint(root, 3, CKPT))
+    count("short task ends", lambda: end(short))
+    session.check()
+    return counts
+
+
+def test_checkpoint_and_task_events_on_a_long_trial_decide_what_they_change():
+    """A checkpoint committed or dropped, or a task launched, advancing past a point the tree
+    relies on or ending, on a node with many branch points decided all its wanted steps again
+    (main's code: 40 and 400 steps per event at 40 and 400 siblings). Now each decides the
+    steps whose decision can change (its own step, the steps a task claims or claimed) and
+    places the chains around the points it moved: the same counts at 40 siblings as at 400,
+    and a handful per event."""
+    small, large = _node_event_counts(40), _node_event_counts(400)
+    assert small == large
+    assert all(decided <= 1 and priced <= 7 for _, decided, priced in small), small
+
+
+def _estimate_event_counts(n: int, monkeypatch) -> list[tuple[str, int, int, int]]:
+    """Measured step times on `_comb(n)` (every sibling submitted and settled first), each
+    settled on its own: ``(event, stages priced, stages priced twice, stages whose priority
+    changed)``. The planner is checked against a rebuild at the end."""
+    session = Session(_comb(n), "critical_path", 0.0)
+    planner, cost = session.planner, session.cost
+    for i in range(n + 1):
+        session.apply("submit", i, 0)
+    planner.settle()
+    root, sibling = session.requests[0][0], session.requests[n // 2][0]
+    priced: list[int] = []
+    price = IncrementalPlanner._price
+
+    def counting(self, stage) -> None:
+        priced.append(stage.index)
+        price(self, stage)
+
+    monkeypatch.setattr(IncrementalPlanner, "_price", counting)
+    counts = []
+    for event, node, seconds in (
+        ("the long trial measured (its subtree: 1.0 s to 2.0 s)", root, 2.0),
+        ("a sibling measured at its inherited 2.0 s", sibling, 2.0),
+        ("the long trial again (2.0 s to 2.6 s)", root, 4.0),
+        ("the sibling again (2.0 s to 1.7 s)", sibling, 1.0),
+    ):
+        before = {index: stage.priority for index, stage in planner._stages.items()}
+        priced.clear()
+        cost.observe(node, seconds)
+        planner.settle()
+        changed = sum(planner._stages[i].priority != p for i, p in before.items())
+        counts.append((event, len(priced), len(priced) - len(set(priced)), changed))
+    session.check()
+    counts.append(("stages", len(planner), 0, 0))
+    return counts
+
+
+def test_a_re_priced_estimate_prices_the_stages_whose_priority_changes(monkeypatch):
+    """A node's estimate moving re-prices every stage of the nodes priced with it: every one
+    of those priorities changes (each path below such a stage crosses its own steps, whose
+    seconds all moved the same way), so that work is what changed. Each stage is priced once
+    per event, and besides the changed ones only where a change stops (the stage a changed
+    sibling's head continues from, when the long chain still dominates it): at most one more.
+    A node whose estimate came from another source at the same value (a sibling measured at
+    the value it inherited) re-priced all its stages for nothing on main's code (its one
+    stage priced, no priority changed); now none are."""
+    for n in (40, 400):
+        *counts, (_, stages, _, _) = _estimate_event_counts(n, monkeypatch)
+        for event, priced, twice, changed in counts:
+            assert twice == 0, event
+            assert changed <= priced <= changed + 1, (event, priced, changed)
+        assert counts[0][1] == counts[0][3] == stages  # every stage: the long chain's and the siblings'
+        assert counts[1][1:] == (0, 0, 0)
+        assert counts[3][3] > 0

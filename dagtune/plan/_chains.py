@@ -3,17 +3,20 @@ what `LiveStageTree` keeps about the node between changes (`NodeState`).
 
 A node's stages form chains: each chain starts from one source (a checkpoint, a running task's
 point, the node's start) and ends a stage at each wanted step it serves, in step order. A
-step's source only grows with the step (the latest checkpoint or running task's point before
-it), so a chain is a run of consecutive chained steps with one source: `NodeState.chained`
-lists them sorted, and a step's neighbours on its chain are its neighbours in that list. That
-is what lets a change of one wanted step splice one stage in or out (`insert`, `detach`) and
-recompute only the ranks it reaches (`rerank`), in O(log w) for w wanted steps plus the
-stages changed.
+step's source is the latest source point before it (a checkpoint or a segment end a running
+task will still reach; the node's start if none), so a chain is a run of consecutive chained
+steps with no source point between them: `NodeState.chained` lists the chained steps sorted,
+and two neighbours in it are on one chain unless a source point lies between them. No step
+records its source, so a source point that comes or goes changes the one pair of neighbours
+around it (`LiveStageTree._relink`), not the steps after it; a change of one wanted step
+splices one stage in or out the same way, and `rerank` recomputes only the ranks it reaches:
+O(log w) for w wanted steps plus the stages changed.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from sortedcontainers import SortedList
@@ -149,7 +152,8 @@ class MinRank:
 class NodeState:
     """What the tree holds for one plan node: its stages by end step, the points running
     tasks serve on it, what its children ask of it, what it asks of its parent, and how each
-    wanted step was decided (what a change of a few steps updates without a rebuild)."""
+    wanted step was decided (chained, claimed, or neither: served by the node's checkpoints
+    or metrics), which is what a change of a few steps or source points updates."""
 
     __slots__ = (
         "stages",
@@ -160,10 +164,9 @@ class NodeState:
         "head",
         "asked",
         "checkpoints",
-        "decided",
         "chained",
+        "own",
         "claims",
-        "sourced",
     )
 
     def __init__(self) -> None:
@@ -174,38 +177,22 @@ class NodeState:
         self.moved: set[int] | None = None  # steps whose answer to children may have changed
         self.head: LiveStage | None = None  # the stage starting at the node's start from its parent
         self.asked: int | None = None  # the rank this node asks its parent's state with
-        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (a cache)
-        # wanted step -> ("claim", task) or ("chain", source, origin, task, own rank); a wanted
-        # step the node's checkpoints or metrics already serve is not listed
-        self.decided: dict[int, tuple] = {}
-        self.chained = SortedList()  # the steps decided "chain" (each ends a stage)
-        self.claims: dict[int, str] = {}  # step -> the running task claimed for it
-        self.sourced: dict[int, list] = {}  # a running source step -> [its task, chained steps from it]
+        self.checkpoints: list[int] | None = None  # sorted checkpoint steps (built when first read)
+        self.chained = SortedList()  # the wanted steps a stage ends at
+        self.own: dict[int, int] = {}  # chained step -> its own rank (the request's, or the least ask)
+        # wanted step -> the running task claimed to deliver it (the first in launch order
+        # covering it; `served` may name another: the task a chain starts from wins there)
+        self.claims: dict[int, str] = {}
 
     def idle(self) -> bool:
-        return not (self.stages or self.served or self.asks or self.asked is not None)
+        return not (self.stages or self.served or self.claims or self.asks or self.asked is not None)
 
     # ------------------------------------------------------------------ what the node wants
 
-    def wanted(self, node: Node, ranks: dict[tuple[str, int], int]) -> dict[int, list[int]]:
-        """Step -> [what, rank]: the node's needs, as `build_stage_tree` gathers them
-        (`ranks`: the plan's request ranks)."""
-        wanted: dict[int, list[int]] = {}
-        for step in node.requests:
-            if step not in node.metrics:
-                wanted[step] = [METRICS, ranks[(node.id, step)]]
-        for step, asks in self.asks.items():
-            rank = asks.least()
-            entry = wanted.get(step)
-            if entry is None:
-                wanted[step] = [STATE, rank]
-            else:
-                entry[0] |= STATE
-                entry[1] = min(entry[1], rank)
-        return wanted
-
     def wanted_at(self, node: Node, ranks: dict[tuple[str, int], int], step: int) -> tuple[int, int] | None:
-        """``(what, rank)`` the node wants at `step` (one entry of `wanted`), or None."""
+        """``(what, rank)`` the node wants at `step`, as `build_stage_tree` gathers it (`ranks`:
+        the plan's request ranks; asks: the least rank of the children branching there), or
+        None."""
         what, rank = 0, None
         if step in node.requests and step not in node.metrics:
             what, rank = METRICS, ranks[(node.id, step)]
@@ -227,12 +214,12 @@ class NodeState:
     # ------------------------------------------------------------------ chains
 
     def begin(self, stage: LiveStage, start: int, origin: str, task: str | None) -> None:
-        """Make `stage` the first of its chain: from `start`, which `origin` provides."""
+        """Make `stage` the first of its chain: from `start`, which `origin` provides (the
+        caller sets `head` to the stage of origin "head", if any)."""
         if stage.origin == "head" and origin != "head":
             unlink(stage)
         stage.start = start
         if origin == "head":
-            self.head = stage
             if stage.origin != "head":  # linked to the parent node by `LiveStageTree._link_head`
                 stage.parent, stage.source = None, ""
         else:
@@ -241,74 +228,47 @@ class NodeState:
             stage.source_point = (stage.node, start) if origin in ("checkpoint", "running") else None
         stage.origin = origin
 
-    def count_source(self, source: int, origin: str, task: str | None, delta: int) -> None:
-        """Count a chained step in or out of those starting from a running task's point."""
-        if origin != "running":
+    def sorted_checkpoints(self, node: Node) -> list[int]:
+        """The node's checkpoint steps, sorted (kept by `checkpoint_changed` once built)."""
+        if self.checkpoints is None:
+            self.checkpoints = sorted(node.checkpoints)
+        return self.checkpoints
+
+    def checkpoint_changed(self, node: Node, step: int) -> None:
+        """A checkpoint at `step` was recorded or dropped: keep the sorted steps in line."""
+        checkpoints = self.checkpoints
+        if checkpoints is None:
             return
-        entry = self.sourced.get(source)
-        if entry is None:
-            self.sourced[source] = [task, delta]
-        else:
-            entry[1] += delta
-            if not entry[1]:
-                del self.sourced[source]
+        at = bisect_left(checkpoints, step)
+        present = at < len(checkpoints) and checkpoints[at] == step
+        if step in node.checkpoints:
+            if not present:
+                checkpoints.insert(at, step)
+        elif present:
+            del checkpoints[at]
 
-    def neighbours(self, step: int) -> tuple[LiveStage | None, LiveStage | None]:
-        """The stages before and after chained step `step` on its chain."""
-        chained, decided = self.chained, self.decided
-        at, source = chained.index(step), decided[step][1]
-        before = after = None
-        if at > 0 and decided[chained[at - 1]][1] == source:
-            before = self.stages[chained[at - 1]]
-        if at + 1 < len(chained) and decided[chained[at + 1]][1] == source:
-            after = self.stages[chained[at + 1]]
-        return before, after
-
-    def detach(self, step: int, touched: dict, ranked: set[int]) -> LiveStage:
-        """Take the stage ending at `step` out of its chain (the next one starts where it did);
-        `touched` gets the stages' fields before they change, `ranked` the ends whose rank to
-        compute again."""
-        stage = self.stages.pop(step)
-        before, after = self.neighbours(step)
-        self.chained.remove(step)
+    def detach(self, stage: LiveStage, touched: dict, serve: set[int]) -> None:
+        """Take `stage` out of the node's chains (`LiveStageTree._relink` joins its neighbours);
+        `serve` gets the point its chain started from, if a running task's."""
         keep(touched, stage)
-        if after is not None:
-            keep(touched, after)
-            if before is not None:
-                follow(after, before)
-            else:
-                self.begin(after, stage.start, stage.origin, stage.source_task)
-        if before is not None:
-            keep(touched, before)
-            before.next = after
-            ranked.add(before.end)
-        if self.head is stage:
-            self.head = after if after is not None and after.origin == "head" else None
+        del self.stages[stage.end], self.own[stage.end]
+        self.chained.remove(stage.end)
+        if stage.origin == "running":
+            serve.add(stage.start)
         if stage.origin == "head":
             unlink(stage)
         stage.next = stage.parent = None
         stage.origin = ""
-        return stage
 
-    def insert(self, stage: LiveStage, touched: dict, ranked: set[int]) -> None:
-        """Put `stage` into the chain of its step `stage.end` (decided "chain" already)."""
-        step = stage.end
-        self.chained.add(step)
-        self.stages[step] = stage
-        before, after = self.neighbours(step)
-        if before is not None:
-            keep(touched, before)
-            follow(stage, before)
-            before.next = stage
-            ranked.add(before.end)
-        else:
-            _, source, origin, task, _ = self.decided[step]
-            self.begin(stage, source, origin, task)
-        stage.next = after
-        if after is not None:
-            keep(touched, after)
-            follow(after, stage)
-        ranked.add(step)
+    def server(self, step: int) -> str | None:
+        """The running task the node's point `step` relies on, as the builder records it:
+        the task a chain starts from there, else the task claimed for the step."""
+        at = self.chained.bisect_right(step)
+        if at < len(self.chained):
+            stage = self.stages[self.chained[at]]
+            if stage.origin == "running" and stage.start == step:
+                return stage.source_task
+        return self.claims.get(step)
 
     def rerank(self, ranked: set[int], touched: dict) -> None:
         """Ranks again from the stages ending at `ranked`, back along their chains while they
@@ -322,7 +282,7 @@ class NodeState:
             if end in done or stage is None:
                 continue
             done.add(end)
-            rank = self.decided[end][4]
+            rank = self.own[end]
             if stage.next is not None:
                 rank = min(rank, stage.next.rank)
             if rank != stage.rank:

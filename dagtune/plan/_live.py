@@ -24,34 +24,39 @@ the last one, deepest first, so a burst of submissions or events costs one pass.
 `TreeObserver` hears which stages were added, changed, linked or removed, which is how the
 scheduler keeps priorities and its ready queue without walking the tree.
 
-Cost of one change. A change of what a node wants at a step (a request, metrics, a child
-node beginning to branch there or changing the rank it asks with) decides that step alone
-again (`_update`) and splices its stage into or out of its chain: O(log w) for w wanted steps
-on the node, plus the stages it changes (its own, the next one's start, the previous one's
-link, and the ranks before it while they change). The other steps keep their decisions: what
-they were decided on did not change, as for a node not touched at all. So a sibling branching
-off a long trial at a new step costs a constant, not the trial's branch points (perf/RESULTS.md
-9u). A checkpoint or a running task that comes, goes or moves on a node may change the source
-of every stage on it: that node decides all its wanted steps again (`_rebuild`, O(w log c) for
-c checkpoints). Either way, ancestors follow as long as what a node asks of its parent changes
-(one step of the parent each). Linking a new child stage is O(1); a branch point whose source
-changes (checkpoint committed, task launched) relinks the children waiting on it, once per
-change of that point. Only the branch points a change may have moved are asked (`NodeState.moved_at`: a
-checkpoint, the stage ending there or the task serving it came or went, a first child
-branched there), so a node with w branch points costs a change one point, not w.
+Cost of one change. Every change decides again only the wanted steps whose decision can change
+and relinks the chains around the source points it moved (`_update`): a request, metrics or a
+child's ask at a step decides that step; a checkpoint committed or dropped decides its step and
+relinks the chain after it (a source point came or went there); a task's launch decides the
+chained steps it claims, its advance or end the steps it claimed or was relied on for, and
+either relinks the chains after its segment ends. A step records whether it is served, claimed
+or chained, not its source: a chain is a run of chained steps with no source point between
+them, so a point that comes or goes relinks one pair of neighbours, not the steps after it.
+O(log w) per step or point for w wanted steps on the node, plus the stages changed (a stage
+spliced in or out, the next one's start, the previous one's link, and the ranks before it while
+they change). So a sibling branching off a long trial at a new step costs a constant, and so do
+a checkpoint and a task event on a long trial with thousands of branch points (perf/RESULTS.md
+9u), unless the task claims or releases many steps at once (each a stage that comes or goes).
+No node decides all its steps again: a node without state wants nothing unserved, so a new
+state decides the steps queued. Ancestors follow as long as what a node asks of its parent
+changes (one step of the parent each). Linking a new child stage is O(1); a branch point whose
+source changes (checkpoint committed, task launched) relinks the children waiting on it, once
+per change of that point. Only the branch points a change may have moved are asked
+(`NodeState.moved_at`: a checkpoint, the stage ending there or the task serving it came or went,
+a first child branched there), so a node with w branch points costs a change one point, not w.
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
-from collections.abc import Iterable
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from dagtune.plan._chains import METRICS, LiveStage, MinRank, NodeState, follow, keep, unlink
-from dagtune.plan._plan import SearchPlan
+from dagtune.plan._plan import Node, SearchPlan
 from dagtune.plan._tree import StageTree
 
 __all__ = ["InFlightPoints", "LiveStageTree", "TreeObserver"]
@@ -69,6 +74,43 @@ class TreeObserver(Protocol):
     def stage_removed(self, stage: LiveStage) -> None: ...
 
 
+class _Covered:
+    """What one task trains on one node: the union of its segments ``(start, end]`` as
+    disjoint sorted intervals (what it can claim) and its segments' ends, sorted (where chains
+    can start from it)."""
+
+    __slots__ = ("starts", "stops", "ends")
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        if len(spans) == 1:  # most tasks: one segment on a node
+            start, end = spans[0]
+            self.starts, self.stops, self.ends = [start], [end], [end]
+            return
+        self.starts: list[int] = []
+        self.stops: list[int] = []
+        for start, end in sorted(spans):
+            if self.stops and start <= self.stops[-1]:
+                self.stops[-1] = max(self.stops[-1], end)
+            else:
+                self.starts.append(start)
+                self.stops.append(end)
+        self.ends = sorted({end for _, end in spans})
+
+    def covers(self, step: int) -> bool:
+        at = bisect_left(self.starts, step) - 1  # the last interval starting before `step`
+        return at >= 0 and step <= self.stops[at]
+
+    def ranges(self, above: int) -> Iterator[tuple[int, int]]:
+        """The covered steps above `above`, as inclusive ``(first, last)`` ranges."""
+        for start, stop in zip(self.starts, self.stops, strict=True):
+            if stop > above:
+                yield max(start, above) + 1, stop
+
+    def ends_in(self, low: int, high: int) -> list[int]:
+        """The segment ends in ``(low, high]``."""
+        return self.ends[bisect_right(self.ends, low) : bisect_right(self.ends, high)]
+
+
 class InFlightPoints:
     """The points running tasks will still deliver, as plain facts (segments and progress):
     the `InFlight` answers, without side effects (the coordinator's `RunningTasks` holds the
@@ -76,52 +118,103 @@ class InFlightPoints:
 
     A task trains segments ``(node, start, end)`` and has trained up to `progress`; it will
     deliver every point ``(node, t)`` of a segment with ``progress < t <= end``. Tasks are
-    asked in launch order, as the coordinator asks its own.
+    asked in launch order, as the coordinator asks its own. Each node keeps its tasks'
+    segments merged (`_Covered`) and the ends still ahead of them sorted, so `claim` costs
+    O(tasks on the node x log segments) and `latest_before` O(log ends), not the segments of
+    a path of thousands of stages.
     """
 
     def __init__(self) -> None:
         self.tasks: dict[str, tuple[tuple[tuple[str, int, int], ...], int]] = {}
-        self.on_node: dict[str, dict[str, None]] = {}
+        self.on_node: dict[str, dict[str, _Covered]] = {}  # node -> its tasks in launch order
+        self._ahead: dict[str, list] = {}  # node -> (end, launch, task) with progress < end, sorted
+        self._launch: dict[str, int] = {}
+        self._nodes: dict[str, tuple[str, ...]] = {}  # task -> its nodes
+        self._launched = 0
 
     def add(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
         segments = tuple(segments)
         self.tasks[key] = (segments, progress)
-        for node, _, _ in segments:
-            self.on_node.setdefault(node, {})[key] = None
+        self._launch[key] = self._launched
+        self._launched += 1
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for node, start, end in segments:
+            spans.setdefault(node, []).append((start, end))
+        self._nodes[key] = tuple(spans)
+        for node, parts in spans.items():
+            covered = self.on_node.setdefault(node, {})[key] = _Covered(parts)
+            self._move(node, key, covered.ends_in(progress, covered.ends[-1]), add=True)
 
     def set_progress(self, key: str, progress: int) -> None:
-        self.tasks[key] = (self.tasks[key][0], progress)
+        segments, before = self.tasks[key]
+        self.tasks[key] = (segments, progress)
+        low, high = (before, progress) if before < progress else (progress, before)
+        for node in self._nodes[key]:
+            ends = self.on_node[node][key].ends_in(low, high)
+            if ends:
+                self._move(node, key, ends, add=progress < before)
 
     def remove(self, key: str) -> None:
-        segments, _ = self.tasks.pop(key)
-        for node, _, _ in segments:
-            keys = self.on_node.get(node)
-            if keys is not None:
-                keys.pop(key, None)
-                if not keys:
-                    del self.on_node[node]
+        _, progress = self.tasks.pop(key)
+        for node in self._nodes.pop(key):
+            keys = self.on_node[node]
+            covered = keys.pop(key)
+            self._move(node, key, covered.ends_in(progress, covered.ends[-1]), add=False)
+            if not keys:
+                del self.on_node[node]
+        del self._launch[key]
 
-    def nodes(self, key: str) -> set[str]:
-        return {node for node, _, _ in self.tasks[key][0]}
+    def _move(self, node: str, key: str, ends: list[int], add: bool) -> None:
+        """Put `ends` of task `key` on `node` among those still ahead, or take them out (a
+        sorted list: a bisection and a move of the entries after it, few but on a long path)."""
+        if not ends:
+            return
+        ahead = self._ahead.get(node)
+        if ahead is None:
+            ahead = self._ahead[node] = []
+        launch = self._launch[key]
+        for end in ends:
+            if add:
+                insort(ahead, (end, launch, key))
+            else:
+                del ahead[bisect_left(ahead, (end, launch, key))]
+        if not ahead:
+            del self._ahead[node]
+
+    def nodes(self, key: str) -> Iterable[str]:
+        """The nodes task `key` trains, once each (kept: a long path has a segment per stage)."""
+        return self._nodes[key]
+
+    def covered(self, node: str, key: str) -> _Covered:
+        """What task `key` trains on `node`."""
+        return self.on_node[node][key]
 
     def claim(self, node: str, step: int) -> str | None:
         """The first task that will still deliver point ``(node, step)``, or None."""
-        for key in self.on_node.get(node, ()):
-            segments, progress = self.tasks[key]
-            if progress < step and any(n == node and s < step <= e for n, s, e in segments):
+        for key, covered in self.on_node.get(node, {}).items():
+            if self.tasks[key][1] < step and covered.covers(step):
                 return key
         return None
 
     def latest_before(self, node: str, step: int) -> tuple[int, str] | None:
         """The latest segment end on `node` before `step` a task will still reach, as
         ``(step, task)`` (the first task in launch order among equals), or None."""
-        best: tuple[int, str] | None = None
-        for key in self.on_node.get(node, ()):
-            segments, progress = self.tasks[key]
-            for n, _, end in segments:
-                if n == node and progress < end < step and (best is None or end > best[0]):
-                    best = (end, key)
-        return best
+        ahead = self._ahead.get(node)
+        if ahead is None:
+            return None
+        at = bisect_left(ahead, (step,))
+        if not at:
+            return None
+        end = ahead[at - 1][0]
+        return end, ahead[bisect_left(ahead, (end,))][2]
+
+    def ahead_in(self, node: str, low: int, high: int) -> bool:
+        """Whether a task will still reach a segment end on `node` in ``[low, high)``."""
+        ahead = self._ahead.get(node)
+        if ahead is None:
+            return False
+        at = bisect_left(ahead, (low,))
+        return at < len(ahead) and ahead[at][0] < high
 
 
 class LiveStageTree:
@@ -137,16 +230,18 @@ class LiveStageTree:
         self.tasks = InFlightPoints()
         self._states: dict[str, NodeState] = {}
         self._queue: list[tuple[int, str]] = []
-        # queued node -> the wanted steps that changed on it, or None: decide them all again
-        self._pending: dict[str, set[int] | None] = {}
-        self._relied: dict[str, set[tuple[str, int]]] = {}  # task -> points the tree relies on
+        # queued node -> (wanted steps to decide again, source points that came, went or changed)
+        self._pending: dict[str, tuple[set[int], set[int]]] = {}
+        self._relied: dict[str, list] = {}  # task -> (step, node) the tree relies on it for, sorted
+        self._claimed: dict[str, list] = {}  # task -> (step, node) claimed for it, sorted
         self._relied_changed: set[str] = set()  # tasks whose points changed since `take_changed`
         self._next_index = 0
-        self.rebuilds = 0  # node rebuilds and updates so far: what the changes cost
-        self.walked = 0  # wanted steps decided so far (`_decide`): what they cost
+        self.rebuilds = 0  # node updates so far: what the changes cost
+        self.walked = 0  # wanted steps decided so far (`_decide`): what the changes cost
+        self.placed = 0  # stages linked again to the one before them (`_relink`)
         plan.observers.append(self._plan_changed)
-        for node, _ in plan.active:
-            self._touch(node)
+        for node, step in plan.active:
+            self._touch(node, step)
 
     def close(self) -> None:
         """Stop following the plan."""
@@ -164,50 +259,79 @@ class LiveStageTree:
                 self._touch(node, step)
         elif kind == "checkpoint":
             state = self._states.get(node)
-            if state is not None:
-                state.checkpoints = None
+            if state is not None:  # a node without state wants nothing a checkpoint can change
+                state.checkpoint_changed(self.plan.nodes[node], step)
                 state.moved_at(step)
-                self._touch(node)
+                self._touch(node, step, step)
 
     def launch(self, key: str, segments: Iterable[tuple[str, int, int]], progress: int) -> None:
-        """A task started training `segments` ``(node, start, end)``, at step `progress`."""
+        """A task started training `segments` ``(node, start, end)``, at step `progress`.
+
+        It claims the chained steps it covers (the last launched, it takes no other task's
+        claim) and its segment ends may start chains: those steps and points, nothing else."""
         self.tasks.add(key, segments, progress)
         for node in self.tasks.nodes(key):
-            if node in self._states:
-                self._touch(node)
+            state = self._states.get(node)
+            if state is not None:
+                self._cover(node, state, key, progress, None, state.chained)
 
     def advance(self, key: str, progress: int) -> None:
         """Task `key` has trained up to step `progress`: points it passed are no longer its."""
         before = self.tasks.tasks[key][1]
         self.tasks.set_progress(key, progress)
-        if progress < before:  # it went back (a restart): it covers more again
+        if progress < before:  # it went back (a restart): it covers more again, ahead of later tasks
             for node in self.tasks.nodes(key):
-                if node in self._states:
-                    self._touch(node)
+                state = self._states.get(node)
+                if state is not None:
+                    self._cover(node, state, key, progress, before, state.chained)
+                    for other in self.tasks.on_node[node]:  # their claims it may take back
+                        self._cover(node, state, key, progress, before, self._claimed.get(other, ()))
             return
-        for node, step in self._relied.get(key, ()):
-            if step <= progress:
-                self._touch(node)
+        for points in (self._relied.get(key), self._claimed.get(key)):
+            for step, node in points or ():  # by step: those it passed come first
+                if step > progress:
+                    break
+                self._touch(node, step, step)
 
     def finish(self, key: str) -> None:
         """Task `key` ended (or was lost): it delivers nothing more."""
         self.tasks.remove(key)
-        for node, _ in self._relied.get(key, ()):
-            self._touch(node)
+        for points in (self._relied.get(key), self._claimed.get(key)):
+            for step, node in points or ():
+                self._touch(node, step, step)
 
-    def _touch(self, node: str, step: int | None = None) -> None:
-        """Queue `node` for the next `settle`: what it wants changed at `step` only (a request,
-        metrics, a child's ask there), or anything (None: a checkpoint, a running task)."""
-        pending = self._pending
-        if node not in pending:
+    def _cover(self, node: str, state: NodeState, key: str, low: int, high: int | None, steps) -> None:
+        """Queue the steps that task `key` covers on `node` above `low` (and up to `high`)
+        among `steps` (the node's chained steps, or another task's claimed ``(step, node)``),
+        and its segment ends there (points chains may start from)."""
+        covered = self.tasks.covered(node, key)
+        top = covered.ends[-1] if high is None else high
+        for step in covered.ends_in(low, top):
+            self._touch(node, None, step)
+        if not steps:
+            return
+        for first, last in covered.ranges(low):
+            last = min(last, top)
+            if isinstance(steps, SortedList):
+                for step in steps.irange(first, last):
+                    self._touch(node, step)
+                continue
+            for step, where in steps[bisect_left(steps, (first,)) : bisect_left(steps, (last + 1,))]:
+                if where == node:
+                    self._touch(node, step)
+
+    def _touch(self, node: str, step: int | None, point: int | None = None) -> None:
+        """Queue `node` for the next `settle`: what it wants, or how it decides, changed at
+        `step` (a request, metrics, a child's ask, a checkpoint, a task's claim), and a source
+        point came, went or changed at `point` (a checkpoint, a running task's segment end)."""
+        pending = self._pending.get(node)
+        if pending is None:
             heapq.heappush(self._queue, (-self.plan.nodes[node].order, node))
-            pending[node] = None if step is None else {step}
-        elif step is None:
-            pending[node] = None
-        else:
-            steps = pending[node]
-            if steps is not None:
-                steps.add(step)
+            pending = self._pending[node] = (set(), set())
+        if step is not None:
+            pending[0].add(step)
+        if point is not None:
+            pending[1].add(point)
 
     # ------------------------------------------------------------------ queries
 
@@ -217,12 +341,11 @@ class LiveStageTree:
             return
         while self._queue:
             _, node = heapq.heappop(self._queue)
-            steps = self._pending.pop(node)
+            steps, points = self._pending.pop(node)
             state = self._states.get(node)
-            if steps is None or state is None:
-                self._rebuild(node)
-            else:
-                self._update(node, state, steps)
+            if state is None:  # all it wanted was served: only the steps changed can be wanted
+                state = self._states[node] = NodeState()
+            self._update(node, state, steps, points)
         self._pending = {}  # a drained dict keeps its table (a burst of trials: one per node)
 
     def stages_of(self, node: str) -> list[LiveStage]:
@@ -235,11 +358,11 @@ class LiveStageTree:
     def wanted(self) -> dict[str, set[tuple[str, int]]]:
         """Running task -> the points the tree relies on it to deliver (`StageTree.wanted`)."""
         self.settle()
-        return {task: set(points) for task, points in self._relied.items() if points}
+        return {task: {(node, step) for step, node in points} for task, points in self._relied.items()}
 
     def wanted_of(self, task: str) -> set[tuple[str, int]]:
         self.settle()
-        return set(self._relied.get(task, ()))
+        return {(node, step) for step, node in self._relied.get(task, ())}
 
     def take_changed(self) -> set[str]:
         """The running tasks whose `wanted_of` changed since the last call (a coordinator
@@ -267,10 +390,10 @@ class LiveStageTree:
 
     # ------------------------------------------------------------------ one node
 
-    def _decide(self, node, state: NodeState, step: int, what: int) -> tuple | None:
+    def _decide(self, node, step: int, what: int) -> str | None:
         """The builder's decision for one wanted step: None where the node's checkpoints or
-        metrics serve it, ``("claim", task)`` where a running task will deliver it, else
-        ``("chain", source, origin, task)``: a stage ends there, on the chain from `source`."""
+        metrics serve it, the running task that will deliver it, else "" (a stage ends there,
+        on the chain of the latest source point before it: `_relink` places it)."""
         self.walked += 1
         has_metrics = step in node.metrics
         if step in node.checkpoints and (has_metrics or not what & METRICS):
@@ -278,119 +401,114 @@ class LiveStageTree:
         if what == METRICS and has_metrics:
             return None
         task = self.tasks.claim(node.id, step)
-        if task is not None:
-            return ("claim", task)
-        if state.checkpoints is None:
-            state.checkpoints = sorted(node.checkpoints)
-        checkpoints = state.checkpoints
-        at = bisect_left(checkpoints, step)
-        source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
-        origin, ref = "checkpoint", None
-        running = self.tasks.latest_before(node.id, step)
-        if running is not None and (source is None or running[0] > source):
-            source, origin, ref = running[0], "running", running[1]
-        if source is None:
-            source = node.start
-            origin = "scratch" if node.parent is None else "head"
-        return ("chain", source, origin, ref)
+        return "" if task is None else task
 
-    def _rebuild(self, node_id: str) -> None:
-        """Decide every wanted step of the node again (a checkpoint or a running task changed:
-        the sources of all its stages may have)."""
+    def _update(self, node_id: str, state: NodeState, steps: set[int], points: set[int]) -> None:
+        """Decide again the wanted steps in `steps` and place again the chains around them
+        and around the source points in `points`, changing only the stages that reaches.
+
+        A step's decision (served, claimed, chained) depends on what the node wants there,
+        its checkpoint and metrics there and the tasks covering it; where a chained step's
+        stage starts depends on the source points before it. So a request, metrics or a
+        child's ask at a step decides that step; a checkpoint decides its step and places
+        the chain after it; a task's launch, advance or end decides the steps it claims or
+        claimed and places the chains after its segment ends. Every other step keeps its
+        decision and its stage: what they depend on did not change. Splicing is local: a
+        stage added or removed, or a source point changed, relinks one pair of neighbours in
+        `NodeState.chained` (`_relink`), then ranks are recomputed back along the chains
+        while they change (`NodeState.rerank`): O(log w) per step or point for w wanted
+        steps, plus the stages changed. Nothing decides every step of a node again: an
+        absent `NodeState` means every step the node wants is served (its state is dropped
+        only then), so a new one decides the steps queued."""
         self.rebuilds += 1
-        plan = self.plan
-        node = plan.nodes[node_id]
-        state = self._states.get(node_id)
-        if state is None:
-            state = self._states[node_id] = NodeState()
-        wanted = state.wanted(node, self.plan.request_rank)
-
-        # the builder's loop over one node's wanted steps
-        served: dict[int, str] = {}
-        chains: dict[int, list] = {}  # source step -> [origin, task, steps]
-        decided: dict[int, tuple] = {}
-        claims: dict[int, str] = {}
-        for step in sorted(wanted):
-            what, rank = wanted[step]
-            decision = self._decide(node, state, step, what)
-            if decision is None:
-                continue
-            if decision[0] == "claim":
-                served[step] = claims[step] = decision[1]
-                decided[step] = decision
-                continue
-            _, source, origin, ref = decision
-            decided[step] = (*decision, rank)
-            if origin == "running":
-                served[source] = ref
-            chain = chains.get(source)
-            if chain is None:
-                chains[source] = [origin, ref, [step]]
-            else:
-                chain[0], chain[1] = origin, ref
-                chain[2].append(step)
-        state.decided, state.claims = decided, claims
-        state.chained = SortedList(step for _, _, steps in chains.values() for step in steps)
-        state.sourced = {
-            source: [ref, len(steps)]
-            for source, (origin, ref, steps) in chains.items()
-            if origin == "running"
-        }
-
-        # the stages: one per chained step; rank = least rank from there to the chain's end
-        specs: list[tuple] = []  # (end, start, origin, task, metrics, rank, previous end)
-        asked = None
-        for source, (origin, ref, steps) in chains.items():
-            ranks = [wanted[s][1] for s in steps]
-            for i in range(len(ranks) - 2, -1, -1):
-                ranks[i] = min(ranks[i], ranks[i + 1])
-            if origin == "head":
-                asked = ranks[0]
-            begin, previous = source, None
-            for end, rank in zip(steps, ranks):
-                kind = origin if previous is None else "chain"
-                specs.append((end, begin, kind, ref, bool(wanted[end][0] & METRICS), rank, previous))
-                begin, previous = end, end
-
-        old = state.stages
-        before = {end: stage.fields() for end, stage in old.items()}
-        new: dict[int, LiveStage] = {}
+        node = self.plan.nodes[node_id]
+        touched: dict[int, tuple] = {}  # stage index -> (stage, its fields before)
         added: list[LiveStage] = []
-        state.head = None
-        for end, begin, kind, ref, metrics, rank, previous in specs:
-            stage = old.pop(end, None)
-            if stage is None:
-                stage = LiveStage(self._next_index, node_id, node.order, end)
-                self._next_index += 1
-                added.append(stage)
-            stage.metrics_needed, stage.rank = metrics, rank
-            if kind == "chain":
-                follow(stage, new[previous])
-            else:
-                state.begin(stage, begin, kind, ref)
-            stage.next = None
-            new[end] = stage
-        for end, *_, previous in specs:
-            if previous is not None:
-                new[previous].next = new[end]
-        state.stages = new
-        removed = list(old.values())
-        for stage in removed:
-            state.moved_at(stage.end)
-            if stage.origin == "head":
-                unlink(stage)
-        for stage in added:
-            state.moved_at(stage.end)
+        detached: list[LiveStage] = []
+        ranked: set[int] = set()  # ends whose rank to compute again
+        places: set[int] = {point + 1 for point in points}  # relink the first chained step from each
+        serve: set[int] = set()  # steps whose serving task may have changed
+        for step in steps:
+            want = state.wanted_at(node, self.plan.request_rank, step)
+            decision = None if want is None else self._decide(node, step, want[0])
+            claimed = state.claims.get(step)
+            if claimed is not None and claimed != decision:
+                del state.claims[step]
+                _unnote(self._claimed, claimed, node_id, step)
+                serve.add(step)
+            if decision and claimed != decision:
+                state.claims[step] = decision
+                _note(self._claimed, decision, node_id, step)
+                serve.add(step)
+            stage = state.stages.get(step)
+            if stage is not None and decision != "":
+                state.detach(stage, touched, serve)
+                detached.append(stage)
+                places.add(step)
+            elif decision == "":
+                if stage is None:
+                    stage = state.stages[step] = LiveStage(self._next_index, node_id, node.order, step)
+                    self._next_index += 1
+                    state.chained.add(step)
+                    added.append(stage)
+                    places.update((step, step + 1))
+                else:
+                    keep(touched, stage)
+                stage.metrics_needed = bool(want[0] & METRICS)
+                state.own[step] = want[1]
+                ranked.add(step)
+        for place in places:
+            self._relink(node, state, place, touched, ranked, serve)
+        first = state.stages[state.chained[0]] if state.chained else None
+        state.head = first if first is not None and first.origin == "head" else None
+        state.rerank(ranked, touched)
 
-        self._serve(node_id, state, served)
-        self._finish(
-            node, state, asked, added, [(s, before[e]) for e, s in new.items() if e in before], removed
-        )
+        if state.head is not None:  # `_finish` links it
+            keep(touched, state.head)
+        for stage in detached + added:
+            state.moved_at(stage.end)
+            touched.pop(stage.index, None)
+        for step in serve:
+            self._serve_point(node_id, state, step, state.server(step))
+        asked = state.head.rank if state.head is not None else None
+        self._finish(node, state, asked, added, list(touched.values()), detached)
+
+    def _relink(
+        self, node, state: NodeState, place: int, touched: dict, ranked: set[int], serve: set[int]
+    ) -> None:
+        """Link the first chained step from `place` to the one before it: follow it on one
+        chain, or start a chain of its own from the latest source point before it."""
+        chained, stages = state.chained, state.stages
+        at = chained.bisect_left(place)
+        before = stages[chained[at - 1]] if at else None
+        if at == len(chained):
+            if before is not None and before.next is not None:
+                keep(touched, before)
+                before.next = None
+                ranked.add(before.end)
+            return
+        stage = stages[chained[at]]
+        self.placed += 1
+        keep(touched, stage)
+        if stage.origin == "running":
+            serve.add(stage.start)
+        if before is not None and _one_chain(self.tasks, node, state, before.end, stage.end):
+            follow(stage, before)
+            link = stage
+        else:
+            state.begin(stage, *_source(self.tasks, node, state, stage.end))
+            if stage.origin == "running":
+                serve.add(stage.start)
+            link = None
+        if before is not None and before.next is not link:
+            keep(touched, before)
+            before.next = link
+            ranked.add(before.end)
 
     def _finish(self, node, state: NodeState, asked, added: list, kept: list[tuple], removed: list) -> None:
-        """What a rebuild or an update of `node` ends with: its ask of its parent, its head's
-        link, its children's links, and the observer told of the stages that changed
-        (`kept`: ``(stage, its fields before)``)."""
+        """What an update of `node` ends with: its ask of its parent, its head's link, its
+        children's links, and the observer told of the stages that changed (`kept`:
+        ``(stage, its fields before)``)."""
         self._ask_parent(node, state, asked)
         if state.head is not None:
             self._link_head(node, state.head)
@@ -408,67 +526,6 @@ class LiveStageTree:
         if state.idle():
             del self._states[node.id]
 
-    # ------------------------------------------------------------------ a few steps of one node
-
-    def _update(self, node_id: str, state: NodeState, steps: set[int]) -> None:
-        """Decide again only the wanted steps in `steps` (a request, metrics or a child's ask
-        changed there; no checkpoint or running task changed on the node, or it would have
-        been rebuilt), and change only the stages that reaches: the stage ending at each step,
-        the one after it on its chain (its start), the one before (its link) and, while they
-        change, the ranks before it. The other steps keep their decisions: as for a node not
-        touched at all, what they were decided on did not change."""
-        self.rebuilds += 1
-        node = self.plan.nodes[node_id]
-        touched: dict[int, tuple] = {}  # stage index -> (stage, its fields before)
-        added: list[LiveStage] = []
-        detached: list[LiveStage] = []
-        ranked: set[int] = set()  # ends whose rank to compute again
-        points: set[int] = set()  # steps whose serving task may have changed
-        for step in sorted(steps):
-            want = state.wanted_at(node, self.plan.request_rank, step)
-            decision = None if want is None else self._decide(node, state, step, want[0])
-            old = state.decided.get(step)
-            reuse = None
-            if old is not None:
-                points.add(step if old[0] == "claim" else old[1])
-                if old[0] == "claim":
-                    del state.claims[step]
-                else:
-                    reuse = state.detach(step, touched, ranked)
-                    state.count_source(old[1], old[2], old[3], -1)
-                del state.decided[step]
-            if decision is not None and decision[0] == "claim":
-                state.decided[step] = decision
-                state.claims[step] = decision[1]
-                points.add(step)
-            elif decision is not None:
-                _, source, origin, ref = decision
-                state.decided[step] = (*decision, want[1])
-                state.count_source(source, origin, ref, 1)
-                points.add(source)
-                stage = reuse
-                if stage is None:
-                    stage = LiveStage(self._next_index, node_id, node.order, step)
-                    self._next_index += 1
-                    added.append(stage)
-                stage.metrics_needed = bool(want[0] & METRICS)
-                state.insert(stage, touched, ranked)
-                reuse = None
-            if reuse is not None:
-                detached.append(reuse)
-        state.rerank(ranked, touched)
-
-        if state.head is not None:  # `_finish` links it
-            keep(touched, state.head)
-        for stage in detached + added:
-            state.moved_at(stage.end)
-            touched.pop(stage.index, None)
-        for step in points:
-            task = state.sourced[step][0] if step in state.sourced else state.claims.get(step)
-            self._serve_point(node_id, state, step, task)
-        asked = state.head.rank if state.head is not None else None
-        self._finish(node, state, asked, added, list(touched.values()), detached)
-
     def _serve_point(self, node_id: str, state: NodeState, step: int, task: str | None) -> None:
         """Record which running task, if any, the node's point `step` relies on."""
         old = state.served.get(step)
@@ -478,35 +535,11 @@ class LiveStageTree:
         if old is not None:
             del state.served[step]
             self._relied_changed.add(old)
-            points = self._relied.get(old)
-            if points is not None:
-                points.discard((node_id, step))
-                if not points:
-                    del self._relied[old]
+            _unnote(self._relied, old, node_id, step)
         if task is not None:
             state.served[step] = task
             self._relied_changed.add(task)
-            self._relied.setdefault(task, set()).add((node_id, step))
-
-    def _serve(self, node_id: str, state: NodeState, served: dict[int, str]) -> None:
-        """Record which running tasks the node's points rely on."""
-        if served == state.served:
-            return
-        for step, task in state.served.items():
-            if served.get(step) != task:
-                state.moved_at(step)
-                self._relied_changed.add(task)
-                points = self._relied.get(task)
-                if points is not None:
-                    points.discard((node_id, step))
-                    if not points:
-                        del self._relied[task]
-        for step, task in served.items():
-            if state.served.get(step) != task:
-                state.moved_at(step)
-                self._relied_changed.add(task)
-                self._relied.setdefault(task, set()).add((node_id, step))
-        state.served = served
+            _note(self._relied, task, node_id, step)
 
     def _ask_parent(self, node, state: NodeState, asked: int | None) -> None:
         """Tell the parent whether this node needs its state at the branch step, and with
@@ -518,9 +551,10 @@ class LiveStageTree:
         if parent is None:
             return
         up = self._states.get(parent)
-        if up is None:  # a parent holding nothing yet: all its wanted steps to decide
+        if up is None:  # a parent holding nothing: all else it wants is served
+            if asked is None:
+                return
             up = self._states[parent] = NodeState()
-            self._touch(parent)
         asks = up.asks.get(node.start)
         before = asks.least() if asks is not None else None
         if asked is None:
@@ -604,3 +638,51 @@ class LiveStageTree:
             unlink(head)
             head.source, head.source_point = kind, (node.parent, node.start)
             head.source_task = ref if kind == "running" else None
+
+
+def _source(tasks: InFlightPoints, node: Node, state: NodeState, step: int) -> tuple[int, str, str | None]:
+    """Where a chain whose first stage ends at `step` starts: ``(step, origin, task)`` of the
+    latest source point before it (a checkpoint after the node's start, else a running task's
+    segment end), or the node's start."""
+    checkpoints = state.sorted_checkpoints(node)
+    at = bisect_left(checkpoints, step)
+    source = checkpoints[at - 1] if at and checkpoints[at - 1] > node.start else None
+    origin, ref = "checkpoint", None
+    running = tasks.latest_before(node.id, step)
+    if running is not None and (source is None or running[0] > source):
+        source, origin, ref = running[0], "running", running[1]
+    if source is None:
+        source = node.start
+        origin = "scratch" if node.parent is None else "head"
+    return source, origin, ref
+
+
+def _one_chain(tasks: InFlightPoints, node: Node, state: NodeState, before: int, step: int) -> bool:
+    """Whether chained steps `before` < `step` are on one chain: no source point in
+    ``[before, step)`` (chained steps lie after the node's start)."""
+    checkpoints = state.sorted_checkpoints(node)
+    at = bisect_left(checkpoints, before)
+    if at < len(checkpoints) and checkpoints[at] < step:
+        return False
+    return not tasks.ahead_in(node.id, before, step)
+
+
+def _note(index: dict[str, list], task: str, node: str, step: int) -> None:
+    """Add point ``(node, step)`` to `task`'s in `index` (a sorted list: most tasks have one or
+    two; a long path's points go in step order, at the end)."""
+    points = index.get(task)
+    if points is None:
+        index[task] = [(step, node)]
+    else:
+        insort(points, (step, node))
+
+
+def _unnote(index: dict[str, list], task: str, node: str, step: int) -> None:
+    """Take point ``(node, step)`` out of `task`'s in `index`."""
+    points = index.get(task)
+    if points is not None:
+        at = bisect_left(points, (step, node))
+        if at < len(points) and points[at] == (step, node):
+            del points[at]
+            if not points:
+                del index[task]
