@@ -159,3 +159,24 @@ def test_the_snippets_that_start_a_study_run_in_the_quickstarts_script(tmp_path,
     done = run_script(tmp_path, "continued.py", prelude(QUICKSTART) + "\n" + BLOCKS[index])
     assert done.returncode == 0, BLOCKS[index] + done.stdout[-2000:] + done.stderr[-3000:]
     assert "Warning" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_algorithm_table_names_real_arguments_and_each_budget():
+    """Each `Name(...)` of the "Tuning algorithms" table names only arguments the class
+    takes, and the first of each row its step budget (`steps` or `max_steps`) by the name
+    the class takes (`RandomSearch(..., n, seed)` continues `GridSearch`'s)."""
+    import inspect
+
+    from dagtune import algos
+
+    table = section("Tuning algorithms").split("| algorithm |", 1)[1].split("\n\n", 1)[0]
+    rows = [re.findall(r"`(\w+)\(([^`]*)\)`", row.split(" | ")[0]) for row in table.splitlines()[2:]]
+    assert sum(len(calls) for calls in rows) == 10, rows
+    for calls in rows:
+        for index, (name, arguments) in enumerate(calls):
+            parameters = inspect.signature(getattr(algos, name)).parameters
+            named = [a.split("=")[0].strip() for a in arguments.split(",")]
+            named = [a for a in named if a != "..."]
+            assert set(named) <= set(parameters), (name, sorted(set(named) - set(parameters)))
+            budget = "steps" if "steps" in parameters else "max_steps"
+            assert index or budget in named, f"{name}(...) in the README does not name its budget {budget!r}"
