@@ -385,6 +385,10 @@ class Retune(Algorithm):
 
     def _train_on(self, winner: Trial) -> list[Decision]:
         """The winner finished a chunk (or diverged in it): go on, re-tune or stop."""
+        if winner.status == PENDING:
+            # extended already: a completion that came after the `Extend` (a resumed session's
+            # winner whose steps were all known); the extended chunk's own completion decides
+            return []
         can_retune = not self.converged and len(self.rounds) - 1 < self.max_retunes
         if winner.status == COMPLETED:
             self._last_good = winner.steps
