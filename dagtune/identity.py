@@ -78,9 +78,9 @@ def model_identity(
     """The id of a model identity: trials of equal identities share one search plan.
 
     `name` stands for the trainer's ``module.qualname`` (a class a study recorded under
-    another module: its `legacy_name`, or the script module its restorer imports it from). A torch thread count other than
-    the default 1 is part of it (None: whatever each worker has), since steps trained with
-    another count may round differently."""
+    another module than it has here: its `legacy_name`, or a script's class a restorer
+    imported). A torch thread count other than the default 1 is part of it (None: whatever
+    each worker has), since steps trained with another count may round differently."""
     payload: dict[str, Any] = {
         "trainer": name or trainer_name(trainer),
         "kwargs": _canonical(dict(trainer_kwargs), "trainer_kwargs"),
@@ -132,10 +132,10 @@ def legacy_name(trainer: type) -> str | None:
 class ModelNames:
     """A model's trainer name and the identities it would have under others, for a study
     that opens storage (`dagtune.durable.Persistence`): `name` is what it records now
-    (`trainer_name`, ending in the class's `qualname`), `legacy` the name a study of this model recorded before, if there is
-    one (`legacy_name`: a study recorded under it reopens), and `identity_as(name)` the
-    model's identity were its trainer named `name` (how a refusal tells a study whose only
-    difference is the trainer's module)."""
+    (`trainer_name`, ending in the class's `qualname`), `legacy` the name a study of this
+    model recorded before, if there is one (`legacy_name`: a study recorded under it
+    reopens), and `identity_as(name)` the model's identity were its trainer named `name`
+    (how a refusal tells a study whose only difference is the trainer's module)."""
 
     name: str
     qualname: str
