@@ -41,6 +41,7 @@ from dagtune.checkpoint_leases import Leases, Point
 from dagtune.checkpoints import CheckpointStore
 from dagtune.collector_pause import collector_paused
 from dagtune.config import config_dumps
+from dagtune.identity import ModelNames
 from dagtune.plan import GroupCommit, Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import (
     COMPLETED,
@@ -154,10 +155,43 @@ def needed_by_stored_studies(
     return needed
 
 
+def _only_module_differs(opened: Opened, names: ModelNames) -> bool:
+    """Whether the session `opened` recorded this model with its trainer in another module:
+    the same qualname, and the same identity once named as it was named there."""
+    recorded = opened.trainer or ""
+    return (
+        recorded != names.name
+        and recorded.endswith(f".{names.qualname}")
+        and names.identity_as(recorded) == opened.identity
+    )
+
+
+def _moved_trainer_message(where: str, recorded: str, names: ModelNames) -> str:
+    """The refusal of a study (`where`) whose trainer was recorded as `recorded`: the same
+    model as this one but for the trainer's module."""
+    theirs = recorded[: -len(names.qualname) - 1]
+    head = (
+        f"{where} was recorded with trainer {recorded}, this one is {names.name}: the same class "
+        "name, trainer arguments, seed and version; only the module differs"
+    )
+    if theirs == "__main__":
+        return (
+            f"{head} (__main__ is where an earlier dagtune put a class of a script run as `python "
+            "SCRIPT.py`, and where a notebook's or an interactive session's classes still are). "
+            "Resume the study the way it was recorded: run that script with `python SCRIPT.py`, or "
+            f"from that notebook or session; a new study name trains {names.name} anew."
+        )
+    return f"{head}. Give the study the class from module {theirs} (`from {theirs} import ...`)."
+
+
 class Persistence:
     """The durable side of one study session (see the module docstring).
 
     `describe` is the study's identity record (trainer, seed, version; never credentials).
+    `names` (`dagtune.identity.ModelNames`) tells the names its trainer may have been
+    recorded under: a study recorded under its `legacy` name (a script's ``__main__`` class
+    before dagtune named it by its file) opens under that name's identity, which `identity`
+    then is, and a refusal says when only the trainer's module differs.
     `lease` is the study's writer lease, held (`StudyLease.acquire`): its session is the
     records journal's writer, and every write of the records and results checks it.
     `commit_seconds` bounds the time between journaling a record and its commit (default:
@@ -173,6 +207,7 @@ class Persistence:
         describe: Mapping[str, Any],
         *,
         lease: StudyLease,
+        names: ModelNames | None = None,
         refresh_seconds: float = 2.0,
         results_seconds: float = 5.0,
         commit_seconds: float | None = None,
@@ -190,7 +225,17 @@ class Persistence:
         # one group commit for both journals, the plan's first: its events reach the disk no
         # later than the trial records that need them
         self.commit = GroupCommit(commit_seconds)
-        plan = Journal(store.fs, f"{root}/{identity}/plan", header=plan_header(identity), commit=self.commit)
+        self._names = names
+        # the identities this study may have been recorded under, with what it records under
+        # each: its own, then its trainer's legacy name's (a plan journal each, joined to the
+        # commit before the records; the one not taken never holds a line to write)
+        describes = {identity: dict(describe)}
+        if names is not None and names.legacy is not None:
+            describes.setdefault(names.identity_as(names.legacy), {**describe, "trainer": names.legacy})
+        plans = {
+            known: Journal(store.fs, f"{root}/{known}/plan", header=plan_header(known), commit=self.commit)
+            for known in describes
+        }
         self.records = Journal(
             guarded,
             f"{root}/studies/{name}/journal",
@@ -200,26 +245,27 @@ class Persistence:
             commit=self.commit,
         )
         with collector_paused():
-            self._open(describe, plan)
-        self._plan_at_open = plan.covered()  # other writers' plan files as this session found them
+            self._open(describes, plans)
+        describe = describes[self.identity]
+        self._plan_at_open = self.plan_journal.journal.covered()  # other writers' plan files as found
         self.results = ResultsWriter(
             results_url(store.url, name),
             store.storage_options,
             study=name,
-            identity=identity,
+            identity=self.identity,
             retry=StorageRetry(store.url, store.retry_seconds),
             guard=lease.ensure,
         )
         self._work: tuple[int, float] | None = None
         self._write_work((0, 0.0))  # written with the open record: readers know it records its work
-        self._opened = {"r": "open", "identity": identity, **describe}
+        self._opened = {"r": "open", "identity": self.identity, **describe}
         self.records.append(self._opened, sync=True)
         # the coordinator's trials once attached, and the metrics the records leave each
         # pending trial that has them (one that completed, then was extended; a reader shows
         # them until it ends again): what `session_study` folds the study from at close
         self._trials: Mapping[int, Trial] | None = None
         self._held: dict[int, dict[str, float]] = {}
-        self.leases = Leases(store, identity, self.plan_journal.journal.writer)
+        self.leases = Leases(store, self.identity, self.plan_journal.journal.writer)
         self._lease_version: int | None = None  # the coordinator's kept points last written
         self._left_at_whole = 0  # the kept points' `left` at the lease's last whole write
         self._refreshed = self._results_at = clock()
@@ -232,26 +278,37 @@ class Persistence:
         self._changed: set[int] = set()
         self._ledger: Any = None  # the coordinator's ledger (`TrialLedger`), once attached
 
-    def _open(self, describe: Mapping[str, Any], plan: Journal) -> None:
+    def _open(self, describes: Mapping[str, Mapping[str, Any]], plans: Mapping[str, Journal]) -> None:
         """Fold the study's journals (its records, its model's search plan): from its resume
         state and what was appended since where it has a good one (`dagtune.resume_state`),
         else read whole. When the state is due again, the fold is pickled now, as it is,
         and written with what restoring the trials derives from it (`attach`). `restored`
         is what the state read gave (where its trials sit, their configs' texts), nothing
-        if none was read; the state written replaces it."""
+        if none was read; the state written replaces it.
+
+        `plans` holds the plan journal of each identity the study may have been recorded
+        under, its own first (`describes` says what each records): `identity` becomes the
+        one whose resume state is good, else the one its records name (its own if none)."""
         with parsed_configs_shared():  # a trial's record and its plan node: one config parsed
-            resumed = read_state(self.store, self.name, self.identity, self.records, plan)
+            resumed = None
+            for identity, plan in plans.items():
+                resumed = read_state(self.store, self.name, identity, self.records, plan)
+                if resumed is not None:
+                    self.identity = identity
+                    break
             if resumed is None:
                 self.earlier = read_records(self.records)
-                self.plan_journal = PlanJournal(SearchPlan(), plan)
+                recorded = self.earlier.opened[0].identity if self.earlier.opened else None
+                self.identity = recorded if recorded in plans else self.identity
+                self.plan_journal = PlanJournal(SearchPlan(), plans[self.identity])
                 self.plan_journal.load()
             else:
                 self.earlier, self.plan_journal = resumed.earlier, resumed.plan_journal
         self.restored = Restored() if resumed is None else resumed.restored
         self._submitters = {t.id: t.submitted_by for t in self.earlier.trials.values()}
-        self._check_identity(describe)
+        self._check_identity(describes[self.identity])
         self._fold: bytes | None = None  # the fold pickled, while the state waits to be written
-        if due(resumed, self.records, plan):
+        if due(resumed, self.records, self.plan_journal.journal):
             self._fold = fold_bytes(
                 self.store, self.name, self.identity, self.records, self.earlier, self.plan_journal
             )
@@ -262,14 +319,18 @@ class Persistence:
 
     def _check_identity(self, describe: Mapping[str, Any]) -> None:
         for opened in self.earlier.opened:
-            if opened.identity != self.identity:
-                theirs = {k: getattr(opened, k, None) for k in describe}
-                raise ValueError(
-                    f"study {self.name!r} in {self.store.url} belongs to another model "
-                    f"(identity {opened.identity}: {theirs}; this one is {self.identity}: "
-                    f"{dict(describe)}). Resuming needs the same trainer, trainer arguments, seed "
-                    "and version; give a new study another name."
-                )
+            if opened.identity == self.identity:
+                continue
+            where = f"study {self.name!r} in {self.store.url}"
+            if self._names is not None and _only_module_differs(opened, self._names):
+                raise ValueError(_moved_trainer_message(where, opened.trainer or "", self._names))
+            theirs = {k: getattr(opened, k, None) for k in describe}
+            raise ValueError(
+                f"{where} belongs to another model "
+                f"(identity {opened.identity}: {theirs}; this one is {self.identity}: "
+                f"{dict(describe)}). Resuming needs the same trainer, trainer arguments, seed "
+                "and version; give a new study another name."
+            )
 
     def attach(self, coordinator: Coordinator, *, retry_failed: bool = False) -> list[Trial]:
         """Record the coordinator's trial changes from now on and restore the trials of

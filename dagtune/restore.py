@@ -34,7 +34,7 @@ import torch
 from dagtune.checkpoints import CheckpointError, CheckpointStore
 from dagtune.events import TaskFailed
 from dagtune.fusion import FusedPathRunner
-from dagtune.identity import model_identity, trainer_name
+from dagtune.identity import main_module_name, model_identity, trainer_name
 from dagtune.plan import Journal, PlanJournal, SearchPlan, plan_header, records_header
 from dagtune.records import PENDING, CheckpointInfo, Opened, TrialState, is_study_name, read_study_records
 from dagtune.resumecheck import load_state
@@ -214,12 +214,16 @@ class Restorer:
 
 def import_trainer(name: str) -> type[Trainer]:
     """The trainer class a study recorded as ``module.qualname``, imported here (the module
-    is the longest importable prefix, as pickle finds a class). A class defined in the script
-    that ran the study (``__main__``) is found only in that script's process. ImportError
+    is the longest importable prefix, as pickle finds a class; in the script running as
+    ``__main__``, its own module name stands for it, not for a second import of its file).
+    A class recorded as ``__main__``'s is found only in that script's process. ImportError
     says what to do otherwise."""
     parts = name.split(".")
+    main = main_module_name()
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
+        if module_name == main and module_name not in sys.modules:
+            module_name = "__main__"
         try:
             module = sys.modules.get(module_name) or importlib.import_module(module_name)
         except ImportError:

@@ -34,7 +34,7 @@ from dagtune.coordinator import Coordinator, check_fuse
 from dagtune.durable import Persistence
 from dagtune.execution import Executor
 from dagtune.gc import GcPolicy, collect
-from dagtune.identity import model_identity, stored_kwargs, trainer_name
+from dagtune.identity import model_names, stored_kwargs
 from dagtune.loggers import Logger, Logging, check_loggers
 from dagtune.mainguard import check_main_guard
 from dagtune.notices import TrialsDivergedWarning, TrialsFailedWarning
@@ -255,9 +255,8 @@ class Study:
         self.resources = dict(resources) if resources else None
         self.link = link
         self.torch_threads = torch_threads
-        self.identity = model_identity(
-            trainer, self.trainer_kwargs, seed, version, torch_threads=torch_threads
-        )
+        names = model_names(trainer, self.trainer_kwargs, seed, version, torch_threads=torch_threads)
+        self.identity = names.identity  # or its legacy name's, where storage recorded that (below)
         self.storage = os.fspath(storage)
         self.gc_policy = gc
         self._token = uuid.uuid4().hex[:8]
@@ -290,12 +289,11 @@ class Study:
             if isinstance(self.store, CheckpointStore):
                 self._lease = StudyLease(self.store, name, ttl=lease_ttl).acquire(wait_for_lease)
         self.executor = executor
-        spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
         gpus = float((self.resources or {}).get("GPU", 1.0))
         if self._lease is not None:
             self.storage = self.store.url
             describe = {  # what rebuilding a trial's model needs (`dagtune.restore`); no credential
-                "trainer": trainer_name(trainer),
+                "trainer": names.name,
                 "seed": seed,
                 "version": version,
                 "trainer_kwargs": stored_kwargs(self.trainer_kwargs),
@@ -311,14 +309,17 @@ class Study:
                     self.identity,
                     describe,
                     lease=self._lease,
+                    names=names,
                     refresh_seconds=refresh_seconds,
                 )
             except BaseException:
                 self.close()
                 raise
+            self.identity = self._persistence.identity
             self.plan = self._persistence.plan
         else:
             self.plan = SearchPlan()
+        spec = TrainerSpec(trainer, self.trainer_kwargs, seed, self.identity)
         self.coordinator = Coordinator(
             self.plan,
             executor,
