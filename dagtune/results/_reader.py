@@ -76,8 +76,10 @@ class StudyResults:
         `dagtune.TrialResult.load_trainer` (checkpoint, else rebuilt by training here:
         `dagtune.restore`). The trainer class is the one the study recorded (imported by its
         ``module.qualname``) and its arguments the recorded ones, unless `trainer` and
-        `trainer_kwargs` are given (needed for a class defined in the script that ran the
-        study, or arguments JSON can't hold); they must make the study's model identity."""
+        `trainer_kwargs` are given (needed for a class defined in a notebook or an interactive
+        session, recorded as ``__main__``, or arguments JSON can't hold; a script's class is
+        recorded by the script's module name and imported from it); they must make the study's
+        model identity."""
         restorer, path, _ = self._model(trial_id, trainer, trainer_kwargs)
         return restorer.trainer(path, rng=rng, what=f"trial {trial_id} of study {self.name!r}")
 
