@@ -18,6 +18,7 @@ from torch import nn
 import dagtune as dt
 from dagtune.config import normalize_config
 from dagtune.events import MetricsReported, StepDone, to_wire
+from dagtune.fusion import same_state
 from dagtune.tasks import Directive, PathTask, Segment, TrainerSpec
 
 IDENTITY = "a1b2c3d4e5f60718"
@@ -352,3 +353,25 @@ class GroupedKinds(Kinds):
     """`Kinds` fused with batched convolutions and matrix products."""
 
     fused_kernels = "grouped"
+
+
+def step_members_and_fused(members, optimizers, stacked, fused_optimizer, shapes, generator) -> None:
+    """One optimizer step of each member's own torch optimizer and of the fused one, on the
+    same random gradients (member k's gradient is slice k of the stacked one)."""
+    grads = [torch.randn((len(members), *shape), generator=generator) for shape in shapes]
+    for member, (params, optimizer) in enumerate(zip(members, optimizers)):
+        for param, grad in zip(params, grads):
+            param.grad = grad[member].clone()
+        optimizer.step()
+    for param, grad in zip(stacked, grads):
+        param.grad = grad.clone()
+    with torch.no_grad():
+        fused_optimizer.step()
+
+
+def assert_members_match_fused(members, optimizers, stacked, fused_optimizer) -> None:
+    """Each member's parameters and optimizer state bit for bit the fused ones' slice."""
+    for member, (params, optimizer) in enumerate(zip(members, optimizers)):
+        for param, fused_param in zip(params, stacked):
+            assert same_state(fused_param[member].detach(), param.detach())
+        assert same_state(fused_optimizer.member_state_dict(member), optimizer.state_dict())

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from fusion_helpers import TinyAdamW, TinyCNN, TinyMLP
+from fusion_helpers import TinyAdamW, TinyCNN, TinyMLP, assert_members_match_fused, step_members_and_fused
 from torch import nn
 
 import dagtune as dt
@@ -165,19 +165,8 @@ def test_fused_optimizers_update_every_shape_as_torch_does(name):
                 if field in fields:
                     spec.set(optimizers[member].param_groups[0], field, later[field])
                     fused_optimizer.set(member, field, later[field])
-        grads = [torch.randn((3, *shape), generator=generator) for shape in shapes]
-        for member, (params, optimizer) in enumerate(zip(members, optimizers)):
-            for param, grad in zip(params, grads):
-                param.grad = grad[member].clone()
-            optimizer.step()
-        for param, grad in zip(stacked, grads):
-            param.grad = grad.clone()
-        with torch.no_grad():
-            fused_optimizer.step()
-    for member, (params, optimizer) in enumerate(zip(members, optimizers)):
-        for param, fused_param in zip(params, stacked):
-            assert same_state(fused_param[member].detach(), param.detach())
-        assert same_state(fused_optimizer.member_state_dict(member), optimizer.state_dict())
+        step_members_and_fused(members, optimizers, stacked, fused_optimizer, shapes, generator)
+    assert_members_match_fused(members, optimizers, stacked, fused_optimizer)
 
 
 def _trained_states(cls, schedules, kwargs=None):

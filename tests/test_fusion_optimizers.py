@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from fusion_helpers import TinyCNN, TinyMLP
+from fusion_helpers import TinyCNN, TinyMLP, assert_members_match_fused, step_members_and_fused
 from test_fusion_engine import fused, unfused
 
 import dagtune as dt
@@ -103,19 +103,8 @@ def test_each_member_updates_as_its_own_torch_optimizer_bit_for_bit(name):
         if step == 2:
             for member, member_values in later.items():
                 set_values(member, member_values)
-        grads = [torch.randn((3, *shape), generator=generator) for shape in shapes]
-        for member, (params, optimizer) in enumerate(zip(members, optimizers)):
-            for param, grad in zip(params, grads):
-                param.grad = grad[member].clone()
-            optimizer.step()
-        for param, grad in zip(stacked, grads):
-            param.grad = grad.clone()
-        with torch.no_grad():
-            fused_optimizer.step()
-    for member, (params, optimizer) in enumerate(zip(members, optimizers)):
-        for param, fused_param in zip(params, stacked):
-            assert same_state(fused_param[member].detach(), param.detach())
-        assert same_state(fused_optimizer.member_state_dict(member), optimizer.state_dict())
+        step_members_and_fused(members, optimizers, stacked, fused_optimizer, shapes, generator)
+    assert_members_match_fused(members, optimizers, stacked, fused_optimizer)
 
 
 def test_rmsprop_momentum_started_after_the_state_fails_fused_as_unfused():

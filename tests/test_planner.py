@@ -124,6 +124,15 @@ class Session:
         self.running.tasks[key] = (tuple(segments), progress)
         self.planner.task_launched(key, segments, progress)
 
+    def run(self, ops, every: int) -> None:
+        """Apply `ops`, checking after every `every` of them (changes also arrive in batches)
+        and at the end."""
+        for i, (op, a, b) in enumerate(ops):
+            self.apply(op, a, b)
+            if i % every == every - 1:
+                self.check()
+        self.check()
+
     def check(self) -> None:
         """The planner holds what a rebuild computes."""
         plan, planner, policy = self.plan, self.planner, self.policy
@@ -248,11 +257,7 @@ operations = st.lists(
 def test_incremental_state_equals_the_rebuilt_one(trials, ops, policy, tolerance, every):
     """Checked after every `every` operations, so changes also arrive in batches."""
     session = Session(trials, policy, tolerance)
-    for i, (op, a, b) in enumerate(ops):
-        session.apply(op, a, b)
-        if i % every == every - 1:
-            session.check()
-    session.check()
+    session.run(ops, every)
 
 
 @more_examples(150)
@@ -273,11 +278,7 @@ def test_siblings_at_distinct_steps_keep_the_rebuilt_state(trials, ops, every):
     """The comb shape with submissions, stops and metrics weighing more: branch points come and
     go in any order along one node's chain, between checkpoints and running tasks."""
     session = Session(trials, "critical_path", 0.0)
-    for i, (op, a, b) in enumerate(ops):
-        session.apply(op, a, b)
-        if i % every == every - 1:
-            session.check()
-    session.check()
+    session.run(ops, every)
 
 
 @more_examples(150)
@@ -301,11 +302,7 @@ def test_checkpoints_and_tasks_on_a_comb_keep_the_rebuilt_state(trials, ops, eve
     go between a node's branch points (`LiveStageTree._relink` places the chains around them)
     and tasks claim and release runs of its steps."""
     session = Session(trials, "critical_path", 0.0)
-    for i, (op, a, b) in enumerate(ops):
-        session.apply(op, a, b)
-        if i % every == every - 1:
-            session.check()
-    session.check()
+    session.run(ops, every)
 
 
 def test_changes_read_from_another_writers_journal_reach_the_planner():
